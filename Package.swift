@@ -1,0 +1,67 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let package = Package(
+    name: "ipcbench",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "IPCCore", targets: ["IPCCore"]),
+        .library(name: "IPCFraming", targets: ["IPCFraming"]),
+        .library(name: "IPCSecureCoding", targets: ["IPCSecureCoding"]),
+        .library(name: "UnixSocketTransport", targets: ["UnixSocketTransport"]),
+        .library(name: "IPCBenchKit", targets: ["IPCBenchKit"]),
+        .executable(name: "ipcbench", targets: ["ipcbench"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.4.0"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.1.0"),
+    ],
+    targets: [
+        // Protocols and value types shared by every transport. No OS imports.
+        .target(name: "IPCCore"),
+        // Binary and HTTP/1.1 framing: encoders and incremental decoders. No OS imports.
+        .target(name: "IPCFraming", dependencies: ["IPCCore"]),
+        // Payload codecs that decode only the types a receiver allows.
+        .target(name: "IPCSecureCoding", dependencies: ["IPCCore"]),
+        // The one C shim: syscalls Glibc does not export (pidfd_open).
+        .target(name: "CIPCShims"),
+        // Linux system-call layer: typed descriptors, one EINTR-retry helper, sockets, processes.
+        .target(
+            name: "IPCPosix",
+            dependencies: [
+                "IPCCore", "CIPCShims",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        // Transports: one folder each, same shape in each.
+        .target(
+            name: "UnixSocketTransport",
+            dependencies: ["IPCCore", "IPCFraming", "IPCPosix"],
+            path: "Sources/Transports/UnixSocket"
+        ),
+        // The harness as a library: peer mode, latency runs, reports. The executable is thin.
+        .target(
+            name: "IPCBenchKit",
+            dependencies: [
+                "IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport",
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ]
+        ),
+        .executableTarget(
+            name: "ipcbench",
+            dependencies: [
+                "IPCBenchKit",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming"]),
+        .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding"]),
+        .testTarget(
+            name: "UnixSocketTransportTests",
+            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "ipcbench"]
+        ),
+        .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "ipcbench"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

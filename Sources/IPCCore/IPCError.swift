@@ -1,0 +1,95 @@
+/// The one error type that ipcbench's transports, framings and codecs throw.
+///
+/// Shaped like grpc-swift's `RuntimeError`: a ``Code`` that names what went wrong (a struct over a
+/// private enum, so codes can be added without breaking anyone's `switch`), a human-readable
+/// message, and an optional underlying cause (for example the `Errno` of a failed system call).
+public struct IPCError: Error, Sendable, Hashable, CustomStringConvertible {
+    public var code: Code
+    public var message: String
+    /// The lower-level error that caused this one, if any.
+    public var cause: (any Error & Sendable)?
+
+    public init(code: Code, message: String, cause: (any Error & Sendable)? = nil) {
+        self.code = code
+        self.message = message
+        self.cause = cause
+    }
+
+    public var description: String {
+        if let cause {
+            return "\(code): \(message) (cause: \(cause))"
+        }
+        return "\(code): \(message)"
+    }
+
+    public static func == (lhs: IPCError, rhs: IPCError) -> Bool {
+        lhs.code == rhs.code && lhs.message == rhs.message
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(code)
+        hasher.combine(message)
+    }
+}
+
+extension IPCError {
+    /// What went wrong, independent of the message text.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Wrapped: String, Hashable, Sendable {
+            // Framing
+            case frameTooLarge, malformedFrame, truncatedFrame, unsupportedFraming
+            // Secure decoding
+            case disallowedType, malformedPayload, payloadTooLarge, nestingTooDeep
+            // Endpoints and lifecycle
+            case invalidEndpoint, endpointInUse, endpointNotFound, accessDenied
+            case sendTimeout, receiveTimeout, invalidated, peerInvalidated
+            case unsupportedOperation, transportFailure
+        }
+
+        private let wrapped: Wrapped
+        private init(_ wrapped: Wrapped) { self.wrapped = wrapped }
+
+        public var description: String { wrapped.rawValue }
+
+        /// A frame header announced a payload longer than the decoder's configured maximum.
+        /// Raised before any byte of that payload is buffered.
+        public static var frameTooLarge: Code { .init(.frameTooLarge) }
+        /// Bytes that are not a frame of the expected framing: bad magic, unknown version or kind,
+        /// an HTTP start line or header that does not parse.
+        public static var malformedFrame: Code { .init(.malformedFrame) }
+        /// The stream ended in the middle of a frame.
+        public static var truncatedFrame: Code { .init(.truncatedFrame) }
+        /// A valid message that uses a feature this framing refuses (for example HTTP chunked encoding).
+        public static var unsupportedFraming: Code { .init(.unsupportedFraming) }
+
+        /// A payload names a type the receiver did not allow.
+        public static var disallowedType: Code { .init(.disallowedType) }
+        /// A payload that its codec cannot decode.
+        public static var malformedPayload: Code { .init(.malformedPayload) }
+        /// A payload above the receiver's size limit.
+        public static var payloadTooLarge: Code { .init(.payloadTooLarge) }
+        /// A payload nested deeper than the receiver's limit.
+        public static var nestingTooDeep: Code { .init(.nestingTooDeep) }
+
+        /// An endpoint name or group directory that cannot be used.
+        public static var invalidEndpoint: Code { .init(.invalidEndpoint) }
+        /// Another live process already listens on this endpoint.
+        public static var endpointInUse: Code { .init(.endpointInUse) }
+        /// Nobody listens on this endpoint.
+        public static var endpointNotFound: Code { .init(.endpointNotFound) }
+        /// The peer was refused (by an accept filter, or by file permissions).
+        public static var accessDenied: Code { .init(.accessDenied) }
+        /// The message could not be handed to the kernel before the send timeout.
+        public static var sendTimeout: Code { .init(.sendTimeout) }
+        /// No reply arrived before the receive timeout; the connection is still valid.
+        public static var receiveTimeout: Code { .init(.receiveTimeout) }
+        /// The connection was already invalid when the operation was called.
+        public static var invalidated: Code { .init(.invalidated) }
+        /// The connection became invalid (for example the peer died) while the operation waited.
+        public static var peerInvalidated: Code { .init(.peerInvalidated) }
+        /// The transport does not offer this operation (see ``TransportCapabilities``).
+        public static var unsupportedOperation: Code { .init(.unsupportedOperation) }
+        /// A system call or other transport-level failure; ``IPCError/cause`` holds the detail.
+        public static var transportFailure: Code { .init(.transportFailure) }
+    }
+}

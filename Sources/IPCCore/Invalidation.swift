@@ -1,0 +1,79 @@
+import Synchronization
+
+/// Why a connection stopped being valid.
+public struct InvalidationReason: Sendable, Hashable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Hashable {
+        /// ``MessageConnection/invalidate()`` was called on this side.
+        case invalidatedLocally
+        /// The peer closed the connection (end of file, or its process closed its descriptors).
+        case peerClosed
+        /// The peer's process exited or was killed.
+        case peerDied
+        /// The peer sent bytes this side cannot decode; the error says what.
+        case protocolError
+        /// A system call failed; the error says which.
+        case transportFailure
+    }
+
+    public var kind: Kind
+    public var error: IPCError?
+
+    public init(_ kind: Kind, error: IPCError? = nil) {
+        self.kind = kind
+        self.error = error
+    }
+
+    public var description: String {
+        error.map { "\(kind.rawValue): \($0)" } ?? kind.rawValue
+    }
+}
+
+/// Runs an invalidation exactly once: the first caller of ``invalidate(_:)`` wins; it releases
+/// resources and then calls ``complete()``, which runs the handler. A handler set after
+/// completion runs at once. Each handler runs at most once.
+public final class InvalidationLatch: Sendable {
+    private struct State {
+        var reason: InvalidationReason?
+        var completed = false
+        var handler: (@Sendable (InvalidationReason) -> Void)?
+    }
+
+    private let state = Mutex(State())
+
+    public init() {}
+
+    public var reason: InvalidationReason? { state.withLock { $0.reason } }
+
+    public var isValid: Bool { state.withLock { $0.reason == nil } }
+
+    /// Records the reason if none is recorded yet. Returns `true` for the one caller that did.
+    public func invalidate(_ reason: InvalidationReason) -> Bool {
+        state.withLock { state in
+            guard state.reason == nil else { return false }
+            state.reason = reason
+            return true
+        }
+    }
+
+    /// Marks the invalidation finished (everything else reported, resources released) and runs
+    /// the handler, so that the handler is the last thing a connection reports.
+    public func complete() {
+        let pending: (@Sendable (InvalidationReason) -> Void, InvalidationReason)? = state.withLock { state in
+            state.completed = true
+            guard let reason = state.reason, let handler = state.handler else { return nil }
+            state.handler = nil
+            return (handler, reason)
+        }
+        if let (handler, reason) = pending { handler(reason) }
+    }
+
+    /// Sets the handler, replacing one that has not run. Runs it at once if invalidation has completed.
+    public func setHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
+        let runNow: InvalidationReason? = state.withLock { state in
+            if state.completed, let reason = state.reason { return reason }
+            state.handler = handler
+            return nil
+        }
+        if let runNow { handler(runNow) }
+    }
+}

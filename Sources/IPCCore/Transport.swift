@@ -1,0 +1,166 @@
+/// The credentials of the process on the other end, as the kernel reports them (never as the
+/// peer claims them in a payload).
+public struct PeerCredentials: Sendable, Hashable, Codable, CustomStringConvertible {
+    public var pid: Int32
+    public var uid: UInt32
+    public var gid: UInt32
+
+    public init(pid: Int32, uid: UInt32, gid: UInt32) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+    }
+
+    public var description: String { "pid \(pid) uid \(uid) gid \(gid)" }
+}
+
+/// Answers a request. Returning `nil` sends an empty successful reply; throwing sends a
+/// `.failure` frame whose payload describes the error, which the requester receives as
+/// ``IPCError/Code/transportFailure``.
+///
+/// The handler runs on the transport's receive path, before the next message is read: keep it
+/// short, or hand the work elsewhere and reply through ``ReceivedMessage/reply(_:)`` instead.
+public typealias RequestHandler = @Sendable (_ msgid: UInt32, _ payload: [UInt8]) throws -> [UInt8]?
+
+/// Decides whether a connecting peer is accepted, from its kernel-verified credentials.
+public typealias AcceptFilter = @Sendable (PeerCredentials) -> Bool
+
+/// A one-way message or request delivered through ``MessageConnection/messages``.
+public struct ReceivedMessage: Sendable {
+    public var msgid: UInt32
+    public var payload: [UInt8]
+    private let responder: (@Sendable (Frame) throws -> Void)?
+    private let correlation: UInt64
+
+    public init(msgid: UInt32, payload: [UInt8], correlation: UInt64 = 0, responder: (@Sendable (Frame) throws -> Void)? = nil) {
+        self.msgid = msgid
+        self.payload = payload
+        self.correlation = correlation
+        self.responder = responder
+    }
+
+    /// Whether the sender waits for a reply.
+    public var isRequest: Bool { responder != nil }
+
+    /// Replies to a request.
+    /// - Throws: ``IPCError/Code/unsupportedOperation`` for a one-way message; the connection's
+    ///   send errors otherwise.
+    public func reply(_ payload: [UInt8]) throws {
+        guard let responder else {
+            throw IPCError(code: .unsupportedOperation, message: "message \(msgid) is one-way and takes no reply")
+        }
+        try responder(Frame(kind: .reply, msgid: msgid, correlation: correlation, payload: payload))
+    }
+
+    /// Tells the requester that the request failed.
+    public func fail(_ description: String) throws {
+        guard let responder else {
+            throw IPCError(code: .unsupportedOperation, message: "message \(msgid) is one-way and takes no reply")
+        }
+        try responder(Frame(kind: .failure, msgid: msgid, correlation: correlation, payload: Array(description.utf8)))
+    }
+}
+
+/// Options for either side of a connection.
+public struct ConnectionOptions: Sendable {
+    /// Payloads above this length are refused by send and by the receiver's decoder (before the
+    /// payload is buffered).
+    public var maximumPayloadLength: Int
+    /// Answers requests on the receive path. When `nil`, requests are delivered through
+    /// ``MessageConnection/messages`` and answered with ``ReceivedMessage/reply(_:)``.
+    public var requestHandler: RequestHandler?
+
+    public init(maximumPayloadLength: Int = 64 << 20, requestHandler: RequestHandler? = nil) {
+        self.maximumPayloadLength = maximumPayloadLength
+        self.requestHandler = requestHandler
+    }
+
+    public static var defaults: ConnectionOptions { ConnectionOptions() }
+
+    public static func defaults(_ configure: (inout ConnectionOptions) -> Void) -> ConnectionOptions {
+        var options = ConnectionOptions()
+        configure(&options)
+        return options
+    }
+}
+
+/// One end of an established conversation between two processes.
+///
+/// Lifecycle: a connection is valid until it is invalidated, either locally with
+/// ``invalidate()`` or because the peer went away or broke the protocol. Invalidation happens
+/// exactly once and is the last thing a connection reports: ``messages`` finishes, pending
+/// requests fail with ``IPCError/Code/peerInvalidated``, then the invalidation handler runs.
+public protocol MessageConnection: AnyObject, Sendable {
+    /// The peer's kernel-verified credentials, where the transport can know them.
+    var peer: PeerCredentials? { get }
+
+    /// One-way messages, and requests when no request handler is set, in arrival order.
+    /// Finishes when the connection is invalidated. Single consumer.
+    var messages: AsyncStream<ReceivedMessage> { get }
+
+    /// Sends a one-way message; returns once the kernel has it.
+    /// - Throws: ``IPCError/Code/invalidated`` if the connection is invalid,
+    ///   ``IPCError/Code/payloadTooLarge`` above the maximum, ``IPCError/Code/sendTimeout`` if it
+    ///   could not be queued in time, ``IPCError/Code/peerInvalidated`` if the peer went away.
+    func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws
+
+    /// Sends a request and waits for its reply.
+    /// - Throws: everything ``send(_:msgid:timeout:)`` throws; ``IPCError/Code/receiveTimeout``
+    ///   if no reply arrived in time (the connection stays valid); ``IPCError/Code/peerInvalidated``
+    ///   if the connection became invalid while waiting; ``IPCError/Code/transportFailure`` if the
+    ///   peer's handler failed.
+    func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8]
+
+    /// Sets the handler that runs once, when the connection becomes invalid. If it already is,
+    /// the handler runs at once, on the calling thread.
+    func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void)
+
+    /// Why the connection became invalid, or `nil` while it is valid.
+    var invalidationReason: InvalidationReason? { get }
+
+    /// Invalidates the connection and releases its resources. Idempotent.
+    func invalidate()
+}
+
+/// The listening side of an endpoint.
+public protocol MessageListener: AnyObject, Sendable {
+    associatedtype Connection: MessageConnection
+
+    var endpoint: Endpoint { get }
+
+    /// Connections as they are accepted (after the accept filter). Finishes when the listener closes.
+    var connections: AsyncStream<Connection> { get }
+
+    /// The connections that are currently valid.
+    var activeConnections: [Connection] { get }
+
+    /// Sends a one-way message to every valid connection and returns how many took it. A
+    /// connection whose send fails is invalidated; the others still get the message.
+    @discardableResult
+    func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int
+
+    /// Stops accepting, invalidates every connection and removes the endpoint. Idempotent.
+    func close()
+}
+
+/// A kind of inter-process transport. Implementations live in `Sources/Transports/<Name>/`.
+public protocol MessageTransport: Sendable {
+    associatedtype Listener: MessageListener where Listener.Connection == Connection
+    associatedtype Connection: MessageConnection
+
+    /// A short stable name used on the command line and in reports, such as `unix-socket`.
+    var name: String { get }
+
+    var capabilities: TransportCapabilities { get }
+
+    /// Starts listening on `endpoint`, creating the group directory (owner-only) if needed.
+    /// - Throws: ``IPCError/Code/endpointInUse`` if a live process listens there (a stale endpoint
+    ///   left by a dead listener is reclaimed); ``IPCError/Code/invalidEndpoint``;
+    ///   ``IPCError/Code/transportFailure``.
+    func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> Listener
+
+    /// Connects to a listening endpoint.
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens there;
+    ///   ``IPCError/Code/accessDenied``; ``IPCError/Code/transportFailure``.
+    func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> Connection
+}

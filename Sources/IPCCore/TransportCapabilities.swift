@@ -1,0 +1,42 @@
+/// What a transport offers. The conformance suite skips (reports "not applicable") the cases whose
+/// capability a transport does not declare, and the harness prints them beside its numbers.
+public struct TransportCapabilities: Sendable, Hashable, Codable {
+    /// How a transport learns that its peer went away.
+    public enum PeerDeathDetection: String, Sendable, Hashable, Codable {
+        /// The kernel closes the connection when the peer's last descriptor closes (end of file).
+        case connectionClosed
+        /// The transport watches the peer's process (a pidfd), so death is seen even if another
+        /// process still holds the peer's descriptors.
+        case processWatch
+        /// The transport cannot detect peer death.
+        case none
+    }
+
+    /// The largest payload one message may carry, in bytes.
+    public var maximumPayloadLength: Int
+    /// Messages from one sender arrive in the order they were sent.
+    public var preservesOrder: Bool
+    /// `request(_:msgid:sendTimeout:receiveTimeout:)` is supported.
+    public var supportsRequestReply: Bool
+    /// A listener can send one message to all of its connections.
+    public var supportsBroadcast: Bool
+    /// A listener can be given an accept filter that sees kernel-verified peer credentials.
+    public var supportsAcceptFilter: Bool
+    public var peerDeathDetection: PeerDeathDetection
+
+    public init(
+        maximumPayloadLength: Int,
+        preservesOrder: Bool,
+        supportsRequestReply: Bool,
+        supportsBroadcast: Bool,
+        supportsAcceptFilter: Bool,
+        peerDeathDetection: PeerDeathDetection
+    ) {
+        self.maximumPayloadLength = maximumPayloadLength
+        self.preservesOrder = preservesOrder
+        self.supportsRequestReply = supportsRequestReply
+        self.supportsBroadcast = supportsBroadcast
+        self.supportsAcceptFilter = supportsAcceptFilter
+        self.peerDeathDetection = peerDeathDetection
+    }
+}

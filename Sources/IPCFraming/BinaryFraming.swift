@@ -1,0 +1,89 @@
+import IPCCore
+
+/// The binary wire format, version 1. `docs/WIRE-FORMAT.md` is the specification:
+///
+///     offset size field
+///     0      2    magic 0x49 0x50 ("IP")
+///     2      1    version, 1
+///     3      1    kind: 1 message, 2 request, 3 reply, 4 failure
+///     4      4    msgid, unsigned, big-endian
+///     8      8    correlation id, unsigned, big-endian
+///     16     4    payload length in bytes, unsigned, big-endian
+///     20     n    payload
+public enum BinaryWireFormat {
+    public static let magic: (UInt8, UInt8) = (0x49, 0x50)
+    public static let version: UInt8 = 1
+    public static let headerLength = 20
+}
+
+public struct BinaryFrameEncoder: FrameEncoder {
+    public var maximumPayloadLength: Int
+
+    public init(maximumPayloadLength: Int) {
+        self.maximumPayloadLength = min(maximumPayloadLength, Int(UInt32.max))
+    }
+
+    public func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws {
+        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
+            throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
+        }
+        buffer.append(BinaryWireFormat.magic.0)
+        buffer.append(BinaryWireFormat.magic.1)
+        buffer.append(BinaryWireFormat.version)
+        buffer.append(header.kind.rawValue)
+        appendBigEndian(header.msgid, to: &buffer)
+        appendBigEndian(header.correlation, to: &buffer)
+        appendBigEndian(UInt32(header.payloadLength), to: &buffer)
+    }
+
+    private func appendBigEndian<T: FixedWidthInteger>(_ value: T, to buffer: inout [UInt8]) {
+        withUnsafeBytes(of: value.bigEndian) { buffer.append(contentsOf: $0) }
+    }
+}
+
+public struct BinaryFrameDecoder: FrameDecoder {
+    public var maximumPayloadLength: Int
+
+    public init(maximumPayloadLength: Int) {
+        self.maximumPayloadLength = maximumPayloadLength
+    }
+
+    public mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep {
+        let headerLength = BinaryWireFormat.headerLength
+        // Check each header byte as soon as it is present, so garbage is refused at its first byte.
+        if bytes.count >= 1, bytes[0] != BinaryWireFormat.magic.0 || (bytes.count >= 2 && bytes[1] != BinaryWireFormat.magic.1) {
+            throw IPCError(code: .malformedFrame, message: "bad magic \(hex(bytes.prefix(2))); expected 49 50")
+        }
+        if bytes.count >= 3, bytes[2] != BinaryWireFormat.version {
+            throw IPCError(code: .malformedFrame, message: "unsupported binary framing version \(bytes[2]); this decoder speaks version \(BinaryWireFormat.version)")
+        }
+        if bytes.count >= 4, Frame.Kind(rawValue: bytes[3]) == nil {
+            throw IPCError(code: .malformedFrame, message: "unknown frame kind \(bytes[3])")
+        }
+        guard bytes.count >= headerLength else {
+            return .needMoreBytes(atLeast: headerLength)
+        }
+        let length = Int(bytes.loadUnaligned(fromByteOffset: 16, as: UInt32.self).bigEndian)
+        guard length <= maximumPayloadLength else {
+            throw IPCError(code: .frameTooLarge, message: "frame announces a payload of \(length) bytes, above the maximum of \(maximumPayloadLength)")
+        }
+        let total = headerLength + length
+        guard bytes.count >= total else {
+            return .needMoreBytes(atLeast: total)
+        }
+        let frame = Frame(
+            kind: Frame.Kind(rawValue: bytes[3])!,
+            msgid: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self).bigEndian,
+            correlation: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self).bigEndian,
+            payload: Array(UnsafeRawBufferPointer(rebasing: bytes[headerLength..<total]))
+        )
+        return .frame(frame, consumed: total)
+    }
+}
+
+func hex(_ bytes: some Sequence<UInt8>) -> String {
+    bytes.map { byte in
+        let digits = Array("0123456789abcdef")
+        return String([digits[Int(byte >> 4)], digits[Int(byte & 0xf)]])
+    }.joined(separator: " ")
+}

@@ -1,0 +1,87 @@
+import IPCCore
+
+/// The fields of a frame other than its payload bytes.
+public struct FrameHeader: Sendable, Hashable {
+    public var kind: Frame.Kind
+    public var msgid: UInt32
+    public var correlation: UInt64
+    public var payloadLength: Int
+
+    public init(kind: Frame.Kind, msgid: UInt32, correlation: UInt64, payloadLength: Int) {
+        self.kind = kind
+        self.msgid = msgid
+        self.correlation = correlation
+        self.payloadLength = payloadLength
+    }
+
+    public init(_ frame: Frame) {
+        self.init(kind: frame.kind, msgid: frame.msgid, correlation: frame.correlation, payloadLength: frame.payload.count)
+    }
+}
+
+/// The outcome of one decode attempt.
+public enum DecodeStep: Sendable, Equatable {
+    /// A whole frame was decoded from the first `consumed` bytes.
+    case frame(Frame, consumed: Int)
+    /// More bytes are needed. `atLeast` is the total number of bytes (from the start of the
+    /// frame) that the next attempt needs, when the decoder knows it; a reader may use it to
+    /// size its buffer, and the decoder has already checked it against its maximum.
+    case needMoreBytes(atLeast: Int)
+}
+
+/// Writes frame headers. The payload follows the header unchanged on the wire, so a transport
+/// can send header and payload with one gathering write and never copy the payload.
+public protocol FrameEncoder: Sendable {
+    /// Appends the encoded header for a payload of `header.payloadLength` bytes.
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is above the encoder's maximum.
+    func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws
+}
+
+extension FrameEncoder {
+    /// The whole frame, header then payload, as one array.
+    public func encode(_ frame: Frame) throws -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(frame.payload.count + 128)
+        try encodeHeader(FrameHeader(frame), into: &bytes)
+        bytes.append(contentsOf: frame.payload)
+        return bytes
+    }
+}
+
+/// Decodes frames from the front of a byte stream, one at a time.
+///
+/// The contract follows swift-nio's `ByteToMessageDecoder`: given the unconsumed bytes, return a
+/// frame and how many bytes it used, or say that more bytes are needed. A decoder may keep state
+/// between calls (how far it has scanned) as long as it is given the same unconsumed bytes, with
+/// more appended, until it returns a frame. Errors are final: the stream cannot be resynchronised.
+public protocol FrameDecoder {
+    /// The largest payload this decoder accepts. A header announcing more is refused with
+    /// ``IPCError/Code/frameTooLarge`` before any of the payload is buffered.
+    var maximumPayloadLength: Int { get }
+
+    mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep
+}
+
+/// The framings ipcbench implements.
+public enum Framing: String, Sendable, Hashable, CaseIterable, Codable, CustomStringConvertible {
+    /// A 20-byte binary header, then the payload. See `docs/WIRE-FORMAT.md`.
+    case binary
+    /// HTTP/1.1 messages with `Content-Length`, as LLBSDMessaging framed with CFHTTPMessage.
+    case http
+
+    public var description: String { rawValue }
+
+    public func makeEncoder(maximumPayloadLength: Int) -> any FrameEncoder {
+        switch self {
+        case .binary: BinaryFrameEncoder(maximumPayloadLength: maximumPayloadLength)
+        case .http: HTTPFrameEncoder(maximumPayloadLength: maximumPayloadLength)
+        }
+    }
+
+    public func makeReassembler(maximumPayloadLength: Int) -> any FrameReassembling {
+        switch self {
+        case .binary: FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: maximumPayloadLength))
+        case .http: FrameReassembler(decoder: HTTPFrameDecoder(maximumPayloadLength: maximumPayloadLength))
+        }
+    }
+}
