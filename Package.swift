@@ -16,6 +16,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-system", from: "1.4.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.1.0"),
+        .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
     ],
     targets: [
         // Protocols and value types shared by every transport. No OS imports.
@@ -32,6 +33,7 @@ let package = Package(
             dependencies: [
                 "IPCCore", "CIPCShims",
                 .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "HeapModule", package: "swift-collections"),
             ]
         ),
         // Transports: one folder each, same shape in each.

@@ -85,3 +85,8 @@ public enum Framing: String, Sendable, Hashable, CaseIterable, Codable, CustomSt
         }
     }
 }
+
+/// A transport that carries frames over a byte stream and lets its user pick the framing.
+public protocol FramedTransport {
+    var framing: Framing { get }
+}

@@ -1,14 +1,373 @@
 import IPCCore
 
-// Placeholder: replaced by the HTTP/1.1 framing implementation.
-public struct HTTPFrameEncoder: FrameEncoder {
-    public var maximumPayloadLength: Int
-    public init(maximumPayloadLength: Int) { self.maximumPayloadLength = maximumPayloadLength }
-    public func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws { fatalError("unimplemented") }
+/// HTTP/1.1 framing: each frame is one HTTP/1.1 message whose body is the payload, so that a stock
+/// HTTP client can talk to an endpoint. `docs/WIRE-FORMAT.md` is the specification:
+///
+///     POST /ipc HTTP/1.1            .message, .request      HTTP/1.1 200 OK          .reply
+///     Host: ipcbench                                        (500 Internal Server Error for .failure)
+///     Content-Length: 5                                     Content-Length: 5
+///     IPC-Kind: request                                     IPC-Kind: reply
+///     IPC-Msgid: 7                                          IPC-Msgid: 7
+///     IPC-Correlation: 42                                   IPC-Correlation: 42
+///     (empty line, then 5 payload bytes)                    (empty line, then 5 payload bytes)
+public enum HTTPWireFormat {
+    /// The header block limit a decoder uses unless told otherwise.
+    public static let defaultMaximumHeaderLength = 16 * 1024
 }
 
+/// Writes frame headers as HTTP/1.1 messages: `.message` and `.request` as `POST /ipc` requests,
+/// `.reply` as a `200 OK` response and `.failure` as a `500 Internal Server Error` response, each
+/// with `Content-Length`, `IPC-Kind`, `IPC-Msgid` and `IPC-Correlation` fields.
+public struct HTTPFrameEncoder: FrameEncoder {
+    public var maximumPayloadLength: Int
+
+    public init(maximumPayloadLength: Int) {
+        self.maximumPayloadLength = maximumPayloadLength
+    }
+
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` if the payload length is negative or above
+    ///   ``maximumPayloadLength``.
+    public func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws {
+        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
+            throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is outside 0...\(maximumPayloadLength)")
+        }
+        switch header.kind {
+        case .message, .request: append("POST /ipc HTTP/1.1\r\nHost: ipcbench\r\n", to: &buffer)
+        case .reply: append("HTTP/1.1 200 OK\r\n", to: &buffer)
+        case .failure: append("HTTP/1.1 500 Internal Server Error\r\n", to: &buffer)
+        }
+        append("Content-Length: ", to: &buffer)
+        appendDecimal(UInt64(header.payloadLength), to: &buffer)
+        append("\r\nIPC-Kind: ", to: &buffer)
+        append(header.kind.httpToken, to: &buffer)
+        append("\r\nIPC-Msgid: ", to: &buffer)
+        appendDecimal(UInt64(header.msgid), to: &buffer)
+        append("\r\nIPC-Correlation: ", to: &buffer)
+        appendDecimal(header.correlation, to: &buffer)
+        append("\r\n\r\n", to: &buffer)
+    }
+
+    private func append(_ text: StaticString, to buffer: inout [UInt8]) {
+        text.withUTF8Buffer { buffer.append(contentsOf: $0) }
+    }
+
+    /// Digits are written straight into the buffer: `String(value)` would allocate for long values.
+    private func appendDecimal(_ value: UInt64, to buffer: inout [UInt8]) {
+        var divisor: UInt64 = 1
+        while value / divisor >= 10 { divisor *= 10 }
+        while divisor > 0 {
+            buffer.append(ASCII.zero + UInt8(value / divisor % 10))
+            divisor /= 10
+        }
+    }
+}
+
+/// Decodes HTTP/1.1 messages into frames, strictly: anything that two HTTP parsers could read
+/// differently is refused rather than guessed at.
+///
+/// A request (`method SP request-target SP HTTP/1.1`) is a `.request`, or a `.message` if its
+/// `IPC-Kind` says so; a response (`HTTP/1.1 SP 3DIGIT SP reason`) is a `.reply` for 2xx and a
+/// `.failure` otherwise. `IPC-Msgid` and `IPC-Correlation` default to 0; method, target, reason
+/// and unknown header fields are ignored.
+///
+/// Lines are parsed as their CRLF arrives and no byte is examined twice, so a header fed one byte
+/// at a time costs linear time, and a bad byte is refused as soon as it arrives.
+///
+/// Errors (all final):
+/// - ``IPCError/Code/malformedFrame``: a line not ending in CRLF, a control character (NUL
+///   included) in the header block, obs-fold, a start line or header field that does not parse, an
+///   HTTP version other than 1.1, a status outside 100...599, more than one `Content-Length` (even
+///   if equal) or `IPC-*` field, a `Content-Length` that is not digits or does not fit in `Int`,
+///   an `IPC-Msgid` or `IPC-Correlation` that is not a decimal of 32 or 64 bits, an `IPC-Kind` that
+///   is unknown or contradicts the start line, a response without `Content-Length`.
+/// - ``IPCError/Code/unsupportedFraming``: `Transfer-Encoding` (any value), or a 1xx interim response.
+/// - ``IPCError/Code/frameTooLarge``: a `Content-Length` above ``maximumPayloadLength`` (before any
+///   of the body is buffered), or ``maximumHeaderLength`` bytes without the end of the header block.
 public struct HTTPFrameDecoder: FrameDecoder {
     public var maximumPayloadLength: Int
-    public init(maximumPayloadLength: Int) { self.maximumPayloadLength = maximumPayloadLength }
-    public mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep { fatalError("unimplemented") }
+    /// The longest header block accepted, from the first byte of the start line through the empty
+    /// line that ends it.
+    public var maximumHeaderLength: Int
+
+    private var head = Head()
+
+    public init(maximumPayloadLength: Int, maximumHeaderLength: Int = HTTPWireFormat.defaultMaximumHeaderLength) {
+        self.maximumPayloadLength = maximumPayloadLength
+        self.maximumHeaderLength = maximumHeaderLength
+    }
+
+    /// - Throws: the errors listed on the type.
+    public mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep {
+        if head.end == nil {
+            try scanHead(bytes)
+        }
+        guard let (headLength, bodyLength) = head.end else {
+            guard bytes.count < maximumHeaderLength else {
+                throw IPCError(code: .frameTooLarge, message: "no end of the header block within \(maximumHeaderLength) bytes")
+            }
+            return .needMoreBytes(atLeast: bytes.count + 1)
+        }
+        let total = headLength + bodyLength
+        guard bytes.count >= total else {
+            return .needMoreBytes(atLeast: total)
+        }
+        let frame = Frame(
+            kind: head.kind,
+            msgid: head.msgid ?? 0,
+            correlation: head.correlation ?? 0,
+            payload: Array(UnsafeRawBufferPointer(rebasing: bytes[headLength..<total]))
+        )
+        head = Head()
+        return .frame(frame, consumed: total)
+    }
+
+    /// Examines the bytes not examined by earlier calls and parses each line when its CRLF arrives.
+    private mutating func scanHead(_ bytes: UnsafeRawBufferPointer) throws {
+        // Bytes past the limit are never examined: a head that has not ended by then is refused.
+        let end = min(bytes.count, maximumHeaderLength)
+        var index = head.scanIndex
+        defer { head.scanIndex = index }
+        while index < end {
+            let byte = bytes[index]
+            if byte == ASCII.cr {
+                guard index + 1 < end else { return }
+                guard bytes[index + 1] == ASCII.lf else {
+                    throw malformed("CR not followed by LF at offset \(index)")
+                }
+                let line = bytes[head.lineStart..<index]
+                index += 2
+                head.lineStart = index
+                if try head.parseLine(line, maximumPayloadLength: maximumPayloadLength) {
+                    head.end = (index, head.contentLength ?? 0)
+                    return
+                }
+            } else if byte == ASCII.lf {
+                throw malformed("bare LF at offset \(index); lines must end in CRLF")
+            } else if index == head.lineStart, byte == ASCII.space || byte == ASCII.tab {
+                throw malformed(
+                    head.startLine == nil
+                        ? "whitespace before the start line"
+                        : "header line folded onto the previous one (obs-fold) at offset \(index)"
+                )
+            } else if (byte < 0x20 && byte != ASCII.tab) || byte == 0x7F {
+                throw malformed("control byte 0x\(hex([byte])) at offset \(index) in the header block")
+            } else {
+                index += 1
+            }
+        }
+    }
+}
+
+/// What the decoder has learned about the message whose header block it is reading.
+private struct Head {
+    enum StartLine {
+        case request
+        case response(status: Int)
+    }
+
+    /// Offset of the first byte of the line being read.
+    var lineStart = 0
+    /// Offset of the first byte not yet examined.
+    var scanIndex = 0
+    var startLine: StartLine?
+    var ipcKind: Frame.Kind?
+    var msgid: UInt32?
+    var correlation: UInt64?
+    var contentLength: Int?
+    /// Set once the empty line is read: the header block's length and the body's.
+    var end: (headLength: Int, bodyLength: Int)?
+
+    /// The frame kind, from `IPC-Kind` or else from the start line.
+    var kind: Frame.Kind {
+        if let ipcKind { return ipcKind }
+        switch startLine {
+        case .response(let status): return (200...299).contains(status) ? .reply : .failure
+        case .request, nil: return .request
+        }
+    }
+
+    /// Parses one line, without its CRLF. Returns `true` for the empty line that ends the head.
+    mutating func parseLine(_ line: Slice<UnsafeRawBufferPointer>, maximumPayloadLength: Int) throws -> Bool {
+        guard startLine != nil else {
+            startLine = try Self.parseStartLine(line)
+            return false
+        }
+        guard !line.isEmpty else {
+            if case .response = startLine, contentLength == nil {
+                throw malformed("response without Content-Length")
+            }
+            return true
+        }
+        try parseField(line, maximumPayloadLength: maximumPayloadLength)
+        return false
+    }
+
+    private static func parseStartLine(_ line: Slice<UnsafeRawBufferPointer>) throws -> StartLine {
+        guard let firstSpace = line.firstIndex(of: ASCII.space) else {
+            throw malformed("start line \(quoted(line)) is neither a request line nor a status line")
+        }
+        let first = line[..<firstSpace]
+        let rest = line[(firstSpace + 1)...]
+        if first.starts(with: "HTTP/".utf8) {
+            try requireVersion(first)
+            // status-code SP reason-phrase; the reason may be empty but its SP may not.
+            guard rest.count >= 4, rest.prefix(3).allSatisfy(isDigit), rest[rest.startIndex + 3] == ASCII.space else {
+                throw malformed("status line \(quoted(line)) lacks a 3-digit status code followed by SP")
+            }
+            let status = rest.prefix(3).reduce(0) { $0 * 10 + Int($1 - ASCII.zero) }
+            guard (100...599).contains(status) else {
+                throw malformed("status code \(status) is outside 100...599")
+            }
+            guard status >= 200 else {
+                throw IPCError(code: .unsupportedFraming, message: "interim (1xx) response \(status) is not supported")
+            }
+            return .response(status: status)
+        }
+        guard !first.isEmpty, first.allSatisfy(isTokenByte) else {
+            throw malformed("request method \(quoted(first)) is not a token")
+        }
+        guard let secondSpace = rest.firstIndex(of: ASCII.space) else {
+            throw malformed("request line \(quoted(line)) lacks an HTTP version")
+        }
+        let target = rest[..<secondSpace]
+        guard !target.isEmpty, target.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {
+            throw malformed("request target \(quoted(target)) is empty or has bytes outside visible ASCII")
+        }
+        try requireVersion(rest[(secondSpace + 1)...])
+        return .request
+    }
+
+    private static func requireVersion(_ version: Slice<UnsafeRawBufferPointer>) throws {
+        guard version.elementsEqual("HTTP/1.1".utf8) else {
+            throw malformed("HTTP version \(quoted(version)) is not supported; only HTTP/1.1 is")
+        }
+    }
+
+    private mutating func parseField(_ line: Slice<UnsafeRawBufferPointer>, maximumPayloadLength: Int) throws {
+        guard let colon = line.firstIndex(of: ASCII.colon) else {
+            throw malformed("header line \(quoted(line)) has no ':'")
+        }
+        // No whitespace is allowed before the colon (RFC 9112 5.1), which the token check enforces.
+        let name = line[..<colon]
+        guard !name.isEmpty, name.allSatisfy(isTokenByte) else {
+            throw malformed("header name \(quoted(name)) is not a token")
+        }
+        var value = line[(colon + 1)...]
+        while let first = value.first, first == ASCII.space || first == ASCII.tab { value = value.dropFirst() }
+        while let last = value.last, last == ASCII.space || last == ASCII.tab { value = value.dropLast() }
+
+        if matches(name, lowercased: "content-length") {
+            guard contentLength == nil else {
+                throw malformed("more than one Content-Length")
+            }
+            guard let length = parseDecimal(value, as: UInt64.self), length <= UInt64(Int.max) else {
+                throw malformed("Content-Length \(quoted(value)) is not a decimal that fits in Int")
+            }
+            guard length <= UInt64(maximumPayloadLength) else {
+                throw IPCError(code: .frameTooLarge, message: "Content-Length \(length) is above the maximum of \(maximumPayloadLength)")
+            }
+            contentLength = Int(length)
+        } else if matches(name, lowercased: "transfer-encoding") {
+            throw IPCError(code: .unsupportedFraming, message: "Transfer-Encoding \(quoted(value)) is not supported; use Content-Length")
+        } else if matches(name, lowercased: "ipc-kind") {
+            guard ipcKind == nil else { throw malformed("more than one IPC-Kind") }
+            guard let kind = Frame.Kind.allCases.first(where: { $0.httpToken.withUTF8Buffer(value.elementsEqual) }) else {
+                throw malformed("unknown IPC-Kind \(quoted(value))")
+            }
+            // The start line already says request or response; IPC-Kind may only refine it.
+            let allowed: Bool
+            switch startLine {
+            case .response(let status): allowed = kind == ((200...299).contains(status) ? .reply : .failure)
+            case .request, nil: allowed = kind == .message || kind == .request
+            }
+            guard allowed else {
+                throw malformed("IPC-Kind \(quoted(value)) contradicts the start line")
+            }
+            ipcKind = kind
+        } else if matches(name, lowercased: "ipc-msgid") {
+            guard msgid == nil else { throw malformed("more than one IPC-Msgid") }
+            guard let parsed = parseDecimal(value, as: UInt32.self) else {
+                throw malformed("IPC-Msgid \(quoted(value)) is not a decimal in 0...\(UInt32.max)")
+            }
+            msgid = parsed
+        } else if matches(name, lowercased: "ipc-correlation") {
+            guard correlation == nil else { throw malformed("more than one IPC-Correlation") }
+            guard let parsed = parseDecimal(value, as: UInt64.self) else {
+                throw malformed("IPC-Correlation \(quoted(value)) is not a decimal in 0...\(UInt64.max)")
+            }
+            correlation = parsed
+        }
+    }
+}
+
+private enum ASCII {
+    static let tab: UInt8 = 0x09
+    static let lf: UInt8 = 0x0A
+    static let cr: UInt8 = 0x0D
+    static let space: UInt8 = 0x20
+    static let zero: UInt8 = 0x30
+    static let colon: UInt8 = 0x3A
+}
+
+extension Frame.Kind {
+    /// The value of the `IPC-Kind` field.
+    fileprivate var httpToken: StaticString {
+        switch self {
+        case .message: "message"
+        case .request: "request"
+        case .reply: "reply"
+        case .failure: "failure"
+        }
+    }
+}
+
+private func malformed(_ message: String) -> IPCError {
+    IPCError(code: .malformedFrame, message: message)
+}
+
+private func isDigit(_ byte: UInt8) -> Bool {
+    byte >= ASCII.zero && byte <= ASCII.zero + 9
+}
+
+/// `tchar` of RFC 9110 5.6.2.
+private func isTokenByte(_ byte: UInt8) -> Bool {
+    switch byte {
+    case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+        UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"), UInt8(ascii: "'"),
+        UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "^"), UInt8(ascii: "_"),
+        UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
+        true
+    default:
+        false
+    }
+}
+
+/// Whether `bytes` spell `name` (given in lower case) ignoring ASCII case, as field names compare.
+private func matches(_ bytes: Slice<UnsafeRawBufferPointer>, lowercased name: StaticString) -> Bool {
+    name.withUTF8Buffer { name in
+        bytes.elementsEqual(name) { byte, expected in
+            (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte) == expected
+        }
+    }
+}
+
+/// One or more ASCII digits whose value fits in `T`; `nil` for anything else (sign, space, empty).
+private func parseDecimal<T: FixedWidthInteger & UnsignedInteger>(_ bytes: Slice<UnsafeRawBufferPointer>, as: T.Type) -> T? {
+    guard !bytes.isEmpty else { return nil }
+    var value: T = 0
+    for byte in bytes {
+        guard isDigit(byte) else { return nil }
+        let (shifted, overflow) = value.multipliedReportingOverflow(by: 10)
+        let (sum, carry) = shifted.addingReportingOverflow(T(byte - ASCII.zero))
+        guard !overflow, !carry else { return nil }
+        value = sum
+    }
+    return value
+}
+
+/// Header bytes quoted for an error message, cut short so a hostile header cannot bloat it.
+private func quoted(_ bytes: Slice<UnsafeRawBufferPointer>) -> String {
+    let limit = 64
+    let text = String(decoding: bytes.prefix(limit), as: UTF8.self).debugDescription
+    return bytes.count > limit ? text + "..." : text
 }

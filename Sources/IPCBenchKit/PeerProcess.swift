@@ -1,0 +1,111 @@
+import Foundation
+import IPCCore
+import IPCFraming
+
+/// A peer started as a separate process: the `ipcbench` executable in peer mode.
+///
+/// The peer's standard input is a pipe from this process, so the peer exits when this process
+/// does, even if this process is killed.
+public final class PeerProcess: Sendable {
+    public let pid: Int32
+    private let process: Process
+    private let input: Pipe
+
+    /// Where the `ipcbench` executable is: next to the running executable (or test bundle),
+    /// unless `IPCBENCH_EXECUTABLE` names it.
+    public static func executableURL() throws -> URL {
+        if let path = ProcessInfo.processInfo.environment["IPCBENCH_EXECUTABLE"] {
+            return URL(fileURLWithPath: path)
+        }
+        let selfPath = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        var directory = URL(fileURLWithPath: selfPath).deletingLastPathComponent()
+        if directory.lastPathComponent.hasSuffix(".xctest") { directory.deleteLastPathComponent() }
+        let candidate = directory.appendingPathComponent("ipcbench")
+        guard FileManager.default.isExecutableFile(atPath: candidate.path) else {
+            throw IPCError(code: .endpointNotFound, message: "no ipcbench executable at \(candidate.path); build it or set IPCBENCH_EXECUTABLE")
+        }
+        return candidate
+    }
+
+    /// Starts a peer and waits until it is listening or connected.
+    /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within `timeout`.
+    public init(
+        transport: String,
+        framing: Framing,
+        endpoint: Endpoint,
+        role: PeerRole,
+        cpu: Int? = nil,
+        timeout: Duration = .seconds(20)
+    ) throws {
+        var arguments = [
+            "peer", "--transport", transport, "--framing", framing.rawValue,
+            "--group", endpoint.group.path, "--endpoint", endpoint.name, "--role", role.rawValue,
+        ]
+        if let cpu { arguments += ["--cpu", String(cpu)] }
+        let process = Process()
+        process.executableURL = try Self.executableURL()
+        process.arguments = arguments
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        try process.run()
+        self.process = process
+        self.input = input
+        self.pid = process.processIdentifier
+        try Self.awaitReady(output.fileHandleForReading, process: process, timeout: timeout)
+    }
+
+    private static func awaitReady(_ handle: FileHandle, process: Process, timeout: Duration) throws {
+        // Read the first line on a helper thread so a silent peer cannot hang the caller.
+        let line = LockedBox<String?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            var bytes: [UInt8] = []
+            while let chunk = try? handle.read(upToCount: 1), let byte = chunk.first, byte != UInt8(ascii: "\n") {
+                bytes.append(byte)
+            }
+            line.value = String(decoding: bytes, as: UTF8.self)
+            done.signal()
+        }
+        let (seconds, attoseconds) = timeout.components
+        let wait = Double(seconds) + Double(attoseconds) / 1e18
+        if done.wait(timeout: .now() + wait) == .timedOut || line.value?.hasPrefix("READY") != true {
+            process.terminate()
+            throw IPCError(code: .transportFailure, message: "peer process \(process.processIdentifier) did not become ready (said \(line.value.debugDescription))")
+        }
+    }
+
+    /// Kills the peer with SIGKILL, as a crash or the OOM killer would.
+    public func kill() {
+        _ = Foundation.kill(pid, SIGKILL)
+    }
+
+    /// Asks the peer to finish (closes its standard input) and waits for it to exit.
+    public func stop() {
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
+    }
+
+    /// Waits for the process to exit and returns its termination status.
+    @discardableResult
+    public func waitForExit() -> Int32 {
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    public var isRunning: Bool { process.isRunning }
+}
+
+/// A value shared between threads under a lock.
+final class LockedBox<Value>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: Value
+
+    init(_ value: Value) { stored = value }
+
+    var value: Value {
+        get { lock.withLock { stored } }
+        set { lock.withLock { stored = newValue } }
+    }
+}

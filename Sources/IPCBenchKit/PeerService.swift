@@ -1,0 +1,104 @@
+import Foundation
+import IPCCore
+import IPCFraming
+import IPCPosix
+
+/// What a peer process does. The benchmark and the tests start the `ipcbench` executable in
+/// peer mode (`ipcbench peer ...`) so that every measurement and every peer-death test crosses a
+/// real process boundary.
+///
+/// Requests are answered according to their msgid; one-way messages are echoed back as one-way
+/// messages with the same msgid, which lets a test check delivery order end to end.
+public enum PeerRequest {
+    /// Reply with the request's payload.
+    public static let echo: UInt32 = 1
+    /// Never reply: the request stays pending until the peer dies or the requester times out.
+    public static let stall: UInt32 = 2
+    /// Fail the request (the requester gets a `.failure` reply).
+    public static let fail: UInt32 = 3
+}
+
+public enum PeerRole: String, Sendable, CaseIterable {
+    /// Listen on the endpoint and serve every client.
+    case server
+    /// Connect to the endpoint and serve that one connection.
+    case client
+}
+
+/// Runs the peer side until the connection (client role) ends or standard input closes (the
+/// parent went away), so an orphaned peer never lingers.
+public struct PeerService: Sendable {
+    public var transport: any MessageTransport
+    public var endpoint: Endpoint
+    public var role: PeerRole
+
+    public init(transport: any MessageTransport, endpoint: Endpoint, role: PeerRole) {
+        self.transport = transport
+        self.endpoint = endpoint
+        self.role = role
+    }
+
+    static let handler: RequestHandler = { msgid, payload in
+        switch msgid {
+        case PeerRequest.stall:
+            // Hold the request without answering; the reader thread parks here until the process dies.
+            while true { sleep(3600) }
+        case PeerRequest.fail:
+            throw IPCError(code: .unsupportedOperation, message: "request failed on purpose")
+        default:
+            return payload
+        }
+    }
+
+    public func run() async throws {
+        let options = ConnectionOptions.defaults { $0.requestHandler = Self.handler }
+        try await run(transport, options: options)
+    }
+
+    private func run<T: MessageTransport>(_ transport: T, options: ConnectionOptions) async throws {
+        switch role {
+        case .server:
+            let listener = try transport.listen(at: endpoint, options: options, acceptFilter: nil)
+            announceReady()
+            let echoing = Task {
+                await withTaskGroup(of: Void.self) { group in
+                    for await connection in listener.connections {
+                        group.addTask { await Self.echoMessages(on: connection) }
+                    }
+                }
+            }
+            await Self.waitForStandardInputToClose()
+            listener.close()
+            echoing.cancel()
+        case .client:
+            let connection = try transport.connect(to: endpoint, options: options)
+            announceReady()
+            let stdinWatch = Task.detached {
+                await Self.waitForStandardInputToClose()
+                connection.invalidate()
+            }
+            await Self.echoMessages(on: connection)
+            stdinWatch.cancel()
+        }
+    }
+
+    private static func echoMessages(on connection: some MessageConnection) async {
+        for await message in connection.messages {
+            try? connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
+        }
+    }
+
+    private func announceReady() {
+        FileHandle.standardOutput.write(Data("READY \(getpid())\n".utf8))
+    }
+
+    private static func waitForStandardInputToClose() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            Thread.detachNewThread {
+                var byte: UInt8 = 0
+                while read(STDIN_FILENO, &byte, 1) > 0 {}
+                continuation.resume()
+            }
+        }
+    }
+}

@@ -1,0 +1,20 @@
+import IPCCore
+import IPCFraming
+import UnixSocketTransport
+
+/// The transports the harness knows, by the names used on the command line and in reports.
+public enum TransportCatalog {
+    /// Every transport name the harness accepts.
+    public static let names = ["unix-socket"]
+
+    /// The transport called `name`, with the given framing where the transport uses one.
+    /// - Throws: ``IPCError/Code/unsupportedOperation`` for an unknown name.
+    public static func transport(named name: String, framing: Framing) throws -> any MessageTransport {
+        switch name {
+        case "unix-socket":
+            return UnixSocketTransport(framing: framing)
+        default:
+            throw IPCError(code: .unsupportedOperation, message: "unknown transport \(name.debugDescription); known: \(names.joined(separator: ", "))")
+        }
+    }
+}

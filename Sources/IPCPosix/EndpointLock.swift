@@ -1,0 +1,63 @@
+import Glibc
+import IPCCore
+import SystemPackage
+
+/// An exclusive claim on an endpoint name, held for as long as a listener lives.
+///
+/// It is an `flock` on `<endpoint>.lock`: the kernel drops it when its holder dies, however it
+/// dies, so a dead listener's endpoint can be reclaimed while a live listener's cannot, with no
+/// window in which two processes both think they own the name.
+public final class EndpointLock: Sendable {
+    public let path: String
+    private let fd: CInt
+
+    /// - Throws: ``IPCError/Code/endpointInUse`` if a live process holds the endpoint.
+    public init(endpoint: Endpoint) throws {
+        let path = endpoint.path(suffix: ".lock")
+        self.path = path
+        let fd: CInt
+        do {
+            fd = try syscallRetryingInterrupts { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        } catch {
+            throw IPCError.syscall("open", error, context: path)
+        }
+        do {
+            _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX | LOCK_NB) }
+        } catch {
+            closeDescriptor(fd)
+            if error == .wouldBlock {
+                throw IPCError(code: .endpointInUse, message: "another live process listens on \(endpoint)", cause: error)
+            }
+            throw IPCError.syscall("flock", error, context: path)
+        }
+        self.fd = fd
+    }
+
+    /// Releases the claim. The lock file stays: unlinking it would let a second process lock a
+    /// new file of the same name while a third still holds the old one.
+    public func release() {
+        closeDescriptor(fd)
+    }
+}
+
+/// Creating and checking group directories.
+public enum GroupDirectories {
+    /// Creates the directory (mode 0700) if it does not exist, and refuses one that other users
+    /// can write to, since anyone who can write there could replace an endpoint.
+    /// - Throws: ``IPCError/Code/invalidEndpoint``.
+    public static func prepare(_ group: GroupDirectory) throws {
+        if mkdir(group.path, 0o700) != 0, errno != EEXIST {
+            throw IPCError(code: .invalidEndpoint, message: "cannot create group directory \(group.path)", cause: Errno(rawValue: errno))
+        }
+        var status = stat()
+        guard stat(group.path, &status) == 0 else {
+            throw IPCError(code: .invalidEndpoint, message: "cannot stat group directory \(group.path)", cause: Errno(rawValue: errno))
+        }
+        guard (status.st_mode & S_IFMT) == S_IFDIR else {
+            throw IPCError(code: .invalidEndpoint, message: "\(group.path) is not a directory")
+        }
+        if status.st_mode & 0o002 != 0, status.st_mode & UInt32(S_ISVTX) == 0 {
+            throw IPCError(code: .invalidEndpoint, message: "group directory \(group.path) is writable by every user; use a directory only its owner can write")
+        }
+    }
+}

@@ -1,0 +1,206 @@
+import CIPCShims
+import Glibc
+import IPCCore
+import SystemPackage
+
+/// Thin, typed wrappers over the `AF_UNIX` stream socket calls the Unix socket transport makes.
+/// Every descriptor is created close-on-exec, so a child process never inherits a connection.
+public enum UnixSocket {
+    /// `sun_path` is 108 bytes including the terminating NUL.
+    public static let maximumPathLength = 107
+
+    private static func withAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) throws -> T) throws -> T {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count <= maximumPathLength else {
+            throw IPCError(code: .invalidEndpoint, message: "socket path \(path) is \(bytes.count) bytes; AF_UNIX allows at most \(maximumPathLength)")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        return try withUnsafePointer(to: &address) { pointer in
+            try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                try body($0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+    }
+
+    private static func makeStreamSocket() throws -> CInt {
+        do {
+            return try syscallRetryingInterrupts { socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0) }
+        } catch {
+            throw IPCError.syscall("socket", error)
+        }
+    }
+
+    /// Binds and listens on `path`, which must not exist. The socket file is made owner-only
+    /// before `listen`, so no other user can ever connect.
+    public static func listen(path: String, backlog: CInt = 128) throws -> CInt {
+        let fd = try makeStreamSocket()
+        do {
+            try withAddress(path) { address, length in
+                do throws(Errno) { _ = try syscallRetryingInterrupts { bind(fd, address, length) } } catch {
+                    if error == .addressInUse {
+                        throw IPCError(code: .endpointInUse, message: "\(path) already exists", cause: error)
+                    }
+                    throw IPCError.syscall("bind", error, context: path)
+                }
+            }
+            do { _ = try syscallRetryingInterrupts { chmod(path, 0o600) } } catch { throw IPCError.syscall("chmod", error, context: path) }
+            do { _ = try syscallRetryingInterrupts { Glibc.listen(fd, backlog) } } catch { throw IPCError.syscall("listen", error, context: path) }
+            return fd
+        } catch {
+            closeDescriptor(fd)
+            throw error
+        }
+    }
+
+    /// Accepts one connection. Returns `nil` when the listening socket was shut down.
+    public static func accept(_ listener: CInt) throws -> CInt? {
+        while true {
+            do {
+                return try syscallRetryingInterrupts { ipc_accept4(listener, CInt(SOCK_CLOEXEC.rawValue)) }
+            } catch {
+                switch error {
+                case .invalidArgument, .badFileDescriptor:
+                    return nil
+                case .connectionAbort, .protocolError, .noMemory, .noBufferSpace, .tooManyOpenFiles, .tooManyOpenFilesInSystem:
+                    // A connection that died before accept, or a transient shortage: keep listening
+                    // (pausing briefly on a shortage so a full descriptor table does not spin).
+                    if error != .connectionAbort && error != .protocolError { usleep(10_000) }
+                    continue
+                default:
+                    throw IPCError.syscall("accept4", error)
+                }
+            }
+        }
+    }
+
+    /// Connects to the socket at `path`.
+    /// - Throws: ``IPCError/Code/endpointNotFound`` when there is no socket or nobody listens on
+    ///   it (a stale file); ``IPCError/Code/accessDenied`` when permissions refuse it.
+    public static func connect(path: String) throws -> CInt {
+        let fd = try makeStreamSocket()
+        do {
+            try withAddress(path) { address, length in
+                do throws(Errno) { _ = try syscallRetryingInterrupts { Glibc.connect(fd, address, length) } } catch {
+                    switch error {
+                    case .noSuchFileOrDirectory, .connectionRefused:
+                        throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)", cause: error)
+                    case .permissionDenied, .notPermitted:
+                        throw IPCError(code: .accessDenied, message: "not allowed to connect to \(path)", cause: error)
+                    default:
+                        throw IPCError.syscall("connect", error, context: path)
+                    }
+                }
+            }
+            return fd
+        } catch {
+            closeDescriptor(fd)
+            throw error
+        }
+    }
+
+    /// Whether a process listens on `path` right now (a connect succeeds).
+    public static func isListening(path: String) -> Bool {
+        guard let fd = try? connect(path: path) else { return false }
+        closeDescriptor(fd)
+        return true
+    }
+
+    /// The kernel-verified credentials of the process at the other end (`SO_PEERCRED`).
+    public static func peerCredentials(_ fd: CInt) throws -> PeerCredentials {
+        var pid: pid_t = 0
+        var uid: uid_t = 0
+        var gid: gid_t = 0
+        do { _ = try syscallRetryingInterrupts { ipc_peer_credentials(fd, &pid, &uid, &gid) } } catch {
+            throw IPCError.syscall("getsockopt(SO_PEERCRED)", error)
+        }
+        return PeerCredentials(pid: pid, uid: uid, gid: gid)
+    }
+
+    /// Wakes a thread blocked reading or accepting on `fd`; the descriptor stays open.
+    public static func shutdown(_ fd: CInt) {
+        _ = Glibc.shutdown(fd, CInt(SHUT_RDWR))
+    }
+
+    /// Reads into `buffer`, blocking. Returns 0 at end of stream.
+    /// A connection reset by a peer that died is end of stream too: the connection is over either way.
+    public static func read(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        do {
+            return try syscallRetryingInterrupts { Glibc.read(fd, buffer.baseAddress, buffer.count) }
+        } catch {
+            if error == .connectionReset { return 0 }
+            throw IPCError.syscall("read", error)
+        }
+    }
+
+    /// Writes `header` then `payload` with gathering writes, never raising SIGPIPE, waiting at
+    /// most until `deadline` for buffer space. `written` counts the bytes the kernel took, so a
+    /// caller can tell a clean failure (0) from a torn frame.
+    public static func sendAll(
+        _ fd: CInt,
+        header: UnsafeRawBufferPointer,
+        payload: UnsafeRawBufferPointer,
+        deadline: ContinuousClock.Instant,
+        written: inout Int
+    ) throws {
+        let total = header.count + payload.count
+        written = 0
+        while written < total {
+            let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
+                var count = 0
+                if written < header.count {
+                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: header.baseAddress! + written), iov_len: header.count - written)
+                    count = 1
+                    if payload.count > 0 {
+                        iov[1] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress!), iov_len: payload.count)
+                        count = 2
+                    }
+                } else {
+                    let offset = written - header.count
+                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress! + offset), iov_len: payload.count - offset)
+                    count = 1
+                }
+                var message = msghdr()
+                message.msg_iov = iov.baseAddress
+                message.msg_iovlen = count
+                return sendmsg(fd, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
+            }
+            if result >= 0 {
+                written += result
+                continue
+            }
+            let error = Errno(rawValue: errno)
+            switch error {
+            case .interrupted:
+                continue
+            case .wouldBlock:
+                try waitWritable(fd, deadline: deadline, written: written, total: total)
+            case .brokenPipe, .connectionReset, .socketNotConnected:
+                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
+            default:
+                throw IPCError.syscall("sendmsg", error)
+            }
+        }
+    }
+
+    private static func waitWritable(_ fd: CInt, deadline: ContinuousClock.Instant, written: Int, total: Int) throws {
+        while true {
+            let remaining = ContinuousClock.now.duration(to: deadline)
+            guard remaining > .zero else {
+                throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
+            }
+            let (seconds, attoseconds) = remaining.components
+            let milliseconds = CInt(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1)
+            var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+            let ready = poll(&descriptor, 1, milliseconds)
+            if ready > 0 { return }
+            if ready < 0, errno != EINTR {
+                throw IPCError.syscall("poll", Errno(rawValue: errno))
+            }
+        }
+    }
+}

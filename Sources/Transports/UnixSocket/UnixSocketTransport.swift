@@ -1,0 +1,59 @@
+import IPCCore
+import IPCFraming
+import IPCPosix
+
+/// `AF_UNIX` stream sockets in the group directory: the Linux counterpart of LLBSDMessaging's
+/// BSD sockets. The endpoint `name` in group `G` is the socket file `G/name.sock`, guarded by
+/// the lock file `G/name.lock` that its listener holds for its lifetime.
+public struct UnixSocketTransport: MessageTransport, FramedTransport {
+    public typealias Connection = UnixSocketConnection
+    public typealias Listener = UnixSocketListener
+
+    public var framing: Framing
+
+    public init(framing: Framing = .binary) {
+        self.framing = framing
+    }
+
+    public var name: String { "unix-socket" }
+
+    public var capabilities: TransportCapabilities {
+        TransportCapabilities(
+            maximumPayloadLength: ConnectionOptions.defaults.maximumPayloadLength,
+            preservesOrder: true,
+            supportsRequestReply: true,
+            supportsBroadcast: true,
+            supportsAcceptFilter: true,
+            peerDeathDetection: .connectionClosed
+        )
+    }
+
+    public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> UnixSocketListener {
+        try UnixSocketListener(endpoint: endpoint, framing: framing, options: options, acceptFilter: acceptFilter)
+    }
+
+    public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> UnixSocketConnection {
+        let fd = try UnixSocket.connect(path: Self.socketPath(endpoint))
+        let peer: PeerCredentials
+        do {
+            peer = try UnixSocket.peerCredentials(fd)
+        } catch {
+            closeDescriptor(fd)
+            throw error
+        }
+        let connection = UnixSocketConnection(fd: fd, peer: peer, framing: framing, options: options)
+        try connection.start()
+        return connection
+    }
+
+    static func socketPath(_ endpoint: Endpoint) -> String {
+        endpoint.path(suffix: ".sock")
+    }
+}
+
+extension MessageTransport where Self == UnixSocketTransport {
+    /// `AF_UNIX` stream sockets with the given framing.
+    public static func unixSocket(framing: Framing = .binary) -> UnixSocketTransport {
+        UnixSocketTransport(framing: framing)
+    }
+}

@@ -1,0 +1,16 @@
+import ArgumentParser
+
+@main
+struct IPCBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ipcbench",
+        abstract: "Benchmark and conformance suite for inter-process messaging transports.",
+        discussion: """
+        With no subcommand, runs the default benchmark: round-trip latency of every transport and \
+        framing against a peer process, on one core and split across cores, for payloads from 0 B \
+        to 1 MiB. It prints a table and writes results.json and report.md under Reports/runs/.
+        """,
+        subcommands: [RunCommand.self, PeerCommand.self],
+        defaultSubcommand: RunCommand.self
+    )
+}

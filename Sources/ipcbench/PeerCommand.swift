@@ -1,0 +1,47 @@
+import ArgumentParser
+import IPCBenchKit
+import IPCCore
+import IPCFraming
+import IPCPosix
+
+struct PeerCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "peer",
+        abstract: "Run the peer side of a measurement or test (started by ipcbench and its tests).",
+        discussion: """
+        Serves the echo service on an endpoint (server role) or on a connection to one (client \
+        role). Prints 'READY <pid>' once listening or connected, and exits when its standard \
+        input closes.
+        """
+    )
+
+    @Option(help: "Transport: \(TransportCatalog.names.joined(separator: ", ")).")
+    var transport: String = "unix-socket"
+
+    @Option(help: "Framing: binary or http.")
+    var framing: Framing = .binary
+
+    @Option(help: "Group directory (absolute path).")
+    var group: String
+
+    @Option(help: "Endpoint name inside the group directory.")
+    var endpoint: String
+
+    @Option(help: "server or client.")
+    var role: PeerRole = .server
+
+    @Option(help: "Pin this process to one CPU.")
+    var cpu: Int?
+
+    func run() async throws {
+        if let cpu { try CPUAffinity.pinCurrentProcess(to: [cpu]) }
+        let service = PeerService(
+            transport: try TransportCatalog.transport(named: transport, framing: framing),
+            endpoint: try Endpoint(group: GroupDirectory(path: group), name: endpoint),
+            role: role
+        )
+        try await service.run()
+    }
+}
+
+extension PeerRole: ExpressibleByArgument {}

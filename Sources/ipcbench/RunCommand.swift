@@ -1,0 +1,81 @@
+import ArgumentParser
+import Foundation
+import IPCBenchKit
+import IPCFraming
+
+struct RunCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "run",
+        abstract: "Measure round-trip latency against a peer process (the default command)."
+    )
+
+    @Option(name: .customLong("transport"), help: "Transport to measure; repeat for several. Known: \(TransportCatalog.names.joined(separator: ", ")). Default: all.")
+    var transports: [String] = []
+
+    @Option(name: .customLong("framing"), help: "Framing: binary or http; repeat for several. Default: both.")
+    var framings: [Framing] = []
+
+    @Option(name: .customLong("placement"), help: "Core placement: same-core, split-cores or unpinned; repeat for several. Default: same-core and split-cores.")
+    var placements: [Placement] = []
+
+    @Option(help: "Payload sizes in bytes, comma-separated.")
+    var sizes: String = "0,64,4096,65536,1048576"
+
+    @Option(help: "Multiply the default sample counts (20,000 round trips up to 4 KiB, 5,000 to 64 KiB, 1,000 above).")
+    var sampleScale: Double = 1
+
+    @Flag(help: "A smoke run: 5% of the samples. Checks that everything works; its numbers are rough.")
+    var quick = false
+
+    @Option(help: "Directory for results.json and report.md. Default: Reports/runs/<UTC date and time>.")
+    var output: String?
+
+    @Flag(help: "Do not show progress on standard error.")
+    var noProgress = false
+
+    func validate() throws {
+        for transport in transports where !TransportCatalog.names.contains(transport) {
+            throw ValidationError("unknown transport '\(transport)'; known: \(TransportCatalog.names.joined(separator: ", "))")
+        }
+        _ = try parsedSizes()
+        guard sampleScale > 0 else { throw ValidationError("--sample-scale must be positive") }
+    }
+
+    func parsedSizes() throws -> [Int] {
+        let values = sizes.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+        let parsed = values.compactMap { Int($0) }
+        guard !parsed.isEmpty, parsed.count == values.count, parsed.allSatisfy({ $0 >= 0 && $0 <= 64 << 20 }) else {
+            throw ValidationError("--sizes takes comma-separated byte counts from 0 to \(64 << 20), got '\(sizes)'")
+        }
+        return parsed
+    }
+
+    func run() async throws {
+        let plan = LatencyPlan(
+            transports: transports.isEmpty ? TransportCatalog.names : transports,
+            framings: framings.isEmpty ? Framing.allCases : framings,
+            placements: placements.isEmpty ? [.sameCore, .splitCores] : placements,
+            payloadSizes: try parsedSizes(),
+            sampleScale: quick ? 0.05 : sampleScale
+        )
+        let progress = ProgressReporter(enabled: !noProgress)
+        let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
+        let latency = try await LatencyRunner(plan: plan, progress: progress).run()
+        let results = RunResults(context: .current(command: command), latency: latency)
+        print(ReportRenderer.table(latency), terminator: "")
+        let directory = output ?? "Reports/runs/" + Self.timestamp()
+        try ResultStore.write(results, to: directory)
+        progress.note("wrote \(directory)/results.json and \(directory)/report.md")
+    }
+
+    static func timestamp() -> String {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.dateFormat = "yyyy-MM-dd'T'HHmmss'Z'"
+        return formatter.string(from: Date())
+    }
+}
+
+extension Framing: ExpressibleByArgument {}
+extension Placement: ExpressibleByArgument {}
