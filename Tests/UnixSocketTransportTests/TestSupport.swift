@@ -1,0 +1,101 @@
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCFraming
+import Synchronization
+import Testing
+
+/// A private group directory for one test, removed afterwards.
+struct TestGroup: ~Copyable {
+    let directory: GroupDirectory
+
+    init() throws {
+        var template = Array((NSTemporaryDirectory() + "ipcbench-test-XXXXXX").utf8CString)
+        let path = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        directory = GroupDirectory(path: String(cString: try #require(path)))
+    }
+
+    func endpoint(_ name: String) throws -> Endpoint {
+        try Endpoint(group: directory, name: name)
+    }
+
+    deinit {
+        try? FileManager.default.removeItem(atPath: directory.path)
+    }
+}
+
+/// Counts calls from any thread.
+final class Counter: Sendable {
+    private let value = Mutex(0)
+    func increment() { value.withLock { $0 += 1 } }
+    var count: Int { value.withLock { $0 } }
+}
+
+/// Records invalidation: how often the handler ran, with what reason, and when.
+final class InvalidationProbe: Sendable {
+    private let state = Mutex<(count: Int, reason: InvalidationReason?)>((0, nil))
+    private let fired = DispatchSemaphore(value: 0)
+
+    func attach(to connection: some MessageConnection) {
+        connection.setInvalidationHandler { [self] reason in
+            state.withLock {
+                $0.count += 1
+                $0.reason = reason
+            }
+            fired.signal()
+        }
+    }
+
+    /// Waits (blocking a thread, not the test's task pool) up to `seconds` for the handler.
+    func wait(seconds: Double) async -> Bool {
+        await withCheckedContinuation { continuation in
+            Thread.detachNewThread { [fired] in
+                continuation.resume(returning: fired.wait(timeout: .now() + seconds) == .success)
+            }
+        }
+    }
+
+    var count: Int { state.withLock { $0.count } }
+    var reason: InvalidationReason? { state.withLock { $0.reason } }
+}
+
+/// Runs `body` with a deadline, failing the test instead of hanging it.
+func withDeadline<T: Sendable>(seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            return nil
+        }
+        guard let first = try await group.next(), let value = first else {
+            group.cancelAll()
+            throw IPCError(code: .receiveTimeout, message: "\(what) did not finish within \(seconds) s")
+        }
+        group.cancelAll()
+        return value
+    }
+}
+
+/// Collects the next `count` messages from a connection, with a deadline.
+func collect(_ count: Int, from connection: some MessageConnection, seconds: Double = 30) async throws -> [ReceivedMessage] {
+    let messages = connection.messages
+    return try await withDeadline(seconds: seconds, "receiving \(count) messages") {
+        var received: [ReceivedMessage] = []
+        for await message in messages {
+            received.append(message)
+            if received.count == count { break }
+        }
+        return received
+    }
+}
+
+func expectIPCError<T>(_ code: IPCError.Code, _ body: () async throws -> T, sourceLocation: SourceLocation = #_sourceLocation) async {
+    do {
+        _ = try await body()
+        Issue.record("expected IPCError \(code), but the call succeeded", sourceLocation: sourceLocation)
+    } catch let error as IPCError {
+        #expect(error.code == code, "got \(error)", sourceLocation: sourceLocation)
+    } catch {
+        Issue.record("expected IPCError \(code), got \(error)", sourceLocation: sourceLocation)
+    }
+}

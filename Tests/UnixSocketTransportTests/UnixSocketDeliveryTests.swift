@@ -1,0 +1,134 @@
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCFraming
+import Testing
+import UnixSocketTransport
+
+/// Delivery and request/reply against a real peer process (`ipcbench peer`).
+@Suite("Unix socket: delivery and request/reply with a peer process")
+struct UnixSocketDeliveryTests {
+    @Test("request/reply echoes every payload size, both framings", arguments: Framing.allCases)
+    func echoAcrossSizes(framing: Framing) async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("echo")
+        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(connection.peer?.pid == peer.pid)
+        for size in [0, 1, 64, 4096, 65_536 + 3, 1 << 20, 16 << 20] {
+            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ size) }
+            let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+            #expect(reply == payload, "payload of \(size) bytes")
+        }
+    }
+
+    @Test("one-way messages arrive in order, once each")
+    func orderedDelivery() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("order")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        let count = 5_000
+        let sender = Task.detached {
+            for index in 0..<count {
+                // Sizes vary so that frames straddle the reader's buffer boundaries.
+                var payload = withUnsafeBytes(of: UInt32(index).bigEndian, Array.init)
+                payload += [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: index % 300)
+                try connection.send(payload, msgid: UInt32(index), timeout: .seconds(30))
+            }
+        }
+        let received = try await collect(count, from: connection)
+        try await sender.value
+        #expect(received.count == count)
+        for (index, message) in received.enumerated() {
+            #expect(message.msgid == UInt32(index))
+            #expect(message.payload.count == 4 + index % 300)
+            #expect(Array(message.payload.prefix(4)) == withUnsafeBytes(of: UInt32(index).bigEndian, Array.init))
+        }
+    }
+
+    @Test("concurrent requests each get their own reply")
+    func correlation() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("correlate")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            for index in 0..<200 {
+                tasks.addTask {
+                    let payload = Array("request \(index)".utf8) + [UInt8](repeating: UInt8(index % 256), count: index * 37)
+                    let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+                    #expect(reply == payload)
+                }
+            }
+            try await tasks.waitForAll()
+        }
+    }
+
+    @Test("receive timeout is its own error and leaves the connection valid")
+    func receiveTimeout() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("timeout")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.kill() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        await expectIPCError(.receiveTimeout) {
+            try await connection.request([1, 2, 3], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .milliseconds(200))
+        }
+        #expect(connection.invalidationReason == nil)
+    }
+
+    @Test("send timeout is its own error when the peer does not read")
+    func sendTimeout() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("sendtimeout")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.kill() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        // The peer's reader parks in the stalled request's handler, so nothing is read after it.
+        Task { _ = try? await connection.request([], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60)) }
+        try await Task.sleep(for: .milliseconds(200))
+        let big = [UInt8](repeating: 7, count: 1 << 20)
+        await expectIPCError(.sendTimeout) {
+            for _ in 0..<64 {
+                try connection.send(big, msgid: 9, timeout: .milliseconds(300))
+            }
+        }
+    }
+
+    @Test("a failing handler is reported to the requester")
+    func handlerFailure() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("fail")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .http, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try UnixSocketTransport(framing: .http).connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        await expectIPCError(.transportFailure) {
+            try await connection.request([1], msgid: PeerRequest.fail, sendTimeout: .seconds(5), receiveTimeout: .seconds(30))
+        }
+        let reply = try await connection.request([4, 2], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(30))
+        #expect(reply == [4, 2])
+    }
+
+    @Test("a payload above the maximum is refused before it is sent")
+    func payloadTooLarge() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("toolarge")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1024 })
+        defer { connection.invalidate() }
+        await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: 1025), msgid: 1, timeout: .seconds(5)) }
+        let reply = try await connection.request([9], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(30))
+        #expect(reply == [9])
+    }
+}

@@ -1,0 +1,156 @@
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCFraming
+import Synchronization
+import Testing
+import UnixSocketTransport
+
+/// The listening side: many client processes, broadcast, per-client sends, the accept filter,
+/// and endpoint ownership.
+@Suite("Unix socket: server with client processes")
+struct UnixSocketServerTests {
+    private func acceptConnections(_ count: Int, on listener: UnixSocketListener) async throws -> [UnixSocketConnection] {
+        let connections = listener.connections
+        return try await withDeadline(seconds: 30, "accepting \(count) connections") {
+            var accepted: [UnixSocketConnection] = []
+            for await connection in connections {
+                accepted.append(connection)
+                if accepted.count == count { break }
+            }
+            return accepted
+        }
+    }
+
+    @Test("broadcast reaches every client; a send to one client reaches only it")
+    func broadcastAndUnicast() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("fanout")
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let peers = try (0..<3).map { _ in try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) }
+        defer { peers.forEach { $0.stop() } }
+        let connections = try await acceptConnections(3, on: listener)
+        #expect(Set(connections.compactMap { $0.peer?.pid }) == Set(peers.map(\.pid)))
+
+        #expect(listener.broadcast(Array("to all".utf8), msgid: 7, timeout: .seconds(5)) == 3)
+        for connection in connections {
+            let echoed = try await collect(1, from: connection)
+            #expect(echoed.first?.msgid == 7)
+            #expect(echoed.first?.payload == Array("to all".utf8))
+        }
+
+        // Only the chosen client echoes; the next thing the others echo is the second broadcast.
+        try connections[1].send(Array("just you".utf8), msgid: 8, timeout: .seconds(5))
+        #expect(listener.broadcast(Array("again".utf8), msgid: 9, timeout: .seconds(5)) == 3)
+        for (index, connection) in connections.enumerated() {
+            let expected = index == 1 ? [UInt32(8), 9] : [9]
+            let echoed = try await collect(expected.count, from: connection)
+            #expect(echoed.map(\.msgid) == expected)
+        }
+    }
+
+    @Test("the accept filter sees the kernel-verified pid and uid, and a refused client is dropped")
+    func acceptFilter() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("filtered")
+        let seen = Mutex<[PeerCredentials]>([])
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults) { credentials in
+            seen.withLock { $0.append(credentials) }
+            return seen.withLock { $0.count } == 1
+        }
+        defer { listener.close() }
+        let accepted = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        defer { accepted.stop() }
+        _ = try await acceptConnections(1, on: listener)
+        let refused = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        // The refused client's connection is closed at once, so its peer process ends by itself.
+        let status = try await withDeadline(seconds: 30, "the refused client exiting") { refused.waitForExit() }
+        #expect(status == 0)
+        let credentials = seen.withLock { $0 }
+        #expect(credentials.map(\.pid) == [accepted.pid, refused.pid])
+        #expect(credentials.allSatisfy { $0.uid == getuid() })
+        #expect(listener.activeConnections.count == 1)
+    }
+
+    @Test("a server keeps serving its other clients when one is killed")
+    func survivesClientDeath() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("survive")
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let victim = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        let survivor = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        defer { survivor.stop() }
+        let connections = try await acceptConnections(2, on: listener)
+        let victimConnection = try #require(connections.first { $0.peer?.pid == victim.pid })
+        let survivorConnection = try #require(connections.first { $0.peer?.pid == survivor.pid })
+        let probe = InvalidationProbe()
+        probe.attach(to: victimConnection)
+        victim.kill()
+        #expect(await probe.wait(seconds: 10))
+        #expect(probe.reason?.kind == .peerClosed)
+        #expect(listener.activeConnections.count == 1)
+        let reply = try await survivorConnection.request([5], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(30))
+        #expect(reply == [5])
+    }
+
+    @Test("a second listener on a live endpoint is refused, in this process and in another")
+    func secondListenerRefused() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("owned")
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        await expectIPCError(.endpointInUse) { try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil) }
+        listener.close()
+
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        await expectIPCError(.endpointInUse) { try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil) }
+        // The live server was not disturbed.
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(try await connection.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(30)) == [1])
+    }
+
+    @Test("a stale endpoint left by a killed listener is reclaimed")
+    func staleEndpointReclaimed() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("stale")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        peer.kill()
+        peer.waitForExit()
+        #expect(FileManager.default.fileExists(atPath: endpoint.path(suffix: ".sock")))
+        await expectIPCError(.endpointNotFound) { try UnixSocketTransport().connect(to: endpoint, options: .defaults) }
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(try await connection.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(30)) == [3])
+    }
+
+    @Test("the endpoint is owner-only and the group directory is not world-writable")
+    func permissions() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("private")
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let attributes = try FileManager.default.attributesOfItem(atPath: endpoint.path(suffix: ".sock"))
+        #expect((attributes[.posixPermissions] as? Int) == 0o600)
+
+        let open = try TestGroup()
+        chmod(open.directory.path, 0o777)
+        await expectIPCError(.invalidEndpoint) {
+            try UnixSocketTransport().listen(at: try open.endpoint("exposed"), options: .defaults, acceptFilter: nil)
+        }
+    }
+
+    @Test("endpoint names cannot escape the group directory")
+    func endpointNames() throws {
+        let group = GroupDirectory(path: "/tmp/g")
+        for bad in ["", "../x", "a/b", ".hidden", String(repeating: "n", count: 65), "sp ace"] {
+            #expect(throws: IPCError.self) { try Endpoint(group: group, name: bad) }
+        }
+        #expect(throws: IPCError.self) { try Endpoint(group: GroupDirectory(path: "relative"), name: "ok") }
+        #expect(try Endpoint(group: group, name: "com.example.app-1_2").path(suffix: ".sock") == "/tmp/g/com.example.app-1_2.sock")
+    }
+}
