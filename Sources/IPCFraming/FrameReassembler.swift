@@ -62,9 +62,9 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
 
     public func receive(_ read: (UnsafeMutableRawBufferPointer) throws -> Int) rethrows -> Int {
         // Offer room for the rest of the frame being assembled, so a large payload arrives in as
-        // few reads as possible, and at least one chunk so that small frames batch up.
+        // few reads as possible, and otherwise fill a buffer of one chunk so small frames batch up.
         let stillNeeded = pendingFrameLength - bufferedByteCount
-        reserveFreeSpace(max(Self.chunkSize, stillNeeded))
+        reserveFreeSpace(max(stillNeeded, Self.chunkSize - bufferedByteCount, 1))
         let count = try read(UnsafeMutableRawBufferPointer(start: storage + writeIndex, count: capacity - writeIndex))
         if count > 0 { writeIndex += count }
         return count

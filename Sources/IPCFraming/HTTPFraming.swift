@@ -70,8 +70,9 @@ public struct HTTPFrameEncoder: FrameEncoder {
 /// `.failure` otherwise. `IPC-Msgid` and `IPC-Correlation` default to 0; method, target, reason
 /// and unknown header fields are ignored.
 ///
-/// Lines are parsed as their CRLF arrives and no byte is examined twice, so a header fed one byte
-/// at a time costs linear time, and a bad byte is refused as soon as it arrives.
+/// Each call resumes the scan where the previous one stopped and each line is parsed once, when its
+/// CRLF arrives, so a header fed one byte at a time costs linear time, and a bad byte or line is
+/// refused as soon as it arrives.
 ///
 /// Errors (all final):
 /// - ``IPCError/Code/malformedFrame``: a line not ending in CRLF, a control character (NUL
@@ -260,13 +261,13 @@ private struct Head {
             guard contentLength == nil else {
                 throw malformed("more than one Content-Length")
             }
-            guard let length = parseDecimal(value, as: UInt64.self), length <= UInt64(Int.max) else {
+            guard let digits = parseDecimal(value, as: UInt64.self), let length = Int(exactly: digits) else {
                 throw malformed("Content-Length \(quoted(value)) is not a decimal that fits in Int")
             }
-            guard length <= UInt64(maximumPayloadLength) else {
+            guard length <= maximumPayloadLength else {
                 throw IPCError(code: .frameTooLarge, message: "Content-Length \(length) is above the maximum of \(maximumPayloadLength)")
             }
-            contentLength = Int(length)
+            contentLength = length
         } else if matches(name, lowercased: "transfer-encoding") {
             throw IPCError(code: .unsupportedFraming, message: "Transfer-Encoding \(quoted(value)) is not supported; use Content-Length")
         } else if matches(name, lowercased: "ipc-kind") {
