@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "IPCFraming", targets: ["IPCFraming"]),
         .library(name: "IPCSecureCoding", targets: ["IPCSecureCoding"]),
         .library(name: "UnixSocketTransport", targets: ["UnixSocketTransport"]),
+        .library(name: "MessagePortTransport", targets: ["MessagePortTransport"]),
         .library(name: "IPCBenchKit", targets: ["IPCBenchKit"]),
         .executable(name: "ipcbench", targets: ["ipcbench"]),
     ],
@@ -42,11 +43,16 @@ let package = Package(
             dependencies: ["IPCCore", "IPCFraming", "IPCPosix"],
             path: "Sources/Transports/UnixSocket"
         ),
+        .target(
+            name: "MessagePortTransport",
+            dependencies: ["IPCCore", "IPCPosix"],
+            path: "Sources/Transports/MessagePort"
+        ),
         // The harness as a library: peer mode, latency runs, reports. The executable is thin.
         .target(
             name: "IPCBenchKit",
             dependencies: [
-                "IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport",
+                "IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),

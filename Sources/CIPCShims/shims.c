@@ -3,6 +3,7 @@
 
 #include <sched.h>
 #include <sys/syscall.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 int ipc_pidfd_open(pid_t pid, unsigned int flags) {
@@ -51,4 +52,14 @@ int ipc_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
     *uid = credentials.uid;
     *gid = credentials.gid;
     return 0;
+}
+
+int ipc_mq_open(const char *name, int flags, unsigned int mode, long max_messages, long message_size) {
+    if (flags & O_CREAT) {
+        struct mq_attr attributes = {0};
+        attributes.mq_maxmsg = max_messages;
+        attributes.mq_msgsize = message_size;
+        return (int)mq_open(name, flags, (mode_t)mode, &attributes);
+    }
+    return (int)mq_open(name, flags);
 }

@@ -62,25 +62,28 @@ public struct LatencyRunner: Sendable {
         let group = try TemporaryGroup()
         defer { group.remove() }
         let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
-        let total = plan.transports.count * plan.framings.count * placements.count * plan.payloadSizes.count
+        let combinations = plan.transports.flatMap { name in
+            (TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil]).map { (name, $0) }
+        }
+        let total = combinations.count * placements.count * plan.payloadSizes.count
         var results: [LatencyResult] = []
         let originalAffinity = CPUAffinity.current()
         defer { try? CPUAffinity.pinCurrentProcess(to: originalAffinity) }
-        for transportName in plan.transports {
-            for framing in plan.framings {
-                for placement in placements {
-                    try CPUAffinity.pinCurrentProcess(to: placement.cpus.map { [$0.local] } ?? originalAffinity)
-                    let transport = try TransportCatalog.transport(named: transportName, framing: framing)
-                    let endpoint = try Endpoint(group: group.directory, name: "bench-\(transportName)-\(framing)-\(placement)")
-                    let peer = try PeerProcess(transport: transportName, framing: framing, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer)
-                    defer { peer.stop() }
-                    for size in plan.payloadSizes {
-                        let label = "\(transportName) \(framing) \(placement) \(formatBytes(size))"
-                        progress.begin(step: results.count + 1, of: total, label: label)
-                        let result = try await measure(transport, endpoint: endpoint, size: size, placement: placement, label: label)
-                        progress.end(label: label, summary: "p50 \(formatMicroseconds(result.p50)) p99 \(formatMicroseconds(result.p99))")
-                        results.append(result)
-                    }
+        for (transportName, framing) in combinations {
+            for placement in placements {
+                try CPUAffinity.pinCurrentProcess(to: placement.cpus.map { [$0.local] } ?? originalAffinity)
+                let transport = try TransportCatalog.transport(named: transportName, framing: framing ?? .binary)
+                let variant = [transportName, framing?.rawValue].compactMap { $0 }.joined(separator: "-")
+                let endpoint = try Endpoint(group: group.directory, name: "\(group.directory.identifier).bench-\(variant)-\(placement)")
+                let peer = try PeerProcess(transport: transportName, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer)
+                defer { peer.stop() }
+                for size in plan.payloadSizes {
+                    let label = "\(variant) \(placement) \(formatBytes(size))"
+                    progress.begin(step: results.count + 1, of: total, label: label)
+                    var result = try await measure(transport, endpoint: endpoint, size: size, placement: placement, label: label)
+                    result.framing = framing
+                    progress.end(label: label, summary: "p50 \(formatMicroseconds(result.p50)) p99 \(formatMicroseconds(result.p99))")
+                    results.append(result)
                 }
             }
         }
@@ -112,7 +115,7 @@ public struct LatencyRunner: Sendable {
         }
         return LatencyResult(
             transport: transport.name,
-            framing: (transport as? any FramedTransport)?.framing ?? .binary,
+            framing: nil,
             placement: placement,
             payloadBytes: size,
             warmup: warmup,

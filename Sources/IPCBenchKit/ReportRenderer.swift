@@ -7,7 +7,7 @@ public enum ReportRenderer {
     static func latencyRows(_ results: [LatencyResult]) -> [[String]] {
         results.map { result in
             [
-                result.transport, result.framing.rawValue, result.placement.rawValue, formatBytes(result.payloadBytes),
+                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, formatBytes(result.payloadBytes),
                 String(result.samples), formatMicroseconds(result.p50), formatMicroseconds(result.p90),
                 formatMicroseconds(result.p99), formatMicroseconds(result.p999), formatMicroseconds(result.maximum),
             ]

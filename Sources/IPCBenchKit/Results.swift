@@ -70,7 +70,8 @@ public struct RunContext: Codable, Sendable {
 /// Times are nanoseconds, read from an HDR histogram with three significant digits.
 public struct LatencyResult: Codable, Sendable {
     public var transport: String
-    public var framing: Framing
+    /// The framing, for transports that carry a selectable one; `nil` for the others.
+    public var framing: Framing?
     public var placement: Placement
     public var payloadBytes: Int
     public var warmup: Int

@@ -1,11 +1,18 @@
 import IPCCore
 import IPCFraming
+import MessagePortTransport
 import UnixSocketTransport
 
 /// The transports the harness knows, by the names used on the command line and in reports.
 public enum TransportCatalog {
     /// Every transport name the harness accepts.
-    public static let names = ["unix-socket"]
+    public static let names = ["unix-socket", "message-port"]
+
+    /// Whether the transport carries the frames of a selectable framing (stream transports do;
+    /// message-preserving ones frame messages their own way).
+    public static func usesFraming(_ name: String) -> Bool {
+        name == "unix-socket"
+    }
 
     /// The transport called `name`, with the given framing where the transport uses one.
     /// - Throws: ``IPCError/Code/unsupportedOperation`` for an unknown name.
@@ -13,6 +20,8 @@ public enum TransportCatalog {
         switch name {
         case "unix-socket":
             return UnixSocketTransport(framing: framing)
+        case "message-port":
+            return MessagePortTransport()
         default:
             throw IPCError(code: .unsupportedOperation, message: "unknown transport \(name.debugDescription); known: \(names.joined(separator: ", "))")
         }

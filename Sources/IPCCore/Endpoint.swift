@@ -9,6 +9,12 @@ public struct GroupDirectory: Sendable, Hashable, CustomStringConvertible {
     }
 
     public var description: String { path }
+
+    /// The group's identifier: the last component of its path. Transports with app-group
+    /// scoped names (message ports) require names to begin with it and a period.
+    public var identifier: String {
+        String(path.split(separator: "/").last ?? "")
+    }
 }
 
 /// A named place to listen on or connect to, inside a group directory.
@@ -57,4 +63,10 @@ public struct Endpoint: Sendable, Hashable, CustomStringConvertible {
     }
 
     public var description: String { "\(group.path)/\(name)" }
+
+    /// Whether the name is scoped to the group: `<group identifier>.<rest>`.
+    public var isScopedToGroup: Bool {
+        let prefix = group.identifier + "."
+        return name.hasPrefix(prefix) && name.count > prefix.count
+    }
 }

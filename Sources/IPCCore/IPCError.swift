@@ -41,7 +41,7 @@ extension IPCError {
             // Secure decoding
             case disallowedType, malformedPayload, payloadTooLarge, nestingTooDeep
             // Endpoints and lifecycle
-            case invalidEndpoint, endpointInUse, endpointNotFound, accessDenied
+            case invalidEndpoint, nameOutsideGroup, endpointInUse, endpointNotFound, accessDenied
             case sendTimeout, receiveTimeout, invalidated, peerInvalidated
             case unsupportedOperation, transportFailure
         }
@@ -73,6 +73,9 @@ extension IPCError {
 
         /// An endpoint name or group directory that cannot be used.
         public static var invalidEndpoint: Code { .init(.invalidEndpoint) }
+        /// A name that must begin with the group identifier and a period does not (the
+        /// counterpart of Mach's `BOOTSTRAP_NOT_PRIVILEGED` for app-group service names).
+        public static var nameOutsideGroup: Code { .init(.nameOutsideGroup) }
         /// Another live process already listens on this endpoint.
         public static var endpointInUse: Code { .init(.endpointInUse) }
         /// Nobody listens on this endpoint.

@@ -31,6 +31,28 @@ public final class EndpointLock: Sendable {
             throw IPCError.syscall("flock", error, context: path)
         }
         self.fd = fd
+        // Record the owner so that peers without a connection to watch can find its process.
+        let pid = Array(String(getpid()).utf8)
+        _ = ftruncate(fd, 0)
+        _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+    }
+
+    /// The pid of the live process that holds `endpoint`, or `nil` if nobody holds it (its
+    /// listener is gone, or never was).
+    public static func owner(of endpoint: Endpoint) -> Int32? {
+        let path = endpoint.path(suffix: ".lock")
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else { return nil }
+        defer { closeDescriptor(fd) }
+        // A shared lock is granted only when no listener holds the exclusive one.
+        if flock(fd, LOCK_SH | LOCK_NB) == 0 {
+            _ = flock(fd, LOCK_UN)
+            return nil
+        }
+        var bytes = [UInt8](repeating: 0, count: 16)
+        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        guard count > 0 else { return nil }
+        return Int32(String(decoding: bytes.prefix(count), as: UTF8.self))
     }
 
     /// Releases the claim. The lock file stays: unlinking it would let a second process lock a

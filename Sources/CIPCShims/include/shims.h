@@ -25,4 +25,11 @@ int ipc_set_thread_name(pthread_t thread, const char *name);
 /// SO_PEERCRED's struct ucred is hidden behind _GNU_SOURCE too. Returns 0 or -1 with errno set.
 int ipc_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
+#include <mqueue.h>
+#include <sys/epoll.h>
+
+/// mq_open(3) is variadic. Opens (or with O_CREAT creates, with the given mode and attributes)
+/// a POSIX message queue. Returns the descriptor or -1 with errno set.
+int ipc_mq_open(const char *name, int flags, unsigned int mode, long max_messages, long message_size);
+
 #endif

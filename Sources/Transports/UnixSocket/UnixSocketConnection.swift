@@ -13,15 +13,11 @@ import Synchronization
 /// descriptor number that was closed and reused.
 public final class UnixSocketConnection: MessageConnection, Sendable {
     public let peer: PeerCredentials?
-    public let messages: AsyncStream<ReceivedMessage>
 
     private let fd: CInt
     private let framing: Framing
     private let encoder: any FrameEncoder
-    private let options: ConnectionOptions
-    private let latch = InvalidationLatch()
-    private let requests = RequestTable()
-    private let messageSink: AsyncStream<ReceivedMessage>.Continuation
+    private let core: ConnectionCore
     /// Held for the whole of each frame's write; `true` once the descriptor is closed.
     private let writeState = Mutex(false)
     /// How long the reader thread waits to write a reply before giving up on it.
@@ -32,10 +28,9 @@ public final class UnixSocketConnection: MessageConnection, Sendable {
         self.fd = fd
         self.peer = peer
         self.framing = framing
-        self.options = options
+        self.core = ConnectionCore(options: options)
         self.encoder = framing.makeEncoder(maximumPayloadLength: options.maximumPayloadLength)
         self.onInvalidated = onInvalidated
-        (messages, messageSink) = AsyncStream.makeStream(of: ReceivedMessage.self)
     }
 
     /// Starts the reader thread. If it cannot start, the connection is closed and the error thrown.
@@ -43,15 +38,17 @@ public final class UnixSocketConnection: MessageConnection, Sendable {
         do {
             try PosixThread.detach(name: "ipc-unix-read") { [self] in readLoop() }
         } catch {
-            finishInvalidation(InvalidationReason(.transportFailure, error: error as? IPCError))
+            finish(InvalidationReason(.transportFailure, error: error as? IPCError))
             throw error
         }
     }
 
-    public var invalidationReason: InvalidationReason? { latch.reason }
+    public var messages: AsyncStream<ReceivedMessage> { core.messages }
+
+    public var invalidationReason: InvalidationReason? { core.latch.reason }
 
     public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
-        latch.setHandler(handler)
+        core.latch.setHandler(handler)
     }
 
     public func invalidate() {
@@ -59,45 +56,31 @@ public final class UnixSocketConnection: MessageConnection, Sendable {
     }
 
     public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
-        try sendFrame(FrameHeader(kind: .message, msgid: msgid, correlation: 0, payloadLength: payload.count), payload, timeout: timeout)
+        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
     }
 
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        try checkValid()
-        let correlation = try requests.register()
-        do {
-            try sendFrame(FrameHeader(kind: .request, msgid: msgid, correlation: correlation, payloadLength: payload.count), payload, timeout: sendTimeout)
-        } catch {
-            requests.cancel(correlation)
-            throw error
-        }
-        return try await requests.reply(to: correlation, timeout: receiveTimeout)
-    }
-
-    private func checkValid() throws {
-        if let reason = latch.reason {
-            throw IPCError(code: .invalidated, message: "the connection is invalid (\(reason))")
-        }
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
     }
 
     private func invalidate(_ reason: InvalidationReason) {
-        guard latch.invalidate(reason) else { return }
+        guard core.latch.invalidate(reason) else { return }
         // Wake the reader thread; it releases everything and reports the invalidation.
         UnixSocket.shutdown(fd)
     }
 
-    private func sendFrame(_ header: FrameHeader, _ payload: [UInt8], timeout: Duration) throws {
-        try checkValid()
+    private func sendFrame(_ frame: Frame, timeout: Duration) throws {
+        try core.checkValid()
         var headerBytes: [UInt8] = []
         headerBytes.reserveCapacity(framing == .binary ? BinaryWireFormat.headerLength : 160)
-        try encoder.encodeHeader(header, into: &headerBytes)
+        try encoder.encodeHeader(FrameHeader(frame), into: &headerBytes)
         let deadline = ContinuousClock.now.advanced(by: timeout)
         var written = 0
         do {
             try writeState.withLock { closed in
                 if closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
                 try headerBytes.withUnsafeBytes { headerBuffer in
-                    try payload.withUnsafeBytes { payloadBuffer in
+                    try frame.payload.withUnsafeBytes { payloadBuffer in
                         try UnixSocket.sendAll(fd, header: headerBuffer, payload: payloadBuffer, deadline: deadline, written: &written)
                     }
                 }
@@ -114,7 +97,11 @@ public final class UnixSocketConnection: MessageConnection, Sendable {
     }
 
     private func readLoop() {
-        let reassembler = framing.makeReassembler(maximumPayloadLength: options.maximumPayloadLength)
+        let reassembler = framing.makeReassembler(maximumPayloadLength: core.options.maximumPayloadLength)
+        let reply: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in
+            guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
+            try self.sendFrame(frame, timeout: replySendTimeout)
+        }
         var reason: InvalidationReason
         reading: while true {
             let count: Int
@@ -135,60 +122,24 @@ public final class UnixSocketConnection: MessageConnection, Sendable {
             }
             do {
                 while let frame = try reassembler.nextFrame() {
-                    dispatch(frame)
+                    core.dispatch(frame, reply: reply)
                 }
             } catch {
                 reason = InvalidationReason(.protocolError, error: error as? IPCError)
                 break reading
             }
         }
-        finishInvalidation(reason)
+        finish(reason)
     }
 
-    private func dispatch(_ frame: Frame) {
-        switch frame.kind {
-        case .message:
-            messageSink.yield(ReceivedMessage(msgid: frame.msgid, payload: frame.payload))
-        case .request:
-            if let handler = options.requestHandler {
-                let reply: [UInt8]
-                var kind = Frame.Kind.reply
-                do {
-                    reply = try handler(frame.msgid, frame.payload) ?? []
-                } catch {
-                    kind = .failure
-                    reply = Array(String(describing: error).utf8)
-                }
-                // A reply that cannot be written is the requester's timeout to report; a torn one
-                // has already invalidated the connection.
-                try? sendFrame(FrameHeader(kind: kind, msgid: frame.msgid, correlation: frame.correlation, payloadLength: reply.count), reply, timeout: replySendTimeout)
-            } else {
-                let timeout = replySendTimeout
-                messageSink.yield(ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation) { [weak self] reply in
-                    guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
-                    try self.sendFrame(FrameHeader(reply), reply.payload, timeout: timeout)
-                })
+    /// Runs once, on the reader thread (or in `start` if it never ran).
+    private func finish(_ reason: InvalidationReason) {
+        core.finish(reason) {
+            writeState.withLock { closed in
+                closed = true
+                closeDescriptor(fd)
             }
-        case .reply:
-            requests.complete(frame.correlation, with: .success(frame.payload))
-        case .failure:
-            let description = String(decoding: frame.payload, as: UTF8.self)
-            requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))
+            onInvalidated?(self)
         }
-    }
-
-    /// Runs once, on the reader thread (or in `start` if it never ran): releases the descriptor,
-    /// ends the message stream, fails pending requests, and reports the invalidation last.
-    private func finishInvalidation(_ reason: InvalidationReason) {
-        _ = latch.invalidate(reason)
-        let final = latch.reason ?? reason
-        writeState.withLock { closed in
-            closed = true
-            closeDescriptor(fd)
-        }
-        messageSink.finish()
-        requests.close(with: IPCError(code: .peerInvalidated, message: "the connection became invalid: \(final)"))
-        onInvalidated?(self)
-        latch.complete()
     }
 }

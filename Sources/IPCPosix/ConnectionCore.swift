@@ -1,0 +1,84 @@
+import IPCCore
+
+/// The part of a connection that is the same in every transport: the invalidation latch, the
+/// pending requests, the stream of received messages, and what each kind of incoming frame
+/// means. A transport adds only how bytes move (`send`) and how its resources are released.
+public final class ConnectionCore: Sendable {
+    public let options: ConnectionOptions
+    public let latch = InvalidationLatch()
+    public let requests = RequestTable()
+    public let messages: AsyncStream<ReceivedMessage>
+    private let sink: AsyncStream<ReceivedMessage>.Continuation
+
+    public init(options: ConnectionOptions) {
+        self.options = options
+        (messages, sink) = AsyncStream.makeStream(of: ReceivedMessage.self)
+    }
+
+    /// - Throws: ``IPCError/Code/invalidated`` if the connection is no longer valid.
+    public func checkValid() throws {
+        if let reason = latch.reason {
+            throw IPCError(code: .invalidated, message: "the connection is invalid (\(reason))")
+        }
+    }
+
+    /// The request/reply flow: register, send with `send`, wait for the reply.
+    public func request(
+        _ payload: [UInt8],
+        msgid: UInt32,
+        receiveTimeout: Duration,
+        send: (Frame) throws -> Void
+    ) async throws -> [UInt8] {
+        try checkValid()
+        let correlation = try requests.register()
+        do {
+            try send(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload))
+        } catch {
+            requests.cancel(correlation)
+            throw error
+        }
+        return try await requests.reply(to: correlation, timeout: receiveTimeout)
+    }
+
+    /// Acts on one incoming frame. `reply` sends a frame back to the peer; it is called on the
+    /// calling thread for requests the handler answers, and kept for requests delivered through
+    /// ``messages``.
+    public func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void) {
+        switch frame.kind {
+        case .message:
+            sink.yield(ReceivedMessage(msgid: frame.msgid, payload: frame.payload))
+        case .request:
+            guard let handler = options.requestHandler else {
+                sink.yield(ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: reply))
+                return
+            }
+            var answer = Frame(kind: .reply, msgid: frame.msgid, correlation: frame.correlation)
+            do {
+                answer.payload = try handler(frame.msgid, frame.payload) ?? []
+            } catch {
+                answer.kind = .failure
+                answer.payload = Array(String(describing: error).utf8)
+            }
+            // A reply that cannot be sent is the requester's timeout to report; a torn one has
+            // already invalidated the connection.
+            try? reply(answer)
+        case .reply:
+            requests.complete(frame.correlation, with: .success(frame.payload))
+        case .failure:
+            let description = String(decoding: frame.payload, as: UTF8.self)
+            requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))
+        }
+    }
+
+    /// Ends the connection, once: records `reason` unless another reason was recorded first,
+    /// lets the transport release its resources, ends the message stream, fails pending
+    /// requests, and runs the invalidation handler last.
+    public func finish(_ reason: InvalidationReason, releasingResources release: () -> Void) {
+        _ = latch.invalidate(reason)
+        let final = latch.reason ?? reason
+        release()
+        sink.finish()
+        requests.close(with: IPCError(code: .peerInvalidated, message: "the connection became invalid: \(final)"))
+        latch.complete()
+    }
+}

@@ -1,0 +1,141 @@
+import CIPCShims
+import Glibc
+import IPCCore
+import SystemPackage
+
+/// A POSIX message queue descriptor (`mq_open`): kernel-queued, named, message-preserving.
+/// Descriptors are close-on-exec; queues are created owner-only.
+public struct MessageQueue: Sendable {
+    public let descriptor: CInt
+    public let name: String
+
+    /// The kernel's limits for queues an unprivileged process creates
+    /// (`/proc/sys/fs/mqueue/msg_max` and `msgsize_max`; 10 and 8192 by default).
+    public static let systemLimits: (maximumMessages: Int, messageSize: Int) = (
+        readLimit("/proc/sys/fs/mqueue/msg_max") ?? 10,
+        readLimit("/proc/sys/fs/mqueue/msgsize_max") ?? 8192
+    )
+
+    private static func readLimit(_ path: String) -> Int? {
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { closeDescriptor(fd) }
+        var bytes = [UInt8](repeating: 0, count: 32)
+        let count = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+        guard count > 0 else { return nil }
+        return Int(String(decoding: bytes.prefix(count).prefix { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }, as: UTF8.self))
+    }
+
+    /// Creates a new queue for reading; fails if one of that name exists.
+    /// - Throws: ``IPCError/Code/endpointInUse`` if the name exists; ``IPCError/Code/transportFailure``
+    ///   otherwise, naming `RLIMIT_MSGQUEUE` when the per-user queue memory is exhausted.
+    public static func create(name: String, maximumMessages: Int, messageSize: Int) throws -> MessageQueue {
+        let fd = ipc_mq_open(name, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600, maximumMessages, messageSize)
+        guard fd >= 0 else {
+            let error = Errno(rawValue: errno)
+            switch error {
+            case .fileExists:
+                throw IPCError(code: .endpointInUse, message: "message queue \(name) exists", cause: error)
+            case .tooManyOpenFiles, .noMemory, .noSpace:
+                throw IPCError(
+                    code: .transportFailure,
+                    message: "cannot create message queue \(name): the per-user queue memory (RLIMIT_MSGQUEUE, `ulimit -q`) or the queue count (/proc/sys/fs/mqueue/queues_max) is exhausted",
+                    cause: error
+                )
+            default:
+                throw IPCError.syscall("mq_open", error, context: name)
+            }
+        }
+        return MessageQueue(descriptor: fd, name: name)
+    }
+
+    /// Opens an existing queue.
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if there is none; ``IPCError/Code/accessDenied``.
+    public static func open(name: String, forWriting: Bool) throws -> MessageQueue {
+        let fd = ipc_mq_open(name, (forWriting ? O_WRONLY : O_RDONLY) | O_CLOEXEC, 0, 0, 0)
+        guard fd >= 0 else {
+            let error = Errno(rawValue: errno)
+            switch error {
+            case .noSuchFileOrDirectory:
+                throw IPCError(code: .endpointNotFound, message: "no message queue \(name)", cause: error)
+            case .permissionDenied:
+                throw IPCError(code: .accessDenied, message: "not allowed to open message queue \(name)", cause: error)
+            default:
+                throw IPCError.syscall("mq_open", error, context: name)
+            }
+        }
+        return MessageQueue(descriptor: fd, name: name)
+    }
+
+    /// Removes the name; open descriptors keep working until closed.
+    public static func unlink(name: String) {
+        _ = mq_unlink(name)
+    }
+
+    /// Whether a queue of that name exists.
+    public static func exists(name: String) -> Bool {
+        let fd = ipc_mq_open(name, O_RDONLY | O_CLOEXEC, 0, 0, 0)
+        if fd >= 0 { closeDescriptor(fd) }
+        return fd >= 0 || errno != ENOENT
+    }
+
+    /// The queue's message size, from `mq_getattr`.
+    public func messageSize() throws -> Int {
+        var attributes = mq_attr()
+        guard mq_getattr(descriptor, &attributes) == 0 else { throw IPCError.syscall("mq_getattr", Errno(rawValue: errno), context: name) }
+        return attributes.mq_msgsize
+    }
+
+    /// Queues one message, waiting while the queue is full until `deadline` (`CLOCK_REALTIME`,
+    /// as `mq_timedsend` requires).
+    /// - Throws: ``IPCError/Code/sendTimeout`` if the queue stayed full.
+    public func send(_ bytes: UnsafeRawBufferPointer, priority: UInt32 = 0, deadline: timespec) throws {
+        var deadline = deadline
+        do {
+            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &deadline) }
+        } catch {
+            if error == .timedOut {
+                throw IPCError(code: .sendTimeout, message: "message queue \(name) stayed full until the send timeout", cause: error)
+            }
+            throw IPCError.syscall("mq_timedsend", error, context: name)
+        }
+    }
+
+    /// Waits for one message and returns its length.
+    public func receive(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        do {
+            return try syscallRetryingInterrupts { mq_receive(descriptor, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil) }
+        } catch {
+            throw IPCError.syscall("mq_receive", error, context: name)
+        }
+    }
+
+    /// Waits until `deadline` (`CLOCK_REALTIME`) for one message; `nil` on timeout.
+    public func receive(into buffer: UnsafeMutableRawBufferPointer, deadline: timespec) throws -> Int? {
+        var deadline = deadline
+        do {
+            return try syscallRetryingInterrupts { mq_timedreceive(descriptor, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil, &deadline) }
+        } catch {
+            if error == .timedOut { return nil }
+            throw IPCError.syscall("mq_timedreceive", error, context: name)
+        }
+    }
+
+    public func close() {
+        closeDescriptor(descriptor)
+    }
+
+    /// `CLOCK_REALTIME` now plus `duration`: the kind of deadline the queue calls take.
+    public static func realtimeDeadline(after duration: Duration) -> timespec {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let (seconds, attoseconds) = duration.components
+        var nanoseconds = Int(now.tv_nsec) + Int(attoseconds / 1_000_000_000)
+        var wholeSeconds = Int(now.tv_sec) + Int(clamping: seconds)
+        if nanoseconds >= 1_000_000_000 {
+            nanoseconds -= 1_000_000_000
+            wholeSeconds += 1
+        }
+        return timespec(tv_sec: wholeSeconds, tv_nsec: nanoseconds)
+    }
+}

@@ -1,0 +1,179 @@
+import Glibc
+import IPCCore
+import IPCPosix
+import Synchronization
+
+/// One side of a message port conversation.
+///
+/// A client owns a reply queue and a thread that blocks in `mq_receive` on it. On the server,
+/// one thread reads the port's queue for all clients and hands each client's fragments to that
+/// client's connection. Either way, sends write fragments on the calling thread, under a lock so
+/// that one sender's fragments stay contiguous, and the other side's death is seen through its
+/// process (a pidfd), since a message queue has no connection to break.
+public final class MessagePortConnection: MessageConnection, @unchecked Sendable {
+    public let peer: PeerCredentials?
+
+    private let core: ConnectionCore
+    private let writer: FragmentWriter
+    /// The id this side puts in the `sender` field: the client's assigned id, or 0 on the server.
+    private let senderID: UInt32
+    /// Held for each message's fragments; `true` once the outbound queue is closed.
+    private let sendState = Mutex(false)
+    private let replySendTimeout: Duration = .seconds(5)
+    private let role: Role
+    private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
+    /// Touched only by the thread that reads for this connection.
+    private var assembler: FragmentAssembler
+
+    enum Role {
+        /// The client: its own reply queue (read by its reader thread, and a write descriptor to
+        /// wake that thread), which it removes when it ends.
+        case client(replyQueue: MessageQueue, wakeWriter: MessageQueue)
+        /// The server's view of one client: the listener reads for it and removes it on
+        /// invalidation; the client's reply queue name is removed if the client died.
+        case server(clientQueueName: String, onInvalidated: @Sendable (MessagePortConnection) -> Void)
+    }
+
+    init(peer: PeerCredentials?, outbound: MessageQueue, messageSize: Int, senderID: UInt32, role: Role, options: ConnectionOptions) {
+        self.peer = peer
+        self.core = ConnectionCore(options: options)
+        self.writer = FragmentWriter(queue: outbound, messageSize: messageSize)
+        self.senderID = senderID
+        self.role = role
+        self.assembler = FragmentAssembler(maximumPayloadLength: options.maximumPayloadLength)
+    }
+
+    /// Watches the peer's process; its death invalidates the connection.
+    func watchPeer(pid: Int32) throws {
+        let watch = try ProcessWatcher.shared.watch(pid: pid) { [weak self] in
+            self?.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
+        }
+        peerWatch.withLock { $0 = watch }
+    }
+
+    public var messages: AsyncStream<ReceivedMessage> { core.messages }
+
+    public var invalidationReason: InvalidationReason? { core.latch.reason }
+
+    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
+        core.latch.setHandler(handler)
+    }
+
+    public func invalidate() {
+        invalidate(InvalidationReason(.invalidatedLocally))
+    }
+
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
+        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
+    }
+
+    func invalidate(_ reason: InvalidationReason) {
+        guard core.latch.invalidate(reason) else { return }
+        switch role {
+        case .client(_, let wakeWriter):
+            // The reader thread releases everything; wake it with a message in its own queue.
+            try? FragmentWriter(queue: wakeWriter, messageSize: writer.messageSize)
+                .sendControl(PortFragmentHeader(kind: .wake), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+        case .server:
+            finish(reason)
+        }
+    }
+
+    private func sendFrame(_ frame: Frame, timeout: Duration) throws {
+        try core.checkValid()
+        guard frame.payload.count <= core.options.maximumPayloadLength else {
+            throw IPCError(code: .payloadTooLarge, message: "payload of \(frame.payload.count) bytes is above the maximum of \(core.options.maximumPayloadLength)")
+        }
+        let header = PortFragmentHeader(kind: PortMessageKind(frame.kind)!, msgid: frame.msgid, correlation: frame.correlation, sender: senderID)
+        let deadline = MessageQueue.realtimeDeadline(after: timeout)
+        var sent = 0
+        do {
+            try sendState.withLock { closed in
+                if closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
+                try writer.send(header, frame.payload, deadline: deadline, sent: &sent)
+            }
+        } catch let error as IPCError {
+            if sent > 0 {
+                // Part of a message is in the queue: the receiver would wait for the rest.
+                invalidate(InvalidationReason(.transportFailure, error: error))
+            }
+            throw error
+        }
+    }
+
+    /// Handles one fragment addressed to this connection. Called only by its reading thread.
+    func receive(_ header: PortFragmentHeader, _ bytes: UnsafeRawBufferPointer) {
+        guard core.latch.isValid else { return }
+        switch header.kind {
+        case .goodbye:
+            invalidate(InvalidationReason(.peerClosed))
+        case .hello, .welcome, .wake:
+            break
+        case .message, .request, .reply, .failure:
+            do {
+                if let frame = try assembler.add(header, bytes) {
+                    core.dispatch(frame) { [weak self, replySendTimeout] reply in
+                        guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
+                        try self.sendFrame(reply, timeout: replySendTimeout)
+                    }
+                }
+            } catch {
+                invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
+            }
+        }
+    }
+
+    /// The client's reader thread: runs until a wake after invalidation, or a queue failure.
+    func clientReadLoop(replyQueue: MessageQueue) {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: writer.messageSize, alignment: 8)
+        defer { buffer.deallocate() }
+        var reason = InvalidationReason(.invalidatedLocally)
+        while core.latch.isValid {
+            let count: Int
+            do {
+                count = try replyQueue.receive(into: buffer)
+            } catch {
+                reason = InvalidationReason(.transportFailure, error: error as? IPCError)
+                break
+            }
+            let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<count])
+            guard let header = try? PortFragmentHeader(parsing: bytes) else {
+                reason = InvalidationReason(.protocolError, error: IPCError(code: .malformedFrame, message: "malformed message in the reply queue"))
+                break
+            }
+            receive(header, UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...]))
+        }
+        finish(reason)
+    }
+
+    /// Releases everything, once, and reports the invalidation last.
+    private func finish(_ reason: InvalidationReason) {
+        core.finish(reason) {
+            if let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
+            let peerDied = core.latch.reason?.kind == .peerDied
+            let locallyEnded = core.latch.reason?.kind == .invalidatedLocally
+            sendState.withLock { closed in
+                if locallyEnded {
+                    // Tell the other side, without waiting on a full queue.
+                    try? writer.sendControl(PortFragmentHeader(kind: .goodbye, sender: senderID), deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50)))
+                }
+                closed = true
+                writer.queue.close()
+            }
+            switch role {
+            case .client(let replyQueue, let wakeWriter):
+                replyQueue.close()
+                wakeWriter.close()
+                MessageQueue.unlink(name: replyQueue.name)
+            case .server(let clientQueueName, let onInvalidated):
+                // A dead client cannot remove its own reply queue.
+                if peerDied { MessageQueue.unlink(name: clientQueueName) }
+                onInvalidated(self)
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+import Glibc
+import IPCCore
+import IPCPosix
+import Synchronization
+
+/// A local message port: a queue registered under a name, served by one thread that reads every
+/// client's fragments and answers requests in arrival order (like a CFMessagePort's run-loop
+/// source).
+public final class MessagePortListener: MessageListener, @unchecked Sendable {
+    public let endpoint: Endpoint
+    public let connections: AsyncStream<MessagePortConnection>
+
+    private let queue: MessageQueue
+    private let wakeWriter: MessageQueue
+    private let messageSize: Int
+    private let lock: EndpointLock
+    private let options: ConnectionOptions
+    private let connectionSink: AsyncStream<MessagePortConnection>.Continuation
+
+    private struct State {
+        var closed = false
+        var nextClientID: UInt32 = 1
+        var clients: [UInt32: MessagePortConnection] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    init(endpoint: Endpoint, options: ConnectionOptions, queueLimits: (maximumMessages: Int, messageSize: Int)) throws {
+        try MessagePortTransport.checkScoped(endpoint)
+        try GroupDirectories.prepare(endpoint.group)
+        let lock = try EndpointLock(endpoint: endpoint)
+        let name = PortNames.serverQueue(endpoint)
+        do {
+            // We hold the name's lock, so a queue still registered belongs to a dead server.
+            MessageQueue.unlink(name: name)
+            queue = try MessageQueue.create(name: name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize)
+        } catch {
+            lock.release()
+            throw error
+        }
+        do {
+            wakeWriter = try MessageQueue.open(name: name, forWriting: true)
+            messageSize = try queue.messageSize()
+        } catch {
+            queue.close()
+            MessageQueue.unlink(name: name)
+            lock.release()
+            throw error
+        }
+        self.endpoint = endpoint
+        self.lock = lock
+        self.options = options
+        (connections, connectionSink) = AsyncStream.makeStream(of: MessagePortConnection.self)
+        do {
+            try PosixThread.detach(name: "ipc-port-serve") { [self] in serve() }
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    public var activeConnections: [MessagePortConnection] {
+        state.withLock { Array($0.clients.values) }
+    }
+
+    @discardableResult
+    public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
+        activeConnections.reduce(0) { delivered, connection in
+            (try? connection.send(payload, msgid: msgid, timeout: timeout)) != nil ? delivered + 1 : delivered
+        }
+    }
+
+    public func close() {
+        let clients: [MessagePortConnection]? = state.withLock { state in
+            guard !state.closed else { return nil }
+            state.closed = true
+            return Array(state.clients.values)
+        }
+        guard let clients else { return }
+        // Deregister the name before giving it up, so a successor's queue is never removed.
+        MessageQueue.unlink(name: queue.name)
+        lock.release()
+        connectionSink.finish()
+        for client in clients { client.invalidate() }
+        try? FragmentWriter(queue: wakeWriter, messageSize: messageSize)
+            .sendControl(PortFragmentHeader(kind: .wake), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+    }
+
+    private func serve() {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: messageSize, alignment: 8)
+        defer { buffer.deallocate() }
+        while !state.withLock({ $0.closed }) {
+            guard let count = try? queue.receive(into: buffer) else { break }
+            let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<count])
+            // Anyone who can open the queue can write to it; a message that does not parse, or
+            // names no client, is dropped rather than taken out on a client.
+            guard let header = try? PortFragmentHeader(parsing: bytes) else { continue }
+            let body = UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...])
+            switch header.kind {
+            case .hello:
+                admit(body)
+            case .wake:
+                continue
+            default:
+                state.withLock { $0.clients[header.sender] }?.receive(header, body)
+            }
+        }
+        queue.close()
+        wakeWriter.close()
+    }
+
+    /// Registers a client from its hello: its pid and the name of its reply queue.
+    private func admit(_ body: UnsafeRawBufferPointer) {
+        guard body.count > 4 else { return }
+        let pid = Int32(bitPattern: body.loadUnaligned(as: UInt32.self).bigEndian)
+        let replyName = String(decoding: body[4...], as: UTF8.self)
+        guard replyName.hasPrefix(queue.name + ".r"), let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true) else { return }
+        let id: UInt32? = state.withLock { state in
+            guard !state.closed else { return nil }
+            defer { state.nextClientID &+= 1 }
+            return state.nextClientID
+        }
+        guard let id else {
+            replyQueue.close()
+            return
+        }
+        let connection = MessagePortConnection(
+            peer: PeerCredentials(pid: pid, uid: getuid(), gid: getgid()),
+            outbound: replyQueue,
+            messageSize: min(messageSize, (try? replyQueue.messageSize()) ?? messageSize),
+            senderID: 0,
+            role: .server(clientQueueName: replyName) { [weak self] connection in
+                _ = self?.state.withLock { $0.clients.removeValue(forKey: id) }
+            },
+            options: options
+        )
+        state.withLock { $0.clients[id] = connection }
+        do {
+            try FragmentWriter(queue: replyQueue, messageSize: messageSize)
+                .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+            try connection.watchPeer(pid: pid)
+        } catch {
+            connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+            return
+        }
+        connectionSink.yield(connection)
+    }
+}
