@@ -65,9 +65,15 @@ let package = Package(
         ),
         .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming"]),
         .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding"]),
+        // Helpers shared by the test targets: temporary group directories, deadlines, probes.
+        .target(name: "IPCTestSupport", dependencies: ["IPCCore"], path: "Tests/IPCTestSupport"),
         .testTarget(
             name: "UnixSocketTransportTests",
-            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "ipcbench"]
+            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+        ),
+        .testTarget(
+            name: "MessagePortTransportTests",
+            dependencies: ["IPCCore", "IPCPosix", "MessagePortTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "ipcbench"]),
     ],

@@ -2,6 +2,7 @@ import Foundation
 import IPCBenchKit
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 
 /// A stock HTTP client talks to the echo service over the HTTP framing.

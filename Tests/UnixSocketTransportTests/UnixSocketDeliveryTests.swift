@@ -2,6 +2,7 @@ import Foundation
 import IPCBenchKit
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 import UnixSocketTransport
 

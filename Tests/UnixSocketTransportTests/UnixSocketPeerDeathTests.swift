@@ -2,6 +2,7 @@ import Foundation
 import IPCBenchKit
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 import UnixSocketTransport
 
@@ -74,13 +75,5 @@ struct UnixSocketPeerDeathTests {
         // Reaching this line at all means the process was not killed by SIGPIPE.
         let code = try #require(failure).code
         #expect(code == .peerInvalidated || code == .invalidated)
-    }
-}
-
-func withDeadlineResult<T: Sendable>(seconds: Double, _ body: @escaping @Sendable () async throws -> T) async -> Result<T, any Error> {
-    do {
-        return .success(try await withDeadline(seconds: seconds, "operation", body))
-    } catch {
-        return .failure(error)
     }
 }

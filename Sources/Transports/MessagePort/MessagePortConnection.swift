@@ -51,6 +51,12 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
         peerWatch.withLock { $0 = watch }
     }
 
+    /// The client's reply queue, which it removes when it ends.
+    var replyQueueName: String? {
+        if case .client(let replyQueue, _) = role { return replyQueue.name }
+        return nil
+    }
+
     public var messages: AsyncStream<ReceivedMessage> { core.messages }
 
     public var invalidationReason: InvalidationReason? { core.latch.reason }

@@ -1,22 +1,26 @@
 import Foundation
-import IPCBenchKit
 import IPCCore
-import IPCFraming
 import Synchronization
 import Testing
 
 /// A private group directory for one test, removed afterwards.
-struct TestGroup: ~Copyable {
-    let directory: GroupDirectory
+public struct TestGroup: ~Copyable {
+    public let directory: GroupDirectory
 
-    init() throws {
+    public init() throws {
         var template = Array((NSTemporaryDirectory() + "ipcbench-test-XXXXXX").utf8CString)
         let path = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
         directory = GroupDirectory(path: String(cString: try #require(path)))
     }
 
-    func endpoint(_ name: String) throws -> Endpoint {
+    public func endpoint(_ name: String) throws -> Endpoint {
         try Endpoint(group: directory, name: name)
+    }
+
+    /// An endpoint whose name is scoped to the group (`<group identifier>.<name>`), as message
+    /// ports require.
+    public func scopedEndpoint(_ name: String) throws -> Endpoint {
+        try Endpoint(group: directory, name: directory.identifier + "." + name)
     }
 
     deinit {
@@ -24,19 +28,14 @@ struct TestGroup: ~Copyable {
     }
 }
 
-/// Counts calls from any thread.
-final class Counter: Sendable {
-    private let value = Mutex(0)
-    func increment() { value.withLock { $0 += 1 } }
-    var count: Int { value.withLock { $0 } }
-}
-
 /// Records invalidation: how often the handler ran, with what reason, and when.
-final class InvalidationProbe: Sendable {
+public final class InvalidationProbe: Sendable {
     private let state = Mutex<(count: Int, reason: InvalidationReason?)>((0, nil))
     private let fired = DispatchSemaphore(value: 0)
 
-    func attach(to connection: some MessageConnection) {
+    public init() {}
+
+    public func attach(to connection: some MessageConnection) {
         connection.setInvalidationHandler { [self] reason in
             state.withLock {
                 $0.count += 1
@@ -47,7 +46,7 @@ final class InvalidationProbe: Sendable {
     }
 
     /// Waits (blocking a thread, not the test's task pool) up to `seconds` for the handler.
-    func wait(seconds: Double) async -> Bool {
+    public func wait(seconds: Double) async -> Bool {
         await withCheckedContinuation { continuation in
             Thread.detachNewThread { [fired] in
                 continuation.resume(returning: fired.wait(timeout: .now() + seconds) == .success)
@@ -55,12 +54,12 @@ final class InvalidationProbe: Sendable {
         }
     }
 
-    var count: Int { state.withLock { $0.count } }
-    var reason: InvalidationReason? { state.withLock { $0.reason } }
+    public var count: Int { state.withLock { $0.count } }
+    public var reason: InvalidationReason? { state.withLock { $0.reason } }
 }
 
 /// Runs `body` with a deadline, failing the test instead of hanging it.
-func withDeadline<T: Sendable>(seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+public func withDeadline<T: Sendable>(seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
     try await withThrowingTaskGroup(of: T?.self) { group in
         group.addTask { try await body() }
         group.addTask {
@@ -77,7 +76,7 @@ func withDeadline<T: Sendable>(seconds: Double, _ what: String, _ body: @escapin
 }
 
 /// Collects the next `count` messages from a connection, with a deadline.
-func collect(_ count: Int, from connection: some MessageConnection, seconds: Double = 30) async throws -> [ReceivedMessage] {
+public func collect(_ count: Int, from connection: some MessageConnection, seconds: Double = 30) async throws -> [ReceivedMessage] {
     let messages = connection.messages
     return try await withDeadline(seconds: seconds, "receiving \(count) messages") {
         var received: [ReceivedMessage] = []
@@ -89,7 +88,7 @@ func collect(_ count: Int, from connection: some MessageConnection, seconds: Dou
     }
 }
 
-func expectIPCError<T>(_ code: IPCError.Code, _ body: () async throws -> T, sourceLocation: SourceLocation = #_sourceLocation) async {
+public func expectIPCError<T>(_ code: IPCError.Code, _ body: () async throws -> T, sourceLocation: SourceLocation = #_sourceLocation) async {
     do {
         _ = try await body()
         Issue.record("expected IPCError \(code), but the call succeeded", sourceLocation: sourceLocation)
@@ -97,5 +96,14 @@ func expectIPCError<T>(_ code: IPCError.Code, _ body: () async throws -> T, sour
         #expect(error.code == code, "got \(error)", sourceLocation: sourceLocation)
     } catch {
         Issue.record("expected IPCError \(code), got \(error)", sourceLocation: sourceLocation)
+    }
+}
+
+/// The outcome of `body`, or a timeout error after `seconds`.
+public func withDeadlineResult<T: Sendable>(seconds: Double, _ body: @escaping @Sendable () async throws -> T) async -> Result<T, any Error> {
+    do {
+        return .success(try await withDeadline(seconds: seconds, "operation", body))
+    } catch {
+        return .failure(error)
     }
 }

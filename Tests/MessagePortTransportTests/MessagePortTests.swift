@@ -1,0 +1,221 @@
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCPosix
+import IPCTestSupport
+@testable import MessagePortTransport
+import Testing
+
+/// Message ports against real peer processes (`ipcbench peer --transport message-port`).
+/// Serialized: every queue counts against the per-user queue memory (RLIMIT_MSGQUEUE, 800 KiB
+/// by default, about nine default-sized queues), so tests running side by side would starve
+/// each other.
+@Suite("Message port", .serialized)
+struct MessagePortTests {
+    let transport = MessagePortTransport()
+
+    private func startServer(_ endpoint: Endpoint) throws -> PeerProcess {
+        try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .server)
+    }
+
+    private func echo(_ connection: MessagePortConnection, _ payload: [UInt8]) async throws -> [UInt8] {
+        try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+    }
+
+    @Test("payloads around the queue's message size, and up to 16 MiB, are fragmented and reassembled")
+    func fragmentation() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("echo")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(connection.peer?.pid == server.pid)
+        let chunk = MessageQueue.systemLimits.messageSize - PortFragmentHeader.length
+        for size in [0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk, 2 * chunk + 1, 1 << 20, 16 << 20] {
+            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ size) }
+            #expect(try await echo(connection, payload) == payload, "payload of \(size) bytes")
+        }
+    }
+
+    @Test("names must begin with the group identifier and a period")
+    func nameScoping() async throws {
+        let group = try TestGroup()
+        let outside = try group.endpoint("com.example.elsewhere")
+        await expectIPCError(.nameOutsideGroup) { try transport.listen(at: outside, options: .defaults, acceptFilter: nil) }
+        await expectIPCError(.nameOutsideGroup) { try transport.connect(to: outside, options: .defaults) }
+    }
+
+    @Test("looking up a name nobody serves fails at once")
+    func lookupUnserved() async throws {
+        let group = try TestGroup()
+        let start = ContinuousClock.now
+        await expectIPCError(.endpointNotFound) { try transport.connect(to: try group.scopedEndpoint("nobody"), options: .defaults) }
+        // "At once": no connect timeout was waited out (the timeout is 5 s).
+        #expect(ContinuousClock.now - start < .seconds(4))
+    }
+
+    @Test("send timeout, receive timeout, invalid port and payload too large are distinct errors")
+    func distinctErrors() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("errors")
+        let server = try startServer(endpoint)
+        defer { server.kill() }
+        let connection = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1 << 20 })
+
+        await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: (1 << 20) + 1), msgid: 1, timeout: .seconds(1)) }
+        // The server parks in the stalled request: no reply (receive timeout, port still valid)...
+        await expectIPCError(.receiveTimeout) {
+            try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .milliseconds(300))
+        }
+        #expect(connection.invalidationReason == nil)
+        // ...and no reading, so its queue fills and a send times out.
+        await expectIPCError(.sendTimeout) {
+            for index in 0..<100 {
+                try connection.send([UInt8(index)], msgid: 5, timeout: .milliseconds(200))
+            }
+        }
+        connection.invalidate()
+        await expectIPCError(.invalidated) { try connection.send([1], msgid: 1, timeout: .seconds(1)) }
+        await expectIPCError(.invalidated) {
+            try await connection.request([1], msgid: 1, sendTimeout: .seconds(1), receiveTimeout: .seconds(1))
+        }
+    }
+
+    @Test("a handler that returns no data gives an empty successful reply; a failing one an error")
+    func emptyReplyAndFailure() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("empty")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { msgid, _ in
+            if msgid == 2 { throw IPCError(code: .unsupportedOperation, message: "no") }
+            return nil
+        } }, acceptFilter: nil)
+        defer { listener.close() }
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(try await connection.request([1, 2, 3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [])
+        await expectIPCError(.transportFailure) {
+            try await connection.request([1], msgid: 2, sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+        }
+    }
+
+    @Test("concurrent requests from several clients each get their own reply")
+    func concurrentRequesters() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("busy")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let clients = try (0..<3).map { _ in try transport.connect(to: endpoint, options: .defaults) }
+        defer { clients.forEach { $0.invalidate() } }
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            for (clientIndex, client) in clients.enumerated() {
+                for index in 0..<40 {
+                    tasks.addTask {
+                        let payload = Array("client \(clientIndex) request \(index)".utf8) + [UInt8](repeating: UInt8(index), count: index * 211)
+                        let reply = try await echo(client, payload)
+                        #expect(reply == payload)
+                    }
+                }
+            }
+            try await tasks.waitForAll()
+        }
+    }
+
+    @Test("SIGKILL of the server mid-request: the request fails with peerInvalidated and invalidation fires once")
+    func serverKilledMidRequest() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("victim")
+        let server = try startServer(endpoint)
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let probe = InvalidationProbe()
+        probe.attach(to: connection)
+        let pending = Task {
+            try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        server.kill()
+        let outcome = await withDeadlineResult(seconds: 10) { try await pending.value }
+        guard case .failure(let error as IPCError) = outcome else {
+            Issue.record("expected the pending request to fail with an IPCError, got \(outcome)")
+            return
+        }
+        #expect(error.code == .peerInvalidated)
+        #expect(await probe.wait(seconds: 10))
+        #expect(probe.reason?.kind == .peerDied)
+        // Set on a port that is already invalid: fires at once.
+        let late = InvalidationProbe()
+        late.attach(to: connection)
+        #expect(late.count == 1)
+        #expect(probe.count == 1)
+    }
+
+    @Test("SIGKILL of a client: the server invalidates it, removes its reply queue, and serves others")
+    func clientKilled() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("server")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let client = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+        let accepted = try await withDeadline(seconds: 30, "accepting the client") {
+            for await connection in listener.connections { return connection }
+            throw IPCError(code: .endpointNotFound, message: "listener closed")
+        }
+        #expect(accepted.peer?.pid == client.pid)
+        let replyQueue = PortNames.replyQueue(endpoint, pid: client.pid, serial: 1)
+        #expect(MessageQueue.exists(name: replyQueue))
+        let probe = InvalidationProbe()
+        probe.attach(to: accepted)
+        client.kill()
+        #expect(await probe.wait(seconds: 10))
+        #expect(probe.reason?.kind == .peerDied)
+        #expect(!MessageQueue.exists(name: replyQueue))
+        #expect(listener.activeConnections.isEmpty)
+        let other = try transport.connect(to: endpoint, options: .defaults)
+        defer { other.invalidate() }
+        #expect(try await other.request([7], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [7])
+    }
+
+    @Test("a restarted server reclaims the name; a cached port reports invalid and a new lookup recovers")
+    func staleNameReclaim() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("restart")
+        let first = try startServer(endpoint)
+        let cached = try transport.connect(to: endpoint, options: .defaults)
+        let probe = InvalidationProbe()
+        probe.attach(to: cached)
+        first.kill()
+        first.waitForExit()
+        #expect(await probe.wait(seconds: 10))
+        await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
+
+        let second = try startServer(endpoint)
+        defer { second.stop() }
+        await expectIPCError(.invalidated) {
+            try await cached.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(1), receiveTimeout: .seconds(1))
+        }
+        let fresh = try transport.connect(to: endpoint, options: .defaults)
+        defer { fresh.invalidate() }
+        #expect(fresh.peer?.pid == second.pid)
+        #expect(try await echo(fresh, [4, 2]) == [4, 2])
+        // A live server's name is never taken over.
+        await expectIPCError(.endpointInUse) { try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil) }
+    }
+
+    @Test("no queue is left behind after a clean close")
+    func noLeakedQueues() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("tidy")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let client = try transport.connect(to: endpoint, options: .defaults)
+        let replyQueue = try #require(client.replyQueueName)
+        #expect(MessageQueue.exists(name: replyQueue))
+        #expect(try await client.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1])
+        let probe = InvalidationProbe()
+        probe.attach(to: client)
+        client.invalidate()
+        #expect(await probe.wait(seconds: 10))
+        listener.close()
+        #expect(!MessageQueue.exists(name: PortNames.serverQueue(endpoint)))
+        #expect(!MessageQueue.exists(name: replyQueue))
+    }
+}
