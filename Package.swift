@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "IPCSecureCoding", targets: ["IPCSecureCoding"]),
         .library(name: "UnixSocketTransport", targets: ["UnixSocketTransport"]),
         .library(name: "MessagePortTransport", targets: ["MessagePortTransport"]),
+        .library(name: "NotifyTransport", targets: ["NotifyTransport"]),
         .library(name: "IPCBenchKit", targets: ["IPCBenchKit"]),
         .executable(name: "ipcbench", targets: ["ipcbench"]),
     ],
@@ -48,28 +49,37 @@ let package = Package(
             dependencies: ["IPCCore", "IPCPosix"],
             path: "Sources/Transports/MessagePort"
         ),
+        .target(
+            name: "NotifyTransport",
+            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "CIPCShims"],
+            path: "Sources/Transports/Notify"
+        ),
         // The harness as a library: peer mode, latency runs, reports. The executable is thin.
         .target(
             name: "IPCBenchKit",
             dependencies: [
-                "IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport",
+                "IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),
         .executableTarget(
             name: "ipcbench",
             dependencies: [
-                "IPCBenchKit",
+                "IPCBenchKit", "NotifyTransport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
-        .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming"]),
-        .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding"]),
+        .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming", "IPCTestSupport"]),
+        .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding", "IPCTestSupport"]),
         // Helpers shared by the test targets: temporary group directories, deadlines, probes.
         .target(name: "IPCTestSupport", dependencies: ["IPCCore"], path: "Tests/IPCTestSupport"),
         .testTarget(
             name: "UnixSocketTransportTests",
             dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+        ),
+        .testTarget(
+            name: "NotifyTransportTests",
+            dependencies: ["IPCCore", "IPCPosix", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(
             name: "MessagePortTransportTests",

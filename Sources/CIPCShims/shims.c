@@ -63,3 +63,56 @@ int ipc_mq_open(const char *name, int flags, unsigned int mode, long max_message
     }
     return (int)mq_open(name, flags);
 }
+
+#include <linux/futex.h>
+#include <time.h>
+
+uint64_t ipc_atomic_load_u64(const uint64_t *address) {
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE);
+}
+
+void ipc_atomic_store_u64(uint64_t *address, uint64_t value) {
+    __atomic_store_n(address, value, __ATOMIC_RELEASE);
+}
+
+uint32_t ipc_atomic_load_u32(const uint32_t *address) {
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE);
+}
+
+void ipc_atomic_store_u32(uint32_t *address, uint32_t value) {
+    __atomic_store_n(address, value, __ATOMIC_RELEASE);
+}
+
+uint32_t ipc_atomic_fetch_add_u32(uint32_t *address, uint32_t value) {
+    return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
+}
+
+int ipc_atomic_compare_exchange_u32(uint32_t *address, uint32_t expected, uint32_t desired) {
+    return __atomic_compare_exchange_n(address, &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns) {
+    struct timespec timeout;
+    struct timespec *relative = NULL;
+    if (timeout_ns >= 0) {
+        timeout.tv_sec = timeout_ns / 1000000000;
+        timeout.tv_nsec = timeout_ns % 1000000000;
+        relative = &timeout;
+    }
+    return (int)syscall(SYS_futex, address, FUTEX_WAIT, expected, relative, NULL, 0);
+}
+
+int ipc_futex_wake(uint32_t *address, int count) {
+    return (int)syscall(SYS_futex, address, FUTEX_WAKE, count, NULL, NULL, 0);
+}
+
+int ipc_ofd_lock(int fd, short type) {
+    struct flock lock = {0};
+    lock.l_type = type;
+    lock.l_whence = SEEK_SET;
+    return fcntl(fd, F_OFD_SETLK, &lock);
+}
+
+int ipc_open_unnamed_file(const char *directory) {
+    return open(directory, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+}

@@ -27,6 +27,19 @@ public final class PeerProcess: Sendable {
         return candidate
     }
 
+    /// Runs `ipcbench` with `arguments` to completion and returns its exit status and standard output.
+    public static func runToCompletion(_ arguments: [String]) throws -> (status: Int32, output: String) {
+        let process = Process()
+        process.executableURL = try executableURL()
+        process.arguments = arguments
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+
     /// Starts a peer and waits until it is listening or connected.
     /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within `timeout`.
     public init(
@@ -35,6 +48,7 @@ public final class PeerProcess: Sendable {
         endpoint: Endpoint,
         role: PeerRole,
         cpu: Int? = nil,
+        burst: (count: Int, size: Int)? = nil,
         timeout: Duration = .seconds(20)
     ) throws {
         var arguments = [
@@ -42,6 +56,7 @@ public final class PeerProcess: Sendable {
             "--group", endpoint.group.path, "--endpoint", endpoint.name, "--role", role.rawValue,
         ]
         if let cpu { arguments += ["--cpu", String(cpu)] }
+        if let burst { arguments += ["--burst-count", String(burst.count), "--burst-size", String(burst.size)] }
         let process = Process()
         process.executableURL = try Self.executableURL()
         process.arguments = arguments

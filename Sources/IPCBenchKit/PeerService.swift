@@ -31,11 +31,24 @@ public struct PeerService: Sendable {
     public var transport: any MessageTransport
     public var endpoint: Endpoint
     public var role: PeerRole
+    /// A burst to send as soon as a client is connected: one-way messages with msgids 0, 1, ...
+    /// whose payload starts with the msgid (4 bytes, big-endian), padded to ``burstSize`` bytes.
+    public var burstCount: Int
+    public var burstSize: Int
 
-    public init(transport: any MessageTransport, endpoint: Endpoint, role: PeerRole) {
+    public init(transport: any MessageTransport, endpoint: Endpoint, role: PeerRole, burstCount: Int = 0, burstSize: Int = 4) {
         self.transport = transport
         self.endpoint = endpoint
         self.role = role
+        self.burstCount = burstCount
+        self.burstSize = burstSize
+    }
+
+    /// The payload of message `index` of a burst.
+    public static func burstPayload(_ index: Int, size: Int) -> [UInt8] {
+        var payload = withUnsafeBytes(of: UInt32(truncatingIfNeeded: index).bigEndian, Array.init)
+        payload += [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: max(0, size - 4))
+        return payload
     }
 
     static let handler: RequestHandler = { msgid, payload in
@@ -51,7 +64,12 @@ public struct PeerService: Sendable {
     }
 
     public func run() async throws {
-        let options = ConnectionOptions.defaults { $0.requestHandler = Self.handler }
+        // A test instrument: it accepts whatever size a test sends (1 GiB), so that limits are
+        // exercised on the side under test.
+        let options = ConnectionOptions.defaults {
+            $0.requestHandler = Self.handler
+            $0.maximumPayloadLength = 1 << 30
+        }
         try await run(transport, options: options)
     }
 
@@ -73,6 +91,9 @@ public struct PeerService: Sendable {
         case .client:
             let connection = try transport.connect(to: endpoint, options: options)
             announceReady()
+            for index in 0..<burstCount {
+                try connection.send(Self.burstPayload(index, size: burstSize), msgid: UInt32(index), timeout: .seconds(60))
+            }
             let stdinWatch = Task.detached {
                 await Self.waitForStandardInputToClose()
                 connection.invalidate()

@@ -1,12 +1,13 @@
 import IPCCore
 import IPCFraming
 import MessagePortTransport
+import NotifyTransport
 import UnixSocketTransport
 
 /// The transports the harness knows, by the names used on the command line and in reports.
 public enum TransportCatalog {
     /// Every transport name the harness accepts.
-    public static let names = ["unix-socket", "message-port"]
+    public static let names = ["unix-socket", "message-port", "notify"]
 
     /// Whether the transport carries the frames of a selectable framing (stream transports do;
     /// message-preserving ones frame messages their own way).
@@ -22,6 +23,8 @@ public enum TransportCatalog {
             return UnixSocketTransport(framing: framing)
         case "message-port":
             return MessagePortTransport()
+        case "notify":
+            return NotifyTransport()
         default:
             throw IPCError(code: .unsupportedOperation, message: "unknown transport \(name.debugDescription); known: \(names.joined(separator: ", "))")
         }

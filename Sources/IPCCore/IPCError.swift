@@ -44,6 +44,8 @@ extension IPCError {
             case invalidEndpoint, nameOutsideGroup, endpointInUse, endpointNotFound, accessDenied
             case sendTimeout, receiveTimeout, invalidated, peerInvalidated
             case unsupportedOperation, transportFailure
+            // File coordination
+            case coordinationTimeout
         }
 
         private let wrapped: Wrapped
@@ -94,5 +96,9 @@ extension IPCError {
         public static var unsupportedOperation: Code { .init(.unsupportedOperation) }
         /// A system call or other transport-level failure; ``IPCError/cause`` holds the detail.
         public static var transportFailure: Code { .init(.transportFailure) }
+
+        /// A coordinated read or write of a file could not take the file's lock before its
+        /// timeout, because another reader or writer (in this or another process) held it.
+        public static var coordinationTimeout: Code { .init(.coordinationTimeout) }
     }
 }

@@ -37,6 +37,14 @@ public final class EndpointLock: Sendable {
         _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
     }
 
+    /// Runs `body` if no process holds `endpoint`, holding its lock meanwhile so that no
+    /// listener can start in between. For removing what a dead listener left behind.
+    public static func ifUnheld(_ endpoint: Endpoint, _ body: () -> Void) {
+        guard let lock = try? EndpointLock(endpoint: endpoint) else { return }
+        body()
+        lock.release()
+    }
+
     /// The pid of the live process that holds `endpoint`, or `nil` if nobody holds it (its
     /// listener is gone, or never was).
     public static func owner(of endpoint: Endpoint) -> Int32? {
@@ -81,5 +89,18 @@ public enum GroupDirectories {
         if status.st_mode & 0o002 != 0, status.st_mode & UInt32(S_ISVTX) == 0 {
             throw IPCError(code: .invalidEndpoint, message: "group directory \(group.path) is writable by every user; use a directory only its owner can write")
         }
+    }
+}
+
+/// Short critical sections between processes.
+public enum FileLocks {
+    /// Runs `body` holding an exclusive `flock` on the existing file at `path`. The kernel drops
+    /// the lock if this process dies inside `body`.
+    public static func withExclusiveLock<T>(onFile path: String, _ body: () throws -> T) throws -> T {
+        let fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else { throw IPCError.syscall("open", Errno(rawValue: errno), context: path) }
+        defer { closeDescriptor(fd) }
+        do { _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX) } } catch { throw IPCError.syscall("flock", error, context: path) }
+        return try body()
     }
 }

@@ -39,7 +39,7 @@ public struct MessageQueue: Sendable {
             case .tooManyOpenFiles, .noMemory, .noSpace:
                 throw IPCError(
                     code: .transportFailure,
-                    message: "cannot create message queue \(name): the per-user queue memory (RLIMIT_MSGQUEUE, `ulimit -q`) or the queue count (/proc/sys/fs/mqueue/queues_max) is exhausted",
+                    message: "cannot create message queue \(name): the per-user queue memory (RLIMIT_MSGQUEUE, `ulimit -q`) or the queue count (/proc/sys/fs/mqueue/queues_max) is exhausted; queues outlive their processes, so list leftovers with `mount -t mqueue none /dev/mqueue`",
                     cause: error
                 )
             default:

@@ -33,12 +33,20 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Pin this process to one CPU.")
     var cpu: Int?
 
+    @Option(help: "Client role: send this many one-way messages as soon as connected (msgid = index).")
+    var burstCount: Int = 0
+
+    @Option(help: "Bytes per burst message (at least 4: the index, big-endian, then padding).")
+    var burstSize: Int = 4
+
     func run() async throws {
         if let cpu { try CPUAffinity.pinCurrentProcess(to: [cpu]) }
         let service = PeerService(
             transport: try TransportCatalog.transport(named: transport, framing: framing),
             endpoint: try Endpoint(group: GroupDirectory(path: group), name: endpoint),
-            role: role
+            role: role,
+            burstCount: burstCount,
+            burstSize: burstSize
         )
         try await service.run()
     }

@@ -1,6 +1,7 @@
 import Foundation
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 
 /// Feeds an encoded frame sequence through a ``FrameReassembler`` in many chunkings and checks that
@@ -139,21 +140,6 @@ func describeMismatch(_ actual: [Frame], _ expected: [Frame]) -> String? {
         }
     }
     return actual.count == expected.count ? nil : "got \(actual.count) frames, expected \(expected.count)"
-}
-
-/// A small seeded generator (SplitMix64), so that a failing chunking can be replayed.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }
 
 /// A payload whose bytes depend on their offset, so that a shifted or reordered body is noticed.

@@ -60,7 +60,8 @@ struct MessagePortTests {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("errors")
         let server = try startServer(endpoint)
-        defer { server.kill() }
+        // Stopped, not killed: its listener closes and removes its queue.
+        defer { server.stop() }
         let connection = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1 << 20 })
 
         await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: (1 << 20) + 1), msgid: 1, timeout: .seconds(1)) }
@@ -142,6 +143,9 @@ struct MessagePortTests {
         #expect(error.code == .peerInvalidated)
         #expect(await probe.wait(seconds: 10))
         #expect(probe.reason?.kind == .peerDied)
+        // The client removed what the dead server left: its queue and its reply queue.
+        #expect(!MessageQueue.exists(name: PortNames.serverQueue(endpoint)))
+        #expect(!MessageQueue.exists(name: try #require(connection.replyQueueName)))
         // Set on a port that is already invalid: fires at once.
         let late = InvalidationProbe()
         late.attach(to: connection)

@@ -32,4 +32,33 @@ int ipc_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 /// a POSIX message queue. Returns the descriptor or -1 with errno set.
 int ipc_mq_open(const char *name, int flags, unsigned int mode, long max_messages, long message_size);
 
+#include <stdint.h>
+
+/// Atomics and futexes on memory shared between processes (a MAP_SHARED file mapping), which
+/// Swift's own atomics cannot address. Loads acquire, stores release, read-modify-writes are
+/// sequentially consistent.
+uint64_t ipc_atomic_load_u64(const uint64_t *address);
+void ipc_atomic_store_u64(uint64_t *address, uint64_t value);
+uint32_t ipc_atomic_load_u32(const uint32_t *address);
+void ipc_atomic_store_u32(uint32_t *address, uint32_t value);
+uint32_t ipc_atomic_fetch_add_u32(uint32_t *address, uint32_t value);
+int ipc_atomic_compare_exchange_u32(uint32_t *address, uint32_t expected, uint32_t desired);
+
+/// FUTEX_WAIT (shared, not private): sleeps while *address == expected, at most timeout_ns
+/// (negative: no limit). Returns 0 when woken, or -1 with errno ETIMEDOUT, EAGAIN (the value
+/// already differed) or EINTR.
+int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns);
+/// FUTEX_WAKE: wakes up to count waiters; returns how many were woken, or -1.
+int ipc_futex_wake(uint32_t *address, int count);
+
+/// Open file description locks (F_OFD_SETLK) are a GNU extension that Glibc's module map hides.
+/// Takes (type F_RDLCK or F_WRLCK) or releases (F_UNLCK) a lock on the whole file without
+/// waiting. Returns 0, or -1 with errno set (EAGAIN while another description holds a
+/// conflicting lock).
+int ipc_ofd_lock(int fd, short type);
+
+/// O_TMPFILE is hidden too: opens an unnamed regular file, read-write, close-on-exec, in
+/// directory. Returns the descriptor or -1 with errno set.
+int ipc_open_unnamed_file(const char *directory);
+
 #endif

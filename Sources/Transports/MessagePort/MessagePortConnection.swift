@@ -28,7 +28,7 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
     enum Role {
         /// The client: its own reply queue (read by its reader thread, and a write descriptor to
         /// wake that thread), which it removes when it ends.
-        case client(replyQueue: MessageQueue, wakeWriter: MessageQueue)
+        case client(replyQueue: MessageQueue, wakeWriter: MessageQueue, endpoint: Endpoint)
         /// The server's view of one client: the listener reads for it and removes it on
         /// invalidation; the client's reply queue name is removed if the client died.
         case server(clientQueueName: String, onInvalidated: @Sendable (MessagePortConnection) -> Void)
@@ -53,7 +53,7 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
 
     /// The client's reply queue, which it removes when it ends.
     var replyQueueName: String? {
-        if case .client(let replyQueue, _) = role { return replyQueue.name }
+        if case .client(let replyQueue, _, _) = role { return replyQueue.name }
         return nil
     }
 
@@ -80,7 +80,7 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
     func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
         switch role {
-        case .client(_, let wakeWriter):
+        case .client(_, let wakeWriter, _):
             // The reader thread releases everything; wake it with a message in its own queue.
             try? FragmentWriter(queue: wakeWriter, messageSize: writer.messageSize)
                 .sendControl(PortFragmentHeader(kind: .wake), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
@@ -171,10 +171,14 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
                 writer.queue.close()
             }
             switch role {
-            case .client(let replyQueue, let wakeWriter):
+            case .client(let replyQueue, let wakeWriter, let endpoint):
                 replyQueue.close()
                 wakeWriter.close()
                 MessageQueue.unlink(name: replyQueue.name)
+                if peerDied {
+                    // A dead server cannot remove its queue; remove it unless a successor holds the name.
+                    EndpointLock.ifUnheld(endpoint) { MessageQueue.unlink(name: PortNames.serverQueue(endpoint)) }
+                }
             case .server(let clientQueueName, let onInvalidated):
                 // A dead client cannot remove its own reply queue.
                 if peerDied { MessageQueue.unlink(name: clientQueueName) }

@@ -97,7 +97,7 @@ public struct MessagePortTransport: MessageTransport {
             outbound: server,
             messageSize: messageSize,
             senderID: clientID,
-            role: .client(replyQueue: replyQueue, wakeWriter: wakeWriter),
+            role: .client(replyQueue: replyQueue, wakeWriter: wakeWriter, endpoint: endpoint),
             options: options
         )
         try PosixThread.detach(name: "ipc-port-read") { connection.clientReadLoop(replyQueue: replyQueue) }

@@ -1,0 +1,100 @@
+import CIPCShims
+import Glibc
+import IPCCore
+import SystemPackage
+
+/// A file mapped `MAP_SHARED` into memory: what the store-based transports share between
+/// processes. The file is created owner-only; the mapping stays valid after the file is unlinked.
+public final class SharedMapping: @unchecked Sendable {
+    public let path: String
+    public let base: UnsafeMutableRawPointer
+    public let length: Int
+
+    /// Maps `path`, creating it with `length` zero bytes if it does not exist (and `create` is set).
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if it does not exist and `create` is false;
+    ///   ``IPCError/Code/transportFailure`` otherwise.
+    public init(path: String, length: Int, create: Bool, exclusive: Bool = false) throws {
+        var flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW
+        if create { flags |= O_CREAT }
+        if exclusive { flags |= O_EXCL }
+        let fd: CInt
+        do {
+            fd = try syscallRetryingInterrupts { open(path, flags, 0o600) }
+        } catch {
+            if error == .noSuchFileOrDirectory {
+                throw IPCError(code: .endpointNotFound, message: "no store at \(path)", cause: error)
+            }
+            if error == .fileExists {
+                throw IPCError(code: .endpointInUse, message: "\(path) exists", cause: error)
+            }
+            throw IPCError.syscall("open", error, context: path)
+        }
+        defer { closeDescriptor(fd) }
+        var status = stat()
+        guard fstat(fd, &status) == 0 else { throw IPCError.syscall("fstat", Errno(rawValue: errno), context: path) }
+        if status.st_size < length {
+            guard create else {
+                throw IPCError(code: .malformedFrame, message: "\(path) is \(status.st_size) bytes, shorter than the \(length) expected")
+            }
+            guard ftruncate(fd, off_t(length)) == 0 else { throw IPCError.syscall("ftruncate", Errno(rawValue: errno), context: path) }
+        }
+        guard let address = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), address != MAP_FAILED else {
+            throw IPCError.syscall("mmap", Errno(rawValue: errno), context: path)
+        }
+        self.path = path
+        self.base = address
+        self.length = length
+    }
+
+    deinit {
+        munmap(base, length)
+    }
+
+    /// A 32-bit word at `offset`, for atomics and futexes.
+    public func word32(at offset: Int) -> UnsafeMutablePointer<UInt32> {
+        (base + offset).assumingMemoryBound(to: UInt32.self)
+    }
+
+    /// A 64-bit word at `offset`.
+    public func word64(at offset: Int) -> UnsafeMutablePointer<UInt64> {
+        (base + offset).assumingMemoryBound(to: UInt64.self)
+    }
+}
+
+/// A 32-bit sequence number in shared memory that processes wait on and bump: the futex-based
+/// counterpart of a notify(3) name. Posting increments it and wakes every waiter; a waiter that
+/// compares the value with the one it last saw can never miss a post, only see several at once.
+public struct FutexCounter: @unchecked Sendable {
+    public let address: UnsafeMutablePointer<UInt32>
+    /// The mapping that holds the word, kept alive as long as the counter is.
+    private let mapping: SharedMapping
+
+    public init(in mapping: SharedMapping, at offset: Int) {
+        self.address = mapping.word32(at: offset)
+        self.mapping = mapping
+    }
+
+    public var value: UInt32 { ipc_atomic_load_u32(address) }
+
+    /// Increments the counter and wakes every process waiting on it.
+    public func post() {
+        _ = ipc_atomic_fetch_add_u32(address, 1)
+        _ = ipc_futex_wake(address, Int32.max)
+    }
+
+    /// Wakes waiters without posting (they re-check their own conditions).
+    public func wakeAll() {
+        _ = ipc_futex_wake(address, Int32.max)
+    }
+
+    /// Sleeps until the counter differs from `seen`, at most `timeoutNanoseconds` (negative: no
+    /// limit). Returns the value now held; it may still equal `seen` after a timeout or a wake
+    /// without a post.
+    @discardableResult
+    public func wait(whileEqualTo seen: UInt32, timeoutNanoseconds: Int64 = -1) -> UInt32 {
+        if ipc_atomic_load_u32(address) == seen {
+            _ = ipc_futex_wait(address, seen, timeoutNanoseconds)
+        }
+        return ipc_atomic_load_u32(address)
+    }
+}

@@ -1,0 +1,150 @@
+import Glibc
+import IPCCore
+import IPCFraming
+import IPCPosix
+import Synchronization
+
+/// One side of a notify-transport connection: frames go into the outbound ring of the shared
+/// store, and a reader thread waits on the inbound ring's data counter, drains every published
+/// byte, and reassembles frames. The other side's death is seen through its process (a pidfd);
+/// a frame it left half-written dies with the connection, undelivered.
+public final class NotifyConnection: MessageConnection, @unchecked Sendable {
+    public let peer: PeerCredentials?
+
+    private let store: NotifyStore
+    private let inbound: NotifyStore.Ring
+    private let outbound: NotifyStore.Ring
+    private let isClient: Bool
+    private let core: ConnectionCore
+    private let encoder: BinaryFrameEncoder
+    /// Held for each frame's write, so frames from concurrent senders never interleave.
+    private let sendLock = Mutex(())
+    private let replySendTimeout: Duration = .seconds(5)
+    private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
+    private let onInvalidated: (@Sendable (NotifyConnection) -> Void)?
+
+    init(store: NotifyStore, isClient: Bool, peerPID: Int32, options: ConnectionOptions, onInvalidated: (@Sendable (NotifyConnection) -> Void)? = nil) {
+        self.store = store
+        self.isClient = isClient
+        self.inbound = isClient ? store.serverToClient : store.clientToServer
+        self.outbound = isClient ? store.clientToServer : store.serverToClient
+        self.peer = PeerCredentials(pid: peerPID, uid: getuid(), gid: getgid())
+        self.core = ConnectionCore(options: options)
+        self.encoder = BinaryFrameEncoder(maximumPayloadLength: options.maximumPayloadLength)
+        self.onInvalidated = onInvalidated
+    }
+
+    /// Starts the reader thread and the watch on the peer's process.
+    func start() throws {
+        do {
+            try PosixThread.detach(name: "ipc-notify-read") { [self] in readLoop() }
+        } catch {
+            finish(InvalidationReason(.transportFailure, error: error as? IPCError))
+            throw error
+        }
+        let pid = peer?.pid ?? 0
+        let watch = try ProcessWatcher.shared.watch(pid: pid) { [weak self] in
+            self?.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
+        }
+        peerWatch.withLock { $0 = watch }
+    }
+
+    public var messages: AsyncStream<ReceivedMessage> { core.messages }
+
+    public var invalidationReason: InvalidationReason? { core.latch.reason }
+
+    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
+        core.latch.setHandler(handler)
+    }
+
+    public func invalidate() {
+        invalidate(InvalidationReason(.invalidatedLocally))
+    }
+
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
+        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
+    }
+
+    func invalidate(_ reason: InvalidationReason) {
+        guard core.latch.invalidate(reason) else { return }
+        // Wake our reader (it finishes the invalidation) and tell the other side.
+        store.close()
+    }
+
+    private func sendFrame(_ frame: Frame, timeout: Duration) throws {
+        try core.checkValid()
+        var header: [UInt8] = []
+        header.reserveCapacity(BinaryWireFormat.headerLength)
+        try encoder.encodeHeader(FrameHeader(frame), into: &header)
+        let (seconds, attoseconds) = timeout.components
+        let deadline = monotonicNanoseconds() &+ UInt64(max(0, seconds)) &* 1_000_000_000 &+ UInt64(max(0, attoseconds / 1_000_000_000))
+        var written = 0
+        do {
+            try sendLock.withLock { _ in
+                try core.checkValid()
+                try header.withUnsafeBytes { headerBytes in
+                    try frame.payload.withUnsafeBytes { payloadBytes in
+                        try outbound.write([headerBytes, payloadBytes], deadline: deadline, written: &written) {
+                            core.latch.isValid && store.state != .closed
+                        }
+                    }
+                }
+            }
+        } catch let error as IPCError {
+            if written > 0 {
+                // Part of a frame is published: the ring cannot carry another frame.
+                invalidate(InvalidationReason(.transportFailure, error: error))
+            }
+            throw error
+        }
+    }
+
+    private func readLoop() {
+        let reassembler = FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: core.options.maximumPayloadLength))
+        let reply: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in
+            guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
+            try self.sendFrame(frame, timeout: replySendTimeout)
+        }
+        var reason = InvalidationReason(.invalidatedLocally)
+        while true {
+            if core.latch.reason?.kind == .invalidatedLocally { break }
+            let seen = inbound.data.value
+            let count = reassembler.receive { inbound.read(into: $0) }
+            if count == 0 {
+                // Everything the peer published has been read; now its end can be acted on.
+                if !core.latch.isValid || store.state == .closed {
+                    reason = core.latch.reason ?? InvalidationReason(.peerClosed)
+                    break
+                }
+                // Sleep only if nothing was published since `seen` was read: a post in between
+                // changes the counter, and the wait returns at once.
+                inbound.data.wait(whileEqualTo: seen)
+                continue
+            }
+            do {
+                while let frame = try reassembler.nextFrame() {
+                    core.dispatch(frame, reply: reply)
+                }
+            } catch {
+                reason = InvalidationReason(.protocolError, error: error as? IPCError)
+                break
+            }
+        }
+        finish(reason)
+    }
+
+    /// Runs once, on the reader thread (or in `start` if it never ran).
+    private func finish(_ reason: InvalidationReason) {
+        core.finish(reason) {
+            if let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
+            store.close()
+            // Whichever side ends first removes the file; its mapping stays valid for the other.
+            unlink(store.path)
+            onInvalidated?(self)
+        }
+    }
+}

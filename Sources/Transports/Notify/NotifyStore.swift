@@ -1,0 +1,187 @@
+import CIPCShims
+import Glibc
+import IPCCore
+import IPCPosix
+
+/// The shared store of one connection: a file `G/<endpoint>.<client pid>-<serial>.ring`, mapped
+/// by both processes, holding one single-producer, single-consumer byte ring per direction.
+/// Frames (the binary framing) are written into a ring and published by advancing its write
+/// index; the writer then posts the ring's data counter (a futex word, the same mechanism as a
+/// ``NotifyCenter`` name) to wake the reader. See docs/WIRE-FORMAT.md for the layout.
+///
+/// Why this avoids MMWormhole's defects: a message is never overwritten by a later one (the ring
+/// holds every unread byte, and a writer waits for space); the reader drains everything published
+/// however many posts coalesced, and advances its read index past each byte once, so nothing is
+/// lost or delivered twice; a frame becomes visible only through the write index, which a writer
+/// advances after copying the bytes, and a frame whose writer died before finishing is discarded
+/// with the connection, so no reader acts on half a message.
+final class NotifyStore: @unchecked Sendable {
+    enum State: UInt32 {
+        case waiting = 0, accepted = 1, closed = 2
+    }
+
+    /// One direction: the writer owns `writeIndex`, the reader owns `readIndex`. Both count bytes
+    /// since the start and never wrap; positions in the ring are taken modulo the capacity.
+    struct Ring: @unchecked Sendable {
+        let writeIndex: UnsafeMutablePointer<UInt64>
+        let readIndex: UnsafeMutablePointer<UInt64>
+        /// Posted by the writer after publishing bytes.
+        let data: FutexCounter
+        /// Posted by the reader after consuming bytes.
+        let space: FutexCounter
+        let bytes: UnsafeMutableRawPointer
+        let capacity: Int
+    }
+
+    static let magic: UInt32 = 0x4E54_4659 // "NTFY"
+    static let version: UInt32 = 1
+    static let headerLength = 4096
+
+    let mapping: SharedMapping
+    let clientToServer: Ring
+    let serverToClient: Ring
+
+    var path: String { mapping.path }
+    var stateWord: UnsafeMutablePointer<UInt32> { mapping.word32(at: 16) }
+    var state: State { State(rawValue: ipc_atomic_load_u32(stateWord)) ?? .closed }
+    var clientPID: Int32 { Int32(bitPattern: ipc_atomic_load_u32(mapping.word32(at: 8))) }
+    var serverPID: Int32 { Int32(bitPattern: ipc_atomic_load_u32(mapping.word32(at: 12))) }
+
+    /// Creates a new store for a connecting client (exclusive: the name is the client's own).
+    static func create(path: String, ringCapacity: Int) throws -> NotifyStore {
+        let mapping = try SharedMapping(path: path, length: headerLength + 2 * ringCapacity, create: true, exclusive: true)
+        ipc_atomic_store_u32(mapping.word32(at: 4), version)
+        ipc_atomic_store_u32(mapping.word32(at: 8), UInt32(bitPattern: getpid()))
+        ipc_atomic_store_u32(mapping.word32(at: 20), UInt32(ringCapacity))
+        ipc_atomic_store_u32(mapping.word32(at: 0), magic)
+        return NotifyStore(mapping: mapping, ringCapacity: ringCapacity)
+    }
+
+    /// Opens a client's store on the server side.
+    /// - Throws: ``IPCError/Code/malformedFrame`` if the file is not a store of this version.
+    static func open(path: String) throws -> NotifyStore {
+        let header = try SharedMapping(path: path, length: headerLength, create: false)
+        guard ipc_atomic_load_u32(header.word32(at: 0)) == magic, ipc_atomic_load_u32(header.word32(at: 4)) == version else {
+            throw IPCError(code: .malformedFrame, message: "\(path) is not a notify store of version \(version)")
+        }
+        let capacity = Int(ipc_atomic_load_u32(header.word32(at: 20)))
+        guard capacity >= 4096, capacity <= 1 << 30 else {
+            throw IPCError(code: .malformedFrame, message: "\(path) declares a ring of \(capacity) bytes")
+        }
+        return NotifyStore(mapping: try SharedMapping(path: path, length: headerLength + 2 * capacity, create: false), ringCapacity: capacity)
+    }
+
+    private init(mapping: SharedMapping, ringCapacity: Int) {
+        self.mapping = mapping
+        func ring(header: Int, data: Int) -> Ring {
+            Ring(
+                writeIndex: mapping.word64(at: header),
+                readIndex: mapping.word64(at: header + 8),
+                data: FutexCounter(in: mapping, at: header + 16),
+                space: FutexCounter(in: mapping, at: header + 20),
+                bytes: mapping.base + data,
+                capacity: ringCapacity
+            )
+        }
+        clientToServer = ring(header: 64, data: Self.headerLength)
+        serverToClient = ring(header: 128, data: Self.headerLength + ringCapacity)
+    }
+
+    /// The server accepts the connection: records its pid, then publishes the state.
+    func accept() {
+        ipc_atomic_store_u32(mapping.word32(at: 12), UInt32(bitPattern: getpid()))
+        if ipc_atomic_compare_exchange_u32(stateWord, State.waiting.rawValue, State.accepted.rawValue) != 0 {
+            _ = ipc_futex_wake(stateWord, Int32.max)
+        }
+    }
+
+    /// Marks the connection closed and wakes both readers, so the other side notices at once.
+    func close() {
+        ipc_atomic_store_u32(stateWord, State.closed.rawValue)
+        _ = ipc_futex_wake(stateWord, Int32.max)
+        // Post rather than just wake: a reader between reading a counter and sleeping on it
+        // would miss a bare wake, but not a changed counter.
+        clientToServer.data.post()
+        serverToClient.data.post()
+        clientToServer.space.post()
+        serverToClient.space.post()
+    }
+
+    /// Waits up to `timeout` for the server to accept. Returns the state then.
+    func awaitAcceptance(timeout: Duration) -> State {
+        let deadline = monotonicNanoseconds() &+ UInt64(timeout.components.seconds) * 1_000_000_000 &+ UInt64(timeout.components.attoseconds / 1_000_000_000)
+        while state == .waiting {
+            let now = monotonicNanoseconds()
+            guard now < deadline else { break }
+            _ = ipc_futex_wait(stateWord, State.waiting.rawValue, Int64(deadline - now))
+        }
+        return state
+    }
+}
+
+extension NotifyStore.Ring {
+    /// Copies `parts` into the ring as they fit, publishing after each copy, waiting for space
+    /// until `deadline` (monotonic nanoseconds). `written` counts published bytes, so a caller
+    /// can tell a clean failure from a torn frame. `isOpen` is checked while waiting.
+    func write(_ parts: [UnsafeRawBufferPointer], deadline: UInt64, written: inout Int, isOpen: () -> Bool) throws {
+        let total = parts.reduce(0) { $0 + $1.count }
+        var part = 0
+        var offsetInPart = 0
+        while written < total {
+            let write = ipc_atomic_load_u64(writeIndex)
+            let read = ipc_atomic_load_u64(readIndex)
+            let free = capacity - Int(write - read)
+            if free == 0 {
+                let seen = space.value
+                guard ipc_atomic_load_u64(readIndex) == read else { continue }
+                guard isOpen() else { throw IPCError(code: .peerInvalidated, message: "the connection closed while waiting for ring space") }
+                let now = monotonicNanoseconds()
+                guard now < deadline else {
+                    throw IPCError(code: .sendTimeout, message: "the reader left the ring full; \(written) of \(total) bytes sent before the send timeout")
+                }
+                space.wait(whileEqualTo: seen, timeoutNanoseconds: Int64(min(deadline - now, 100_000_000)))
+                continue
+            }
+            var position = Int(write % UInt64(capacity))
+            var copied = 0
+            while copied < free, part < parts.count {
+                let source = parts[part]
+                let count = min(source.count - offsetInPart, free - copied, capacity - position)
+                if count > 0 {
+                    (bytes + position).copyMemory(from: source.baseAddress! + offsetInPart, byteCount: count)
+                }
+                copied += count
+                offsetInPart += count
+                position = (position + count) % capacity
+                if offsetInPart == source.count {
+                    part += 1
+                    offsetInPart = 0
+                }
+            }
+            ipc_atomic_store_u64(writeIndex, write + UInt64(copied))
+            written += copied
+            data.post()
+        }
+    }
+
+    /// Copies published bytes into `buffer` and consumes them. Returns how many (0 if none).
+    func read(into buffer: UnsafeMutableRawBufferPointer) -> Int {
+        let read = ipc_atomic_load_u64(readIndex)
+        let available = Int(ipc_atomic_load_u64(writeIndex) - read)
+        let count = min(available, buffer.count)
+        guard count > 0 else { return 0 }
+        let position = Int(read % UInt64(capacity))
+        let first = min(count, capacity - position)
+        buffer.baseAddress!.copyMemory(from: bytes + position, byteCount: first)
+        if first < count {
+            (buffer.baseAddress! + first).copyMemory(from: bytes, byteCount: count - first)
+        }
+        ipc_atomic_store_u64(readIndex, read + UInt64(count))
+        space.post()
+        return count
+    }
+
+    var hasUnreadBytes: Bool {
+        ipc_atomic_load_u64(writeIndex) != ipc_atomic_load_u64(readIndex)
+    }
+}

@@ -1,0 +1,111 @@
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCTestSupport
+import NotifyTransport
+import Synchronization
+import Testing
+
+/// The notification center against a second process (`ipcbench notifyutil`).
+@Suite("Notify center")
+struct NotifyCenterTests {
+    private func notifyutil(_ group: borrowing TestGroup, _ arguments: [String]) throws -> (status: Int32, output: String) {
+        try PeerProcess.runToCompletion(["notifyutil", "--group", group.directory.path] + arguments)
+    }
+
+    @Test("K rapid posts from another process give between 1 and K deliveries, never 0", arguments: [1, 10, 1000])
+    func coalescing(posts: Int) async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let deliveries = Mutex(0)
+        let registration = try center.register("test.burst") { deliveries.withLock { $0 += 1 } }
+        defer { registration.cancel() }
+        #expect(try notifyutil(group, ["--post", "test.burst", "--count", String(posts)]).status == 0)
+        // Deliveries are asynchronous: wait (generously) for at least one, then let stragglers land.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while deliveries.withLock({ $0 }) == 0, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        try await Task.sleep(for: .milliseconds(200))
+        let count = deliveries.withLock { $0 }
+        #expect(count >= 1)
+        #expect(count <= posts)
+    }
+
+    @Test("a post from this process wakes a waiter in another process")
+    func crossProcessWake() async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let waiter = Process()
+        waiter.executableURL = try PeerProcess.executableURL()
+        waiter.arguments = ["notifyutil", "--group", group.directory.path, "--wait", "test.wake", "--timeout", "20"]
+        let output = Pipe()
+        waiter.standardOutput = output
+        try waiter.run()
+        // Post only once the waiter has registered (it prints READY).
+        var seen = Data()
+        while !String(decoding: seen, as: UTF8.self).contains("READY"), let chunk = try output.fileHandleForReading.read(upToCount: 1), !chunk.isEmpty {
+            seen += chunk
+        }
+        try center.post("test.wake")
+        waiter.waitUntilExit()
+        seen += output.fileHandleForReading.readDataToEndOfFile()
+        #expect(waiter.terminationStatus == 0)
+        #expect(String(decoding: seen, as: UTF8.self).contains("notified"))
+    }
+
+    @Test("after cancel no callback arrives, including when cancelled from inside the handler")
+    func cancellation() async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let cancelledCalls = Mutex(0)
+        let cancelled = try center.register("test.cancel") { cancelledCalls.withLock { $0 += 1 } }
+        cancelled.cancel()
+
+        let selfCancelCalls = Mutex(0)
+        let holder = Mutex<NotifyRegistration?>(nil)
+        let selfCancelling = try center.register("test.cancel") {
+            selfCancelCalls.withLock { $0 += 1 }
+            holder.withLock { $0 }?.cancel()
+        }
+        holder.withLock { $0 = selfCancelling }
+
+        for _ in 0..<5 {
+            #expect(try notifyutil(group, ["--post", "test.cancel"]).status == 0)
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(cancelledCalls.withLock { $0 } == 0)
+        #expect(selfCancelCalls.withLock { $0 } == 1)
+    }
+
+    @Test("a check token reports posts without a handler")
+    func checkToken() throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let token = try center.checkToken(for: "test.check")
+        #expect(token.check())
+        #expect(!token.check())
+        #expect(try notifyutil(group, ["--post", "test.check", "--count", "3"]).status == 0)
+        #expect(token.check())
+        #expect(!token.check())
+    }
+
+    @Test("state values round-trip across processes", arguments: [UInt64.min, 1, 0xDEAD_BEEF_CAFE_F00D, UInt64.max])
+    func stateRoundTrip(value: UInt64) throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        #expect(try notifyutil(group, ["--set", "test.state=\(value)"]).status == 0)
+        #expect(try center.state(for: "test.state") == value)
+        try center.setState(value ^ 1, for: "test.other")
+        #expect(try notifyutil(group, ["--get", "test.other"]).output == "\(value ^ 1)\n")
+    }
+
+    @Test("names are bounded")
+    func nameLimits() throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        #expect(throws: IPCError.self) { try center.post("") }
+        #expect(throws: IPCError.self) { try center.post(String(repeating: "n", count: NotifyCenter.maximumNameLength + 1)) }
+        try center.post(String(repeating: "n", count: NotifyCenter.maximumNameLength))
+    }
+}
