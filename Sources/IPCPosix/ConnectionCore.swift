@@ -82,3 +82,48 @@ public final class ConnectionCore: Sendable {
         latch.complete()
     }
 }
+
+/// A connection built on ``ConnectionCore``: it provides how a frame is sent and how an
+/// invalidation starts; the rest of ``MessageConnection`` comes from here, so every transport
+/// behaves the same way.
+public protocol FrameConnection: MessageConnection {
+    var core: ConnectionCore { get }
+
+    /// Sends one frame whole, or throws without having sent any of it (a torn frame must
+    /// invalidate the connection before the error is thrown).
+    func sendFrame(_ frame: Frame, timeout: Duration) throws
+
+    /// Starts invalidation with `reason`, if the connection is still valid.
+    func invalidate(_ reason: InvalidationReason)
+}
+
+extension FrameConnection {
+    public var messages: AsyncStream<ReceivedMessage> { core.messages }
+
+    public var invalidationReason: InvalidationReason? { core.latch.reason }
+
+    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
+        core.latch.setHandler(handler)
+    }
+
+    public func invalidate() {
+        invalidate(InvalidationReason(.invalidatedLocally))
+    }
+
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
+        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
+    }
+
+    /// Sends `frame` as a reply from the receive path, through a weak reference so that a
+    /// request delivered through ``MessageConnection/messages`` does not keep its connection alive.
+    public func replySender(timeout: Duration) -> @Sendable (Frame) throws -> Void {
+        { [weak self] frame in
+            guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
+            try self.sendFrame(frame, timeout: timeout)
+        }
+    }
+}

@@ -10,10 +10,10 @@ import Synchronization
 /// client's connection. Either way, sends write fragments on the calling thread, under a lock so
 /// that one sender's fragments stay contiguous, and the other side's death is seen through its
 /// process (a pidfd), since a message queue has no connection to break.
-public final class MessagePortConnection: MessageConnection, @unchecked Sendable {
+public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
-    private let core: ConnectionCore
+    public let core: ConnectionCore
     private let writer: FragmentWriter
     /// The id this side puts in the `sender` field: the client's assigned id, or 0 on the server.
     private let senderID: UInt32
@@ -57,27 +57,7 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
         return nil
     }
 
-    public var messages: AsyncStream<ReceivedMessage> { core.messages }
-
-    public var invalidationReason: InvalidationReason? { core.latch.reason }
-
-    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
-        core.latch.setHandler(handler)
-    }
-
-    public func invalidate() {
-        invalidate(InvalidationReason(.invalidatedLocally))
-    }
-
-    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
-        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
-    }
-
-    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
-    }
-
-    func invalidate(_ reason: InvalidationReason) {
+    public func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
         switch role {
         case .client(_, let wakeWriter, _):
@@ -89,7 +69,7 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
         }
     }
 
-    private func sendFrame(_ frame: Frame, timeout: Duration) throws {
+    public func sendFrame(_ frame: Frame, timeout: Duration) throws {
         try core.checkValid()
         guard frame.payload.count <= core.options.maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(frame.payload.count) bytes is above the maximum of \(core.options.maximumPayloadLength)")
@@ -122,10 +102,7 @@ public final class MessagePortConnection: MessageConnection, @unchecked Sendable
         case .message, .request, .reply, .failure:
             do {
                 if let frame = try assembler.add(header, bytes) {
-                    core.dispatch(frame) { [weak self, replySendTimeout] reply in
-                        guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
-                        try self.sendFrame(reply, timeout: replySendTimeout)
-                    }
+                    core.dispatch(frame, reply: replySender(timeout: replySendTimeout))
                 }
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))

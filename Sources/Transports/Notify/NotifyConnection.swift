@@ -8,14 +8,14 @@ import Synchronization
 /// store, and a reader thread waits on the inbound ring's data counter, drains every published
 /// byte, and reassembles frames. The other side's death is seen through its process (a pidfd);
 /// a frame it left half-written dies with the connection, undelivered.
-public final class NotifyConnection: MessageConnection, @unchecked Sendable {
+public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
     private let store: NotifyStore
     private let inbound: NotifyStore.Ring
     private let outbound: NotifyStore.Ring
     private let isClient: Bool
-    private let core: ConnectionCore
+    public let core: ConnectionCore
     private let encoder: BinaryFrameEncoder
     /// Held for each frame's write, so frames from concurrent senders never interleave.
     private let sendLock = Mutex(())
@@ -49,33 +49,13 @@ public final class NotifyConnection: MessageConnection, @unchecked Sendable {
         peerWatch.withLock { $0 = watch }
     }
 
-    public var messages: AsyncStream<ReceivedMessage> { core.messages }
-
-    public var invalidationReason: InvalidationReason? { core.latch.reason }
-
-    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
-        core.latch.setHandler(handler)
-    }
-
-    public func invalidate() {
-        invalidate(InvalidationReason(.invalidatedLocally))
-    }
-
-    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
-        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
-    }
-
-    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
-    }
-
-    func invalidate(_ reason: InvalidationReason) {
+    public func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
         // Wake our reader (it finishes the invalidation) and tell the other side.
         store.close()
     }
 
-    private func sendFrame(_ frame: Frame, timeout: Duration) throws {
+    public func sendFrame(_ frame: Frame, timeout: Duration) throws {
         try core.checkValid()
         var header: [UInt8] = []
         header.reserveCapacity(BinaryWireFormat.headerLength)
@@ -105,10 +85,7 @@ public final class NotifyConnection: MessageConnection, @unchecked Sendable {
 
     private func readLoop() {
         let reassembler = FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: core.options.maximumPayloadLength))
-        let reply: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in
-            guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
-            try self.sendFrame(frame, timeout: replySendTimeout)
-        }
+        let reply = replySender(timeout: replySendTimeout)
         var reason = InvalidationReason(.invalidatedLocally)
         while true {
             if core.latch.reason?.kind == .invalidatedLocally { break }

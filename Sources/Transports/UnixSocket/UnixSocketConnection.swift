@@ -11,13 +11,13 @@ import Synchronization
 /// request handler (whose reply is written from that thread), and messages go to ``messages``.
 /// That thread is also the only one that closes the descriptor, so no read ever lands on a
 /// descriptor number that was closed and reused.
-public final class UnixSocketConnection: MessageConnection, Sendable {
+public final class UnixSocketConnection: FrameConnection, Sendable {
     public let peer: PeerCredentials?
 
     private let fd: CInt
     private let framing: Framing
     private let encoder: any FrameEncoder
-    private let core: ConnectionCore
+    public let core: ConnectionCore
     /// Held for the whole of each frame's write; `true` once the descriptor is closed.
     private let writeState = Mutex(false)
     /// How long the reader thread waits to write a reply before giving up on it.
@@ -43,33 +43,13 @@ public final class UnixSocketConnection: MessageConnection, Sendable {
         }
     }
 
-    public var messages: AsyncStream<ReceivedMessage> { core.messages }
-
-    public var invalidationReason: InvalidationReason? { core.latch.reason }
-
-    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
-        core.latch.setHandler(handler)
-    }
-
-    public func invalidate() {
-        invalidate(InvalidationReason(.invalidatedLocally))
-    }
-
-    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
-        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
-    }
-
-    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
-    }
-
-    private func invalidate(_ reason: InvalidationReason) {
+    public func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
         // Wake the reader thread; it releases everything and reports the invalidation.
         UnixSocket.shutdown(fd)
     }
 
-    private func sendFrame(_ frame: Frame, timeout: Duration) throws {
+    public func sendFrame(_ frame: Frame, timeout: Duration) throws {
         try core.checkValid()
         var headerBytes: [UInt8] = []
         headerBytes.reserveCapacity(framing == .binary ? BinaryWireFormat.headerLength : 160)
@@ -98,10 +78,7 @@ public final class UnixSocketConnection: MessageConnection, Sendable {
 
     private func readLoop() {
         let reassembler = framing.makeReassembler(maximumPayloadLength: core.options.maximumPayloadLength)
-        let reply: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in
-            guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
-            try self.sendFrame(frame, timeout: replySendTimeout)
-        }
+        let reply = replySender(timeout: replySendTimeout)
         var reason: InvalidationReason
         reading: while true {
             let count: Int
