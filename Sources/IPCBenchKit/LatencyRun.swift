@@ -47,6 +47,13 @@ public struct LatencyPlan: Sendable {
 }
 
 /// Runs round-trip latency measurements against peer processes.
+///
+/// Every combination (transport, framing, placement) gets its own peer process and connection,
+/// all started up front. The samples are then taken in ``LatencyResult/repetitions``
+/// repetitions that sweep the whole matrix each, so a measurement's repetitions are spread over
+/// the run: drift on a shared machine shows up as spread between repetitions instead of
+/// silently biasing whichever measurement ran during it. `ipcbench compare` tests those
+/// repetitions.
 public struct LatencyRunner: Sendable {
     public var plan: LatencyPlan
     public var progress: ProgressReporter
@@ -54,6 +61,34 @@ public struct LatencyRunner: Sendable {
     public init(plan: LatencyPlan, progress: ProgressReporter) {
         self.plan = plan
         self.progress = progress
+    }
+
+    /// One peer process and the connection to it, and what has been measured over it so far.
+    private final class Session {
+        let transportName: String
+        let framing: Framing?
+        let placement: Placement
+        let peer: PeerProcess
+        let connection: any MessageConnection
+        var measurements: [Int: Measurement] = [:]
+
+        init(transportName: String, framing: Framing?, placement: Placement, peer: PeerProcess, connection: any MessageConnection) {
+            self.transportName = transportName
+            self.framing = framing
+            self.placement = placement
+            self.peer = peer
+            self.connection = connection
+        }
+
+        var label: String { [transportName, framing?.rawValue, placement.rawValue].compactMap { $0 }.joined(separator: " ") }
+    }
+
+    private struct Measurement {
+        var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var blockMedians: [UInt64] = []
+        var samples = 0
+        var localCPU: UInt64? = 0
+        var peerCPU: UInt64? = 0
     }
 
     /// Measures every combination in the plan.
@@ -65,61 +100,93 @@ public struct LatencyRunner: Sendable {
         let combinations = plan.transports.flatMap { name in
             (TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil]).map { (name, $0) }
         }
-        let total = combinations.count * placements.count * plan.payloadSizes.count
-        var results: [LatencyResult] = []
         let originalAffinity = CPUAffinity.current()
         defer { try? CPUAffinity.pinCurrentProcess(to: originalAffinity) }
+        var sessions: [Session] = []
+        defer {
+            for session in sessions {
+                session.connection.invalidate()
+                session.peer.stop()
+            }
+        }
+        progress.note("starting \(combinations.count * placements.count) peer processes")
         for (transportName, framing) in combinations {
             for placement in placements {
-                try CPUAffinity.pinCurrentProcess(to: placement.cpus.map { [$0.local] } ?? originalAffinity)
                 let transport = try TransportCatalog.transport(named: transportName, framing: framing ?? .binary)
                 let variant = [transportName, framing?.rawValue].compactMap { $0 }.joined(separator: "-")
                 let endpoint = try Endpoint(group: group.directory, name: "\(group.directory.identifier).bench-\(variant)-\(placement)")
                 let peer = try PeerProcess(transport: transportName, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer)
-                defer { peer.stop() }
-                for size in plan.payloadSizes {
-                    let label = "\(variant) \(placement) \(formatBytes(size))"
-                    progress.begin(step: results.count + 1, of: total, label: label)
-                    var result = try await measure(transport, endpoint: endpoint, size: size, placement: placement, label: label)
-                    result.framing = framing
-                    progress.end(label: label, summary: "p50 \(formatMicroseconds(result.p50)) p99 \(formatMicroseconds(result.p99))")
-                    results.append(result)
+                let connection: any MessageConnection
+                do {
+                    connection = try transport.connect(to: endpoint, options: .defaults)
+                } catch {
+                    peer.stop()
+                    throw error
                 }
+                sessions.append(Session(transportName: transportName, framing: framing, placement: placement, peer: peer, connection: connection))
             }
         }
-        return results
+        let repetitions = LatencyResult.repetitions
+        for repetition in 1...repetitions {
+            let label = "repetition \(repetition)/\(repetitions)"
+            progress.begin(step: repetition, of: repetitions, label: label)
+            for (index, session) in sessions.enumerated() {
+                try CPUAffinity.pinCurrentProcess(to: session.placement.cpus.map { [$0.local] } ?? originalAffinity)
+                for size in plan.payloadSizes {
+                    let blockSamples = max(1, plan.samples(forPayload: size) / repetitions)
+                    // Warm up before each block: the connection may have been idle while others ran.
+                    try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
+                    try await measureBlock(session, size: size, samples: blockSamples, record: true)
+                }
+                progress.update(label: label, fraction: Double(index + 1) / Double(sessions.count))
+            }
+            progress.end(label: label, summary: "\(sessions.count * plan.payloadSizes.count) measurements")
+        }
+        return sessions.flatMap { session in
+            plan.payloadSizes.map { size in result(session, size: size) }
+        }
     }
 
-    private func measure<T: MessageTransport>(_ transport: T, endpoint: Endpoint, size: Int, placement: Placement, label: String) async throws -> LatencyResult {
-        let connection = try transport.connect(to: endpoint, options: .defaults)
-        defer { connection.invalidate() }
+    private func measureBlock(_ session: Session, size: Int, samples: Int, record: Bool) async throws {
         let payload = [UInt8](repeating: 0xA5, count: size)
         let timeout = Duration.seconds(30)
-        let warmup = plan.warmup(forPayload: size)
-        let samples = plan.samples(forPayload: size)
-        for _ in 0..<warmup {
-            let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: timeout, receiveTimeout: timeout)
-            guard reply == payload else { throw IPCError(code: .malformedPayload, message: "echo returned different bytes for \(label)") }
-        }
-        var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-        let reportEvery = max(1, samples / 50)
-        for index in 0..<samples {
+        var elapsedTimes: [UInt64] = []
+        elapsedTimes.reserveCapacity(samples)
+        let cpuBefore = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peer.pid))
+        for _ in 0..<samples {
             let start = monotonicNanoseconds()
-            let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: timeout, receiveTimeout: timeout)
-            let elapsed = monotonicNanoseconds() - start
-            _ = histogram.record(elapsed)
+            let reply = try await session.connection.request(payload, msgid: PeerRequest.echo, sendTimeout: timeout, receiveTimeout: timeout)
+            elapsedTimes.append(monotonicNanoseconds() - start)
             guard reply.count == size else {
-                throw IPCError(code: .malformedPayload, message: "echo returned \(reply.count) bytes instead of \(size) for \(label)")
+                throw IPCError(code: .malformedPayload, message: "echo returned \(reply.count) bytes instead of \(size) for \(session.label)")
             }
-            if index % reportEvery == 0 { progress.update(label: label, fraction: Double(index) / Double(samples)) }
         }
+        guard record else { return }
+        let cpuAfter = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peer.pid))
+        var measurement = session.measurements[size] ?? Measurement()
+        for elapsed in elapsedTimes { _ = measurement.histogram.record(elapsed) }
+        measurement.blockMedians.append(LatencyResult.median(elapsedTimes))
+        measurement.samples += samples
+        func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
+            guard let total, let before, let after else { return nil }
+            return total + (after - before)
+        }
+        measurement.localCPU = add(measurement.localCPU, cpuBefore.local, cpuAfter.local)
+        measurement.peerCPU = add(measurement.peerCPU, cpuBefore.peer, cpuAfter.peer)
+        session.measurements[size] = measurement
+    }
+
+    private func result(_ session: Session, size: Int) -> LatencyResult {
+        let measurement = session.measurements[size] ?? Measurement()
+        let histogram = measurement.histogram
+        let samples = max(1, measurement.samples)
         return LatencyResult(
-            transport: transport.name,
-            framing: nil,
-            placement: placement,
+            transport: session.transportName,
+            framing: session.framing,
+            placement: session.placement,
             payloadBytes: size,
-            warmup: warmup,
-            samples: samples,
+            warmup: max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions) * LatencyResult.repetitions,
+            samples: measurement.samples,
             minimum: histogram.min,
             p50: histogram.valueAtPercentile(50),
             p90: histogram.valueAtPercentile(90),
@@ -127,7 +194,10 @@ public struct LatencyRunner: Sendable {
             p999: histogram.valueAtPercentile(99.9),
             maximum: histogram.max,
             mean: histogram.mean,
-            standardDeviation: histogram.stdDeviation
+            standardDeviation: histogram.stdDeviation,
+            repetitionMedians: measurement.blockMedians,
+            localCPUPerRoundTrip: measurement.localCPU.map { Double($0) / Double(samples) },
+            peerCPUPerRoundTrip: measurement.peerCPU.map { Double($0) / Double(samples) }
         )
     }
 }

@@ -3,13 +3,21 @@ import IPCCore
 
 /// Reads and writes result files.
 public enum ResultStore {
-    /// Writes `results.json` and `report.md` into `directory`, creating it.
+    /// Writes `results.json`, `report.md` and `report.html` into `directory`, creating it.
     public static func write(_ results: RunResults, to directory: String) throws {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         try encoder.encode(results).write(to: URL(fileURLWithPath: directory + "/results.json"))
-        try Data(ReportRenderer.markdown(results).utf8).write(to: URL(fileURLWithPath: directory + "/report.md"))
+        try writeReports([(label: "results.json", results: results)], to: directory)
+    }
+
+    /// Writes `report.md` and `report.html` for one or more result files.
+    public static func writeReports(_ files: [(label: String, results: RunResults)], to directory: String) throws {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let markdown = files.map { ReportRenderer.markdown($0.results) }.joined(separator: "\n")
+        try Data(markdown.utf8).write(to: URL(fileURLWithPath: directory + "/report.md"))
+        try Data(HTMLReport.render(files).utf8).write(to: URL(fileURLWithPath: directory + "/report.html"))
     }
 
     /// Reads a result file.

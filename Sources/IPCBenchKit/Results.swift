@@ -8,11 +8,60 @@ public struct RunResults: Codable, Sendable {
     public var schema: String
     public var context: RunContext
     public var latency: [LatencyResult]
+    /// The same measurements as Google Benchmark JSON entries (one `iteration` entry per
+    /// repetition block, then a `median` aggregate), so its `compare.py` can read this file.
+    public var benchmarks: [BenchmarkEntry]
 
     public init(context: RunContext, latency: [LatencyResult]) {
         self.schema = Self.currentSchema
         self.context = context
         self.latency = latency
+        self.benchmarks = latency.flatMap(BenchmarkEntry.entries(for:))
+    }
+}
+
+/// One entry of Google Benchmark's JSON output (`--benchmark_format=json`), with ipcbench's
+/// percentiles and placement as extra fields (Google Benchmark's tools ignore fields they do not know).
+public struct BenchmarkEntry: Codable, Sendable {
+    public var name: String
+    public var runName: String
+    public var runType: String
+    public var aggregateName: String?
+    public var repetitions: Int
+    public var repetitionIndex: Int?
+    public var threads: Int
+    public var iterations: Int
+    public var realTime: Double
+    public var cpuTime: Double
+    public var timeUnit: String
+    public var placement: Placement
+    public var payloadBytes: Int
+    public var p50: UInt64
+    public var p99: UInt64
+    public var p999: UInt64
+
+    enum CodingKeys: String, CodingKey {
+        case name, repetitions, threads, iterations, placement, p50, p99, p999
+        case runName = "run_name", runType = "run_type", aggregateName = "aggregate_name"
+        case repetitionIndex = "repetition_index", realTime = "real_time", cpuTime = "cpu_time"
+        case timeUnit = "time_unit", payloadBytes = "payload_bytes"
+    }
+
+    static func entries(for result: LatencyResult) -> [BenchmarkEntry] {
+        let cpu = (result.localCPUPerRoundTrip ?? 0) + (result.peerCPUPerRoundTrip ?? 0)
+        let blocks = result.repetitionMedians
+        func entry(_ realTime: UInt64, index: Int?, aggregate: String?) -> BenchmarkEntry {
+            BenchmarkEntry(
+                name: result.name + (aggregate.map { "_" + $0 } ?? ""), runName: result.name,
+                runType: aggregate == nil ? "iteration" : "aggregate", aggregateName: aggregate,
+                repetitions: blocks.count, repetitionIndex: index, threads: 1,
+                iterations: aggregate == nil ? result.samples / max(1, blocks.count) : blocks.count,
+                realTime: Double(realTime), cpuTime: cpu, timeUnit: "ns",
+                placement: result.placement, payloadBytes: result.payloadBytes,
+                p50: result.p50, p99: result.p99, p999: result.p999
+            )
+        }
+        return blocks.enumerated().map { entry($1, index: $0, aggregate: nil) } + [entry(result.p50, index: nil, aggregate: "median")]
     }
 }
 
@@ -84,4 +133,24 @@ public struct LatencyResult: Codable, Sendable {
     public var maximum: UInt64
     public var mean: Double
     public var standardDeviation: Double
+    /// The median of each repetition (the samples are taken in ``repetitions`` blocks spread
+    /// over the run): what `ipcbench compare` tests, and what Google Benchmark's tools read.
+    public var repetitionMedians: [UInt64]
+    /// CPU time this process and the peer used per round trip, in nanoseconds (`nil` if it could
+    /// not be read).
+    public var localCPUPerRoundTrip: Double?
+    public var peerCPUPerRoundTrip: Double?
+
+    /// Repetitions a run's samples are taken in.
+    public static let repetitions = 10
+
+    static func median(_ values: [UInt64]) -> UInt64 {
+        let sorted = values.sorted()
+        return sorted[sorted.count / 2]
+    }
+
+    /// A stable name for this measurement: `latency/<transport>[/<framing>]/<placement>/<bytes>`.
+    public var name: String {
+        (["latency", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue, String(payloadBytes)]).joined(separator: "/")
+    }
 }

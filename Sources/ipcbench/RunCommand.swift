@@ -65,7 +65,7 @@ struct RunCommand: AsyncParsableCommand {
         print(ReportRenderer.table(latency), terminator: "")
         let directory = output ?? "Reports/runs/" + Self.timestamp()
         try ResultStore.write(results, to: directory)
-        progress.note("wrote \(directory)/results.json and \(directory)/report.md")
+        progress.note("wrote \(directory)/results.json, report.md and report.html")
     }
 
     static func timestamp() -> String {

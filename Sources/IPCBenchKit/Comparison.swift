@@ -1,0 +1,121 @@
+import Foundation
+
+/// Compares two result files measurement by measurement, in a way suited to noisy machines: a
+/// change counts only if it is large enough to matter (``minimumChange``), unlikely to be noise
+/// by a two-sided Mann–Whitney U test over the two runs' repetition medians, and clear of the
+/// spread (the interquartile ranges of the two runs' repetitions do not overlap).
+public struct Comparison: Sendable {
+    public enum Verdict: String, Sendable, Codable {
+        case regression, improvement, unchanged
+        /// Too few repetitions to test (fewer than 3 on either side).
+        case inconclusive
+    }
+
+    public struct Row: Sendable, Codable {
+        public var name: String
+        public var baselineMedian: Double
+        public var currentMedian: Double
+        /// `current / baseline - 1`.
+        public var change: Double
+        public var pValue: Double?
+        public var verdict: Verdict
+    }
+
+    public var rows: [Row]
+    /// Measurements present in only one of the files.
+    public var unmatched: [String]
+
+    public var hasRegression: Bool { rows.contains { $0.verdict == .regression } }
+
+    /// - Parameters:
+    ///   - alpha: the significance level of the U test.
+    ///   - minimumChange: the smallest relative change of the median that can count (0.2 = 20 %).
+    public init(baseline: RunResults, current: RunResults, alpha: Double, minimumChange: Double) {
+        let before = Dictionary(baseline.latency.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+        let after = Dictionary(current.latency.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+        unmatched = Set(before.keys).symmetricDifference(after.keys).sorted()
+        rows = current.latency.compactMap { now in
+            guard let then = before[now.name] else { return nil }
+            let baselineMedian = Self.median(then.repetitionMedians.map { Double($0) })
+            let currentMedian = Self.median(now.repetitionMedians.map { Double($0) })
+            let change = baselineMedian > 0 ? currentMedian / baselineMedian - 1 : 0
+            let pValue = Self.mannWhitneyU(then.repetitionMedians.map { Double($0) }, now.repetitionMedians.map { Double($0) })
+            let verdict: Verdict
+            let (thenLow, thenHigh) = Self.quartiles(then.repetitionMedians.map { Double($0) })
+            let (nowLow, nowHigh) = Self.quartiles(now.repetitionMedians.map { Double($0) })
+            if let pValue {
+                if pValue < alpha, change > minimumChange, nowLow > thenHigh {
+                    verdict = .regression
+                } else if pValue < alpha, change < -minimumChange, nowHigh < thenLow {
+                    verdict = .improvement
+                } else {
+                    verdict = .unchanged
+                }
+            } else {
+                verdict = .inconclusive
+            }
+            return Row(name: now.name, baselineMedian: baselineMedian, currentMedian: currentMedian, change: change, pValue: pValue, verdict: verdict)
+        }
+    }
+
+    static func median(_ values: [Double]) -> Double {
+        guard !values.isEmpty else { return 0 }
+        let sorted = values.sorted()
+        return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+    }
+
+    /// The first and third quartiles (nearest rank).
+    static func quartiles(_ values: [Double]) -> (Double, Double) {
+        guard !values.isEmpty else { return (0, 0) }
+        let sorted = values.sorted()
+        return (sorted[(sorted.count - 1) / 4], sorted[(3 * (sorted.count - 1) + 3) / 4])
+    }
+
+    /// Two-sided p-value of the Mann–Whitney U test, normal approximation with tie correction
+    /// (adequate from about 5 values a side; `nil` below 3).
+    static func mannWhitneyU(_ first: [Double], _ second: [Double]) -> Double? {
+        let n1 = Double(first.count)
+        let n2 = Double(second.count)
+        guard n1 >= 3, n2 >= 3 else { return nil }
+        let all = (first.map { ($0, 0) } + second.map { ($0, 1) }).sorted { $0.0 < $1.0 }
+        var ranks = [Double](repeating: 0, count: all.count)
+        var tieTerm = 0.0
+        var start = 0
+        while start < all.count {
+            var end = start
+            while end + 1 < all.count, all[end + 1].0 == all[start].0 { end += 1 }
+            let rank = Double(start + end) / 2 + 1
+            for index in start...end { ranks[index] = rank }
+            let ties = Double(end - start + 1)
+            tieTerm += ties * ties * ties - ties
+            start = end + 1
+        }
+        let rankSum = zip(all, ranks).filter { $0.0.1 == 0 }.reduce(0) { $0 + $1.1 }
+        let u = rankSum - n1 * (n1 + 1) / 2
+        let mean = n1 * n2 / 2
+        let n = n1 + n2
+        let variance = n1 * n2 / 12 * ((n + 1) - tieTerm / (n * (n - 1)))
+        guard variance > 0 else { return 1 }
+        let z = (abs(u - mean) - 0.5) / variance.squareRoot()
+        return min(1, erfc(max(0, z) / 2.0.squareRoot()))
+    }
+
+    /// A fixed-width table.
+    public func table() -> String {
+        let header = ["measurement", "baseline", "current", "change", "p", "verdict"]
+        let cells: [[String]] = rows.map { row in
+            [row.name, formatMicroseconds(UInt64(row.baselineMedian)), formatMicroseconds(UInt64(row.currentMedian)),
+             String(format: "%+.1f%%", row.change * 100), row.pValue.map { String(format: "%.4f", $0) } ?? "-", row.verdict.rawValue]
+        }
+        let all = [header] + cells
+        let widths = header.indices.map { column in all.map { $0[column].count }.max() ?? 0 }
+        var lines = all.map { row in
+            row.enumerated().map { column, cell in
+                let padding = String(repeating: " ", count: widths[column] - cell.count)
+                return column == 0 || column == 5 ? cell + padding : padding + cell
+            }.joined(separator: "  ")
+        }
+        lines += unmatched.map { "\($0): only in one file" }
+        return lines.joined(separator: "\n") + "\n"
+    }
+}

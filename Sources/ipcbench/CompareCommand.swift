@@ -1,0 +1,41 @@
+import ArgumentParser
+import IPCBenchKit
+
+struct CompareCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "compare",
+        abstract: "Compare two result files; exit 1 if a measurement regressed.",
+        discussion: """
+        Each measurement's samples are recorded as 10 consecutive blocks; a change is a \
+        regression only if the median moved by more than --minimum-change AND a two-sided \
+        Mann-Whitney U test over the blocks gives p < --alpha. Re-runs on a noisy machine differ \
+        by a few percent; the defaults are chosen so that a build compared with a re-run of itself \
+        passes (see README).
+        """
+    )
+
+    @Argument(help: "The baseline results.json.")
+    var baseline: String
+
+    @Argument(help: "The current results.json.")
+    var current: String
+
+    @Option(help: "Significance level of the U test.")
+    var alpha: Double = 0.01
+
+    @Option(help: "Smallest relative change of the median that can count as a regression (0.25 = 25%).")
+    var minimumChange: Double = 0.25
+
+    func validate() throws {
+        guard alpha > 0, alpha < 1 else { throw ValidationError("--alpha must be between 0 and 1") }
+        guard minimumChange >= 0 else { throw ValidationError("--minimum-change must not be negative") }
+    }
+
+    func run() throws {
+        let comparison = Comparison(baseline: try ResultStore.read(baseline), current: try ResultStore.read(current), alpha: alpha, minimumChange: minimumChange)
+        print(comparison.table(), terminator: "")
+        let regressions = comparison.rows.filter { $0.verdict == .regression }.count
+        print(regressions == 0 ? "verdict: no regression" : "verdict: \(regressions) regression(s)")
+        if regressions > 0 { throw ExitCode(1) }
+    }
+}
