@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ipcbench's tests and tools use, if any is missing.
-#   curl    the stock HTTP client of the HTTP-framing interoperability test
+#   curl      the stock HTTP client of the HTTP-framing interoperability test
+#   chromium  headless browser that renders the HTML report in its test
 set -euo pipefail
 
-packages=(curl)
+packages=(curl chromium)
 
 missing=()
 for package in "${packages[@]}"; do

@@ -28,6 +28,17 @@ public enum HTMLReport {
             }
             body += floorRatioChart(here.map(\.result), placement: placement, sizes: sizes)
         }
+        let invalidation = files.flatMap { file in file.results.invalidation.map { (label: files.count > 1 ? file.label + " " : "", result: $0) } }
+        if !invalidation.isEmpty {
+            let names = orderedUnique(invalidation.map(\.result.transport))
+            let labels = orderedUnique(invalidation.map(\.label))
+            let series = labels.map { label in
+                SVGChart.Series(name: label.isEmpty ? "median" : label + "median", values: names.map { name in
+                    invalidation.first { $0.label == label && $0.result.transport == name }.map { Double($0.result.median) / 1000 }
+                })
+            }
+            body += "<figure>" + SVGChart.bars(title: "Time from SIGKILL of the peer to invalidation", xLabels: names, yLabel: "µs", series: series) + "</figure>\n"
+        }
         body += "<h2>All latency measurements</h2>\n" + latencyTable(rows.map { ($0.label, $0.result) })
         return page(body)
     }

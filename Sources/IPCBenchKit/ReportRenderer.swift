@@ -16,12 +16,26 @@ public enum ReportRenderer {
 
     /// A fixed-width table; numeric columns are right-aligned.
     public static func table(_ results: [LatencyResult]) -> String {
-        let rows = [latencyColumns] + latencyRows(results)
-        let widths = latencyColumns.indices.map { column in rows.map { $0[column].count }.max() ?? 0 }
+        fixedWidth([latencyColumns] + latencyRows(results), leftAligned: 4)
+    }
+
+    static let invalidationColumns = ["transport", "trials", "median", "max"]
+
+    static func invalidationRows(_ results: [InvalidationResult]) -> [[String]] {
+        results.map { [$0.transport, String($0.trials.count), formatMicroseconds($0.median), formatMicroseconds($0.maximum)] }
+    }
+
+    /// Time from SIGKILL of the peer to invalidation, as a fixed-width table.
+    public static func invalidationTable(_ results: [InvalidationResult]) -> String {
+        fixedWidth([invalidationColumns] + invalidationRows(results), leftAligned: 1)
+    }
+
+    static func fixedWidth(_ rows: [[String]], leftAligned: Int) -> String {
+        let widths = rows[0].indices.map { column in rows.map { $0[column].count }.max() ?? 0 }
         return rows.map { row in
             row.enumerated().map { column, cell in
                 let padding = String(repeating: " ", count: widths[column] - cell.count)
-                return column < 4 ? cell + padding : padding + cell
+                return column < leftAligned ? cell + padding : padding + cell
             }.joined(separator: "  ")
         }.joined(separator: "\n") + "\n"
     }
@@ -54,6 +68,13 @@ public enum ReportRenderer {
         text += "|" + latencyColumns.indices.map { $0 < 4 ? "---" : "---:" }.joined(separator: "|") + "|\n"
         for row in latencyRows(results.latency) {
             text += "| " + row.joined(separator: " | ") + " |\n"
+        }
+        if !results.invalidation.isEmpty {
+            text += "\n## Invalidation after SIGKILL\n\nTime from `kill(pid, SIGKILL)` returning to the survivor's invalidation handler starting.\n\n"
+            text += "| " + invalidationColumns.joined(separator: " | ") + " |\n|---|---:|---:|---:|\n"
+            for row in invalidationRows(results.invalidation) {
+                text += "| " + row.joined(separator: " | ") + " |\n"
+            }
         }
         return text
     }

@@ -8,14 +8,17 @@ public struct RunResults: Codable, Sendable {
     public var schema: String
     public var context: RunContext
     public var latency: [LatencyResult]
+    /// Time from SIGKILL of the peer to the invalidation handler, per transport.
+    public var invalidation: [InvalidationResult]
     /// The same measurements as Google Benchmark JSON entries (one `iteration` entry per
     /// repetition block, then a `median` aggregate), so its `compare.py` can read this file.
     public var benchmarks: [BenchmarkEntry]
 
-    public init(context: RunContext, latency: [LatencyResult]) {
+    public init(context: RunContext, latency: [LatencyResult], invalidation: [InvalidationResult] = []) {
         self.schema = Self.currentSchema
         self.context = context
         self.latency = latency
+        self.invalidation = invalidation
         self.benchmarks = latency.flatMap(BenchmarkEntry.entries(for:))
     }
 }

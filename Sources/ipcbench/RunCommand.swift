@@ -30,6 +30,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Directory for results.json and report.md. Default: Reports/runs/<UTC date and time>.")
     var output: String?
 
+    @Flag(help: "Skip measuring the time from SIGKILL of a peer to invalidation.")
+    var skipInvalidation = false
+
     @Flag(help: "Do not show progress on standard error.")
     var noProgress = false
 
@@ -61,8 +64,10 @@ struct RunCommand: AsyncParsableCommand {
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
         let latency = try await LatencyRunner(plan: plan, progress: progress).run()
-        let results = RunResults(context: .current(command: command), latency: latency)
+        let invalidation = skipInvalidation ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
+        let results = RunResults(context: .current(command: command), latency: latency, invalidation: invalidation)
         print(ReportRenderer.table(latency), terminator: "")
+        if !invalidation.isEmpty { print("\n" + ReportRenderer.invalidationTable(invalidation), terminator: "") }
         let directory = output ?? "Reports/runs/" + Self.timestamp()
         try ResultStore.write(results, to: directory)
         progress.note("wrote \(directory)/results.json, report.md and report.html")

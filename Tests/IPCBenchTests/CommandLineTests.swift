@@ -1,0 +1,87 @@
+import Foundation
+@testable import IPCBenchKit
+import IPCFraming
+import IPCTestSupport
+import Testing
+
+/// The command-line tool, tested through its output and exit status.
+@Suite("ipcbench command line")
+struct CommandLineTests {
+    @Test("--help names every subcommand")
+    func help() throws {
+        let (status, output) = try PeerProcess.runToCompletion(["--help"])
+        #expect(status == 0)
+        for subcommand in ["run", "compare", "report", "notifyutil", "peer"] {
+            #expect(output.contains(subcommand), "--help does not mention \(subcommand)")
+        }
+    }
+
+    @Test("bad arguments are refused with a usage error", arguments: [
+        ["run", "--sizes", "64,abc"], ["run", "--transport", "carrier-pigeon"], ["run", "--sample-scale", "0"],
+        ["compare", "/nonexistent/a.json"], ["notifyutil", "--group", "/tmp", "--set", "novalue"],
+    ])
+    func usageErrors(arguments: [String]) throws {
+        let (status, _) = try PeerProcess.runToCompletion(arguments)
+        #expect(status == 64)
+    }
+
+    @Test("a smoke run writes a result file, a Markdown report and an HTML report")
+    func smokeRun() throws {
+        let group = try TestGroup()
+        let output = group.directory.path + "/out"
+        let (status, table) = try PeerProcess.runToCompletion([
+            "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core",
+            "--sizes", "0,64", "--sample-scale", "0.01", "--no-progress", "--output", output,
+        ])
+        #expect(status == 0)
+        #expect(table.contains("unix-socket"))
+        let results = try ResultStore.read(output + "/results.json")
+        #expect(results.latency.map(\.payloadBytes) == [0, 64])
+        #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
+        #expect(results.invalidation.map(\.transport) == ["unix-socket"])
+        #expect(results.benchmarks.count == 2 * (LatencyResult.repetitions + 1))
+        #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
+        #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
+    }
+
+    @Test("compare: a file against itself passes; against a doubling, fails with status 1")
+    func compare() throws {
+        let group = try TestGroup()
+        let baseline = ReportFixtures.results(scale: 1)
+        let slower = ReportFixtures.results(scale: 2)
+        try ResultStore.write(baseline, to: group.directory.path + "/a")
+        try ResultStore.write(slower, to: group.directory.path + "/b")
+        let same = try PeerProcess.runToCompletion(["compare", group.directory.path + "/a/results.json", group.directory.path + "/a/results.json"])
+        #expect(same.status == 0)
+        #expect(same.output.contains("no regression"))
+        let worse = try PeerProcess.runToCompletion(["compare", group.directory.path + "/a/results.json", group.directory.path + "/b/results.json"])
+        #expect(worse.status == 1)
+        #expect(worse.output.contains("regression"))
+        let better = try PeerProcess.runToCompletion(["compare", group.directory.path + "/b/results.json", group.directory.path + "/a/results.json"])
+        #expect(better.status == 0)
+        #expect(better.output.contains("improvement"))
+    }
+}
+
+/// Result files with known numbers, for report and comparison tests.
+enum ReportFixtures {
+    static func results(scale: Double) -> RunResults {
+        var latency: [LatencyResult] = []
+        for transport in ["unix-socket", "notify", "floor:unix-stream", "floor:futex"] {
+            for placement in [Placement.sameCore, .splitCores] {
+                for (index, size) in [0, 64, 4096, 65536, 1 << 20].enumerated() {
+                    let base = (transport.hasPrefix("floor") ? 10_000.0 : 20_000.0) * Double(index + 1) * (placement == .sameCore ? 1 : 3) * scale
+                    let medians = (0..<LatencyResult.repetitions).map { UInt64(base * (1 + Double($0 % 3) * 0.01)) }
+                    latency.append(LatencyResult(
+                        transport: transport, framing: transport == "unix-socket" ? .binary : nil, placement: placement, payloadBytes: size,
+                        warmup: 10, samples: 1000, minimum: UInt64(base * 0.9), p50: UInt64(base), p90: UInt64(base * 1.2),
+                        p99: UInt64(base * 2), p999: UInt64(base * 3), maximum: UInt64(base * 5), mean: base, standardDeviation: base / 10,
+                        repetitionMedians: medians, localCPUPerRoundTrip: base / 2, peerCPUPerRoundTrip: base / 2
+                    ))
+                }
+            }
+        }
+        let invalidation = [InvalidationResult(transport: "unix-socket", trials: [90_000, 100_000, 110_000]), InvalidationResult(transport: "notify", trials: [300_000, 310_000, 320_000])]
+        return RunResults(context: .current(command: "fixture"), latency: latency, invalidation: invalidation)
+    }
+}

@@ -1,0 +1,61 @@
+import Foundation
+import IPCBenchKit
+import IPCTestSupport
+import Testing
+
+/// The HTML report is rendered by a real browser, headless Chromium from Debian
+/// (Scripts/install-system-packages.sh installs it), and the charts are checked to be drawn:
+/// every chart has a non-empty box on the page, and its lines, points and bars have sizes.
+@Suite("HTML report in headless Chromium")
+struct HTMLReportTests {
+    static let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].first { FileManager.default.isExecutableFile(atPath: $0) }
+
+    @Test("every chart is drawn")
+    func chartsAreDrawn() throws {
+        let browser = try #require(Self.chromium, "headless Chromium is not installed; run Scripts/install-system-packages.sh")
+        let group = try TestGroup()
+        let html = HTMLReport.render([(label: "fixture", results: ReportFixtures.results(scale: 1))])
+        // Measure what the browser laid out, and write the counts into the DOM for --dump-dom.
+        let probe = """
+        <script>
+        window.addEventListener('load', () => {
+          const charts = [...document.querySelectorAll('svg.chart')];
+          const drawn = charts.filter(svg => { const box = svg.getBoundingClientRect(); return box.width > 100 && box.height > 100; });
+          const marks = [...document.querySelectorAll('svg.chart polyline, svg.chart circle, svg.chart rect.bar')]
+            .filter(mark => { const box = mark.getBBox(); return box.width > 0 || box.height > 0; });
+          document.body.setAttribute('data-charts', charts.length);
+          document.body.setAttribute('data-drawn', drawn.length);
+          document.body.setAttribute('data-marks', marks.length);
+        });
+        </script>
+        """
+        let page = group.directory.path + "/report.html"
+        try Data(html.replacingOccurrences(of: "</body>", with: probe + "</body>").utf8).write(to: URL(fileURLWithPath: page))
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: browser)
+        process.arguments = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--user-data-dir=\(group.directory.path)/profile", "--dump-dom", "file://\(page)"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let dom = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        func attribute(_ name: String) -> Int? {
+            guard let range = dom.range(of: "\(name)=\"") else { return nil }
+            return Int(dom[range.upperBound...].prefix { $0.isNumber })
+        }
+        let charts = try #require(attribute("data-charts"), "the page did not run its probe; chromium said: \(dom.prefix(300))")
+        // Two placements × (p50, p99, ratio to floor) + invalidation.
+        #expect(charts == 7)
+        #expect(attribute("data-drawn") == charts)
+        #expect((attribute("data-marks") ?? 0) > 50)
+    }
+
+    @Test("the page is self-contained: no external resources")
+    func selfContained() {
+        let html = HTMLReport.render([(label: "fixture", results: ReportFixtures.results(scale: 1))])
+        #expect(!html.contains("http://") || html.components(separatedBy: "http://").dropFirst().allSatisfy { $0.hasPrefix("www.w3.org/2000/svg") })
+        #expect(!html.contains("https://"))
+        #expect(!html.contains("<script"))
+    }
+}
