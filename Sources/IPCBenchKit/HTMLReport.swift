@@ -28,6 +28,7 @@ public enum HTMLReport {
             }
             body += floorRatioChart(here.map(\.result), placement: placement, sizes: sizes)
         }
+        body += inProcessCharts(files.flatMap(\.results.inProcess))
         let invalidation = files.flatMap { file in file.results.invalidation.map { (label: files.count > 1 ? file.label + " " : "", result: $0) } }
         if !invalidation.isEmpty {
             let names = orderedUnique(invalidation.map(\.result.transport))
@@ -41,6 +42,31 @@ public enum HTMLReport {
         }
         body += "<h2>All latency measurements</h2>\n" + latencyTable(rows.map { ($0.label, $0.result) })
         return page(body)
+    }
+
+    /// Framing throughput by frame size, and the codecs' decode time, accepted against refused.
+    private static func inProcessCharts(_ results: [InProcessResult]) -> String {
+        guard !results.isEmpty else { return "" }
+        var html = ""
+        let framing = results.filter { $0.operation == "encode" || $0.operation == "decode" }
+        let sizes = Array(Set(framing.map(\.bytes))).sorted()
+        let framingSeries = orderedUnique(framing.map { "\($0.subject) \($0.operation)" }).map { name in
+            SVGChart.Series(name: name, values: sizes.map { size in framing.first { "\($0.subject) \($0.operation)" == name && $0.bytes == size }?.gigabytesPerSecond })
+        }
+        if !framingSeries.isEmpty {
+            html += "<figure>" + SVGChart.lines(title: "Framing throughput in process", xLabels: sizes.map(formatBytes), yLabel: "GB/s", series: framingSeries) + "</figure>\n"
+        }
+        let codecs = results.filter { $0.operation.hasPrefix("decode-") }
+        let codecNames = orderedUnique(codecs.map(\.subject))
+        let codecSeries = orderedUnique(codecs.map { "\($0.operation) ~\(formatBytes($0.bytes))" }).map { name in
+            SVGChart.Series(name: name, values: codecNames.map { codec in
+                codecs.first { $0.subject == codec && "\($0.operation) ~\(formatBytes($0.bytes))" == name }.map { $0.nanosecondsPerOperation / 1000 }
+            })
+        }
+        if !codecSeries.isEmpty {
+            html += "<figure>" + SVGChart.bars(title: "Secure decoding time per message", xLabels: codecNames, yLabel: "µs", series: codecSeries) + "</figure>\n"
+        }
+        return html
     }
 
     private static func seriesName(_ result: LatencyResult) -> String {

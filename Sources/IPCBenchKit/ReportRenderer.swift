@@ -30,6 +30,19 @@ public enum ReportRenderer {
         fixedWidth([invalidationColumns] + invalidationRows(results), leftAligned: 1)
     }
 
+    static let inProcessColumns = ["subject", "operation", "bytes", "ns/op", "GB/s"]
+
+    static func inProcessRows(_ results: [InProcessResult]) -> [[String]] {
+        results.map {
+            [$0.subject, $0.operation, formatBytes($0.bytes), String(format: "%.0f", $0.nanosecondsPerOperation), String(format: "%.2f", $0.gigabytesPerSecond)]
+        }
+    }
+
+    /// In-process framing and decoding, as a fixed-width table.
+    public static func inProcessTable(_ results: [InProcessResult]) -> String {
+        fixedWidth([inProcessColumns] + inProcessRows(results), leftAligned: 2)
+    }
+
     static func fixedWidth(_ rows: [[String]], leftAligned: Int) -> String {
         let widths = rows[0].indices.map { column in rows.map { $0[column].count }.max() ?? 0 }
         return rows.map { row in
@@ -68,6 +81,13 @@ public enum ReportRenderer {
         text += "|" + latencyColumns.indices.map { $0 < 4 ? "---" : "---:" }.joined(separator: "|") + "|\n"
         for row in latencyRows(results.latency) {
             text += "| " + row.joined(separator: " | ") + " |\n"
+        }
+        if !results.inProcess.isEmpty {
+            text += "\n## In-process framing and secure decoding\n\nMedian of 5 repetitions. Frame decoding runs through the reassembler over back-to-back frames arriving in 64 KiB reads; `bytes` is the payload. Codec rows decode an `Order` of about that encoded size, accepted (allow-listed) or refused (empty allow-list). Allocations per operation: see the package-benchmark suites in `Benchmarks/`.\n\n"
+            text += "| " + inProcessColumns.joined(separator: " | ") + " |\n|---|---|---:|---:|---:|\n"
+            for row in inProcessRows(results.inProcess) {
+                text += "| " + row.joined(separator: " | ") + " |\n"
+            }
         }
         if !results.invalidation.isEmpty {
             text += "\n## Invalidation after SIGKILL\n\nTime from `kill(pid, SIGKILL)` returning to the survivor's invalidation handler starting.\n\n"

@@ -10,16 +10,19 @@ public struct RunResults: Codable, Sendable {
     public var latency: [LatencyResult]
     /// Time from SIGKILL of the peer to the invalidation handler, per transport.
     public var invalidation: [InvalidationResult]
+    /// Framing and secure decoding measured in this process.
+    public var inProcess: [InProcessResult]
     /// The same measurements as Google Benchmark JSON entries (one `iteration` entry per
     /// repetition block, then a `median` aggregate), so its `compare.py` can read this file.
     public var benchmarks: [BenchmarkEntry]
 
-    public init(context: RunContext, latency: [LatencyResult], invalidation: [InvalidationResult] = []) {
+    public init(context: RunContext, latency: [LatencyResult], invalidation: [InvalidationResult] = [], inProcess: [InProcessResult] = []) {
         self.schema = Self.currentSchema
         self.context = context
         self.latency = latency
         self.invalidation = invalidation
-        self.benchmarks = latency.flatMap(BenchmarkEntry.entries(for:))
+        self.inProcess = inProcess
+        self.benchmarks = latency.flatMap(BenchmarkEntry.entries(for:)) + inProcess.flatMap(BenchmarkEntry.entries(for:))
     }
 }
 
@@ -37,11 +40,11 @@ public struct BenchmarkEntry: Codable, Sendable {
     public var realTime: Double
     public var cpuTime: Double
     public var timeUnit: String
-    public var placement: Placement
+    public var placement: Placement?
     public var payloadBytes: Int
-    public var p50: UInt64
-    public var p99: UInt64
-    public var p999: UInt64
+    public var p50: UInt64?
+    public var p99: UInt64?
+    public var p999: UInt64?
 
     enum CodingKeys: String, CodingKey {
         case name, repetitions, threads, iterations, placement, p50, p99, p999
@@ -65,6 +68,21 @@ public struct BenchmarkEntry: Codable, Sendable {
             )
         }
         return blocks.enumerated().map { entry($1, index: $0, aggregate: nil) } + [entry(result.p50, index: nil, aggregate: "median")]
+    }
+
+    static func entries(for result: InProcessResult) -> [BenchmarkEntry] {
+        func entry(_ time: Double, index: Int?, aggregate: String?) -> BenchmarkEntry {
+            BenchmarkEntry(
+                name: result.name + (aggregate.map { "_" + $0 } ?? ""), runName: result.name,
+                runType: aggregate == nil ? "iteration" : "aggregate", aggregateName: aggregate,
+                repetitions: result.repetitionNanoseconds.count, repetitionIndex: index, threads: 1,
+                iterations: result.operations / max(1, result.repetitionNanoseconds.count),
+                realTime: time, cpuTime: time, timeUnit: "ns", placement: nil, payloadBytes: result.bytes,
+                p50: nil, p99: nil, p999: nil
+            )
+        }
+        return result.repetitionNanoseconds.enumerated().map { entry($1, index: $0, aggregate: nil) }
+            + [entry(result.nanosecondsPerOperation, index: nil, aggregate: "median")]
     }
 }
 

@@ -33,6 +33,9 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(help: "Skip measuring the time from SIGKILL of a peer to invalidation.")
     var skipInvalidation = false
 
+    @Flag(help: "Skip the in-process framing and secure-decoding measurements.")
+    var skipInProcess = false
+
     @Flag(help: "Do not show progress on standard error.")
     var noProgress = false
 
@@ -65,9 +68,11 @@ struct RunCommand: AsyncParsableCommand {
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
         let latency = try await LatencyRunner(plan: plan, progress: progress).run()
         let invalidation = skipInvalidation ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
-        let results = RunResults(context: .current(command: command), latency: latency, invalidation: invalidation)
+        let inProcess = skipInProcess ? [] : try InProcessRunner(repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress).run()
+        let results = RunResults(context: .current(command: command), latency: latency, invalidation: invalidation, inProcess: inProcess)
         print(ReportRenderer.table(latency), terminator: "")
         if !invalidation.isEmpty { print("\n" + ReportRenderer.invalidationTable(invalidation), terminator: "") }
+        if !inProcess.isEmpty { print("\n" + ReportRenderer.inProcessTable(inProcess), terminator: "") }
         let directory = output ?? "Reports/runs/" + Self.timestamp()
         try ResultStore.write(results, to: directory)
         progress.note("wrote \(directory)/results.json, report.md and report.html")
