@@ -31,7 +31,7 @@ struct CommandLineTests {
         let output = group.directory.path + "/out"
         let (status, table) = try PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core",
-            "--sizes", "0,64", "--sample-scale", "0.01", "--no-progress", "--output", output,
+            "--sizes", "0,64", "--sample-scale", "0.01", "--skip-in-process", "--no-progress", "--output", output,
         ])
         #expect(status == 0)
         #expect(table.contains("unix-socket"))
@@ -39,6 +39,7 @@ struct CommandLineTests {
         #expect(results.latency.map(\.payloadBytes) == [0, 64])
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
+        #expect(results.inProcess.isEmpty)
         #expect(results.benchmarks.count == 2 * (LatencyResult.repetitions + 1))
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
