@@ -5,9 +5,8 @@ import Synchronization
 
 /// Runs actions at deadlines on one background thread.
 ///
-/// Request timeouts use it instead of a sleeping task per request: arming a deadline is a lock
-/// and a heap push, and a request that completes leaves its entry to expire harmlessly, so the
-/// reply path never wakes another thread to cancel a timer.
+/// Request timeouts use it instead of a sleeping task per request: a sleeping task would have to
+/// be woken to be cancelled when the reply arrives, a thread hop on every reply.
 public final class DeadlineScheduler: @unchecked Sendable {
     private struct Entry: Comparable {
         var deadline: UInt64
@@ -41,11 +40,8 @@ public final class DeadlineScheduler: @unchecked Sendable {
         pthread_condattr_destroy(&attributes)
     }
 
-    /// Runs `action` on the scheduler's thread once `after` has elapsed.
-    public func schedule(after: Duration, _ action: @escaping @Sendable () -> Void) {
-        let (seconds, attoseconds) = after.components
-        let nanoseconds = UInt64(clamping: max(0, seconds)) &* 1_000_000_000 &+ UInt64(clamping: max(0, attoseconds / 1_000_000_000))
-        let deadline = monotonicNanoseconds() &+ nanoseconds
+    /// Runs `action` on the scheduler's thread at `deadline` (``monotonicNanoseconds()``).
+    public func schedule(at deadline: UInt64, _ action: @escaping @Sendable () -> Void) {
         pthread_mutex_lock(&mutex)
         sequence &+= 1
         let becomesEarliest = heap.min.map { deadline < $0.deadline } ?? true
@@ -56,6 +52,12 @@ public final class DeadlineScheduler: @unchecked Sendable {
         }
         pthread_mutex_unlock(&mutex)
         if becomesEarliest { pthread_cond_signal(&condition) }
+    }
+
+    /// A duration in whole nanoseconds, clamped to zero and above.
+    public static func nanoseconds(_ duration: Duration) -> UInt64 {
+        let (seconds, attoseconds) = duration.components
+        return UInt64(clamping: max(0, seconds)) &* 1_000_000_000 &+ UInt64(clamping: max(0, attoseconds / 1_000_000_000))
     }
 
     private func run() {

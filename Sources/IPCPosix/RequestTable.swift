@@ -6,6 +6,10 @@ import Synchronization
 /// Every transport that offers request/reply uses it, so correlation, timeouts and failure on
 /// invalidation behave the same everywhere. A request is registered *before* it is sent, so a
 /// reply that overtakes the waiting task is kept, not lost.
+///
+/// Receive timeouts cost the reply path nothing: each request records its deadline, and the
+/// table keeps one wake-up with the ``DeadlineScheduler`` for its earliest deadline; when it fires,
+/// the table fails what has expired and arms the next. A completed request leaves nothing behind.
 public final class RequestTable: Sendable {
     private enum Slot {
         case waiting(CheckedContinuation<[UInt8], any Error>?)
@@ -15,6 +19,10 @@ public final class RequestTable: Sendable {
     private struct State {
         var nextCorrelation: UInt64 = 1
         var slots: [UInt64: Slot] = [:]
+        /// Receive deadlines of the requests being waited for, in monotonic nanoseconds.
+        var deadlines: [UInt64: (deadline: UInt64, timeout: Duration)] = [:]
+        /// The earliest wake-up armed with the scheduler, if any.
+        var armedWake: UInt64?
         /// Set once the connection is invalid: every later request fails at once with it.
         var closedWith: IPCError?
     }
@@ -41,22 +49,32 @@ public final class RequestTable: Sendable {
 
     /// Forgets a request whose send failed.
     public func cancel(_ correlation: UInt64) {
-        _ = state.withLock { $0.slots.removeValue(forKey: correlation) }
+        state.withLock { state in
+            state.slots[correlation] = nil
+            state.deadlines[correlation] = nil
+        }
     }
 
     /// Waits for the reply to a registered request.
     /// - Throws: ``IPCError/Code/receiveTimeout`` after `timeout`; the invalidation error if
     ///   the connection becomes invalid first; `CancellationError` if the task is cancelled.
     public func reply(to correlation: UInt64, timeout: Duration) async throws -> [UInt8] {
-        DeadlineScheduler.shared.schedule(after: timeout) { [self] in
-            complete(correlation, with: .failure(IPCError(code: .receiveTimeout, message: "no reply to request \(correlation) within \(timeout)")))
+        let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(timeout)
+        let arm: Bool = state.withLock { state in
+            guard state.slots[correlation] != nil else { return false }
+            state.deadlines[correlation] = (deadline, timeout)
+            guard state.armedWake.map({ deadline < $0 }) ?? true else { return false }
+            state.armedWake = deadline
+            return true
         }
+        if arm { armWake(at: deadline) }
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
                 let finished: Result<[UInt8], IPCError>? = state.withLock { state in
                     switch state.slots[correlation] {
                     case .finished(let result):
                         state.slots[correlation] = nil
+                        state.deadlines[correlation] = nil
                         return result
                     case .waiting:
                         state.slots[correlation] = .waiting(continuation)
@@ -78,7 +96,33 @@ public final class RequestTable: Sendable {
         state.withLock { state in
             guard case .waiting(let continuation?) = state.slots[correlation] else { return nil }
             state.slots[correlation] = nil
+            state.deadlines[correlation] = nil
             return continuation
+        }
+    }
+
+    private func armWake(at deadline: UInt64) {
+        DeadlineScheduler.shared.schedule(at: deadline) { [weak self] in self?.expire() }
+    }
+
+    /// Fails every request whose deadline has passed, then arms a wake-up for the next deadline.
+    private func expire() {
+        let now = monotonicNanoseconds()
+        var expired: [(UInt64, Duration)] = []
+        let next: UInt64? = state.withLock { state in
+            for (correlation, entry) in state.deadlines where entry.deadline <= now {
+                expired.append((correlation, entry.timeout))
+            }
+            for (correlation, _) in expired { state.deadlines[correlation] = nil }
+            let next = state.deadlines.values.map(\.deadline).min()
+            // Keep an earlier wake that is still armed; otherwise this call arms the next one.
+            if let armed = state.armedWake, armed > now, let next, armed <= next { return nil }
+            state.armedWake = next
+            return next
+        }
+        if let next { armWake(at: next) }
+        for (correlation, timeout) in expired {
+            complete(correlation, with: .failure(IPCError(code: .receiveTimeout, message: "no reply to request \(correlation) within \(timeout)")))
         }
     }
 
@@ -90,6 +134,7 @@ public final class RequestTable: Sendable {
             switch state.slots[correlation] {
             case .waiting(let continuation?):
                 state.slots[correlation] = nil
+                state.deadlines[correlation] = nil
                 return .some(continuation)
             case .waiting(nil):
                 state.slots[correlation] = .finished(result)
@@ -107,6 +152,7 @@ public final class RequestTable: Sendable {
     public func close(with error: IPCError) {
         let waiting: [CheckedContinuation<[UInt8], any Error>] = state.withLock { state in
             state.closedWith = error
+            state.deadlines.removeAll()
             var continuations: [CheckedContinuation<[UInt8], any Error>] = []
             for (correlation, slot) in state.slots {
                 switch slot {
