@@ -1,6 +1,7 @@
 import Foundation
 import IPCBenchKit
 import IPCCore
+import IPCPosix
 import IPCTestSupport
 import NotifyTransport
 import Testing
@@ -172,5 +173,30 @@ struct NotifyTransportTests {
         let sizeAfter = try FileManager.default.attributesOfItem(atPath: group.directory.path + "/" + file)[.size] as? Int
         #expect(sizeBefore != nil)
         #expect(sizeAfter == sizeBefore)
+    }
+
+    @Test("a store corrupted by another process invalidates the connection with a protocol error, no crash")
+    func corruptedStore() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("corrupt")
+        let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let client = try transport.connect(to: endpoint, options: .defaults)
+        defer { client.invalidate() }
+        let server = try #require(try await withDeadline(seconds: 30, "accepting") { () -> NotifyConnection? in
+            for await connection in listener.connections { return connection }
+            return nil
+        })
+        let probe = InvalidationProbe()
+        probe.attach(to: server)
+        // A hostile writer: the client-to-server ring's read index ahead of its write index.
+        let file = try #require(try ringFiles(group).first)
+        let store = try SharedMapping(path: group.directory.path + "/" + file, length: 4096, create: false)
+        store.word64(at: 64).pointee = 5
+        store.word64(at: 72).pointee = 10
+        FutexCounter(in: store, at: 80).post()
+        #expect(await probe.wait(seconds: 10))
+        #expect(probe.reason?.kind == .protocolError)
+        #expect(probe.reason?.error?.code == .malformedFrame)
     }
 }

@@ -90,7 +90,13 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
         while true {
             if core.latch.reason?.kind == .invalidatedLocally { break }
             let seen = inbound.data.value
-            let count = reassembler.receive { inbound.read(into: $0) }
+            let count: Int
+            do {
+                count = try reassembler.receive { try inbound.read(into: $0) }
+            } catch {
+                reason = InvalidationReason(.protocolError, error: error as? IPCError)
+                break
+            }
             if count == 0 {
                 // Everything the peer published has been read; now its end can be acted on.
                 if !core.latch.isValid || store.state == .closed {

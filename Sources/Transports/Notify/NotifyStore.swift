@@ -130,7 +130,12 @@ extension NotifyStore.Ring {
         while written < total {
             let write = ipc_atomic_load_u64(writeIndex)
             let read = ipc_atomic_load_u64(readIndex)
-            let free = capacity - Int(write - read)
+            // The other process can write anything into the store: check before trusting it.
+            let used = write &- read
+            guard write >= read, used <= UInt64(capacity) else {
+                throw IPCError(code: .malformedFrame, message: "ring indexes are inconsistent (write \(write), read \(read), capacity \(capacity))")
+            }
+            let free = capacity - Int(used)
             if free == 0 {
                 let seen = space.value
                 guard ipc_atomic_load_u64(readIndex) == read else { continue }
@@ -165,9 +170,15 @@ extension NotifyStore.Ring {
     }
 
     /// Copies published bytes into `buffer` and consumes them. Returns how many (0 if none).
-    func read(into buffer: UnsafeMutableRawBufferPointer) -> Int {
+    /// - Throws: ``IPCError/Code/malformedFrame`` if the indexes are impossible (a hostile or
+    ///   corrupted store), before anything is read.
+    func read(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         let read = ipc_atomic_load_u64(readIndex)
-        let available = Int(ipc_atomic_load_u64(writeIndex) - read)
+        let write = ipc_atomic_load_u64(writeIndex)
+        guard write >= read, write &- read <= UInt64(capacity) else {
+            throw IPCError(code: .malformedFrame, message: "ring indexes are inconsistent (write \(write), read \(read), capacity \(capacity))")
+        }
+        let available = Int(write &- read)
         let count = min(available, buffer.count)
         guard count > 0 else { return 0 }
         let position = Int(read % UInt64(capacity))
@@ -179,9 +190,5 @@ extension NotifyStore.Ring {
         ipc_atomic_store_u64(readIndex, read + UInt64(count))
         space.post()
         return count
-    }
-
-    var hasUnreadBytes: Bool {
-        ipc_atomic_load_u64(writeIndex) != ipc_atomic_load_u64(readIndex)
     }
 }
