@@ -12,6 +12,9 @@ public struct InProcessResult: Codable, Sendable {
     public var subject: String
     /// Bytes per operation: the payload of a frame, or the encoded message for a codec.
     public var bytes: Int
+    /// For codecs: the size of the `Order` sample as JSON, which names the message whatever its
+    /// encoded size in this codec.
+    public var messageSize: Int?
     public var operations: Int
     /// Median over repetitions of the time per operation, in nanoseconds.
     public var nanosecondsPerOperation: Double
@@ -53,10 +56,10 @@ public struct InProcessRunner: Sendable {
                 let order = Order.sample(approximateSize: size)
                 let bytes = codec is KeyedArchivePayloadCodec ? try codec.encode(OrderObject(order)) : try codec.encode(order)
                 let limits = DecodingLimits(maximumPayloadLength: 1 << 24, maximumDepth: 32)
-                results.append(try measure(operation: "decode-accepted", subject: codec.name, bytes: bytes.count) {
+                results.append(try measure(operation: "decode-accepted", subject: codec.name, bytes: bytes.count, messageSize: size) {
                     _ = try codec.decode(bytes, allowing: .orders, limits: limits)
                 })
-                results.append(try measure(operation: "decode-refused", subject: codec.name, bytes: bytes.count) {
+                results.append(try measure(operation: "decode-refused", subject: codec.name, bytes: bytes.count, messageSize: size) {
                     do {
                         _ = try codec.decode(bytes, allowing: AllowList(), limits: limits)
                         throw IPCError(code: .malformedPayload, message: "\(codec.name) accepted a type outside an empty allow-list")
@@ -103,7 +106,7 @@ public struct InProcessRunner: Sendable {
 
     /// Runs `body` repeatedly for 5 repetitions of about ``repetitionBudget`` each; `batch` is how
     /// many operations one call of `body` performs.
-    private func measure(operation: String, subject: String, bytes: Int, batch: Int = 1, _ body: () throws -> Void) throws -> InProcessResult {
+    private func measure(operation: String, subject: String, bytes: Int, messageSize: Int? = nil, batch: Int = 1, _ body: () throws -> Void) throws -> InProcessResult {
         try body()
         let start = monotonicNanoseconds()
         try body()
@@ -117,6 +120,9 @@ public struct InProcessRunner: Sendable {
             perOperation.append(Double(monotonicNanoseconds() - begin) / Double(calls * batch))
         }
         let sorted = perOperation.sorted()
-        return InProcessResult(operation: operation, subject: subject, bytes: bytes, operations: calls * batch * 5, nanosecondsPerOperation: sorted[2], repetitionNanoseconds: perOperation)
+        return InProcessResult(
+            operation: operation, subject: subject, bytes: bytes, messageSize: messageSize, operations: calls * batch * 5,
+            nanosecondsPerOperation: sorted[2], repetitionNanoseconds: perOperation
+        )
     }
 }

@@ -128,7 +128,8 @@ public enum SVGChart {
     static func format(_ value: Double) -> String {
         if value >= 100 || value == value.rounded() { return String(format: "%.0f", value) }
         if value >= 10 { return String(format: "%.1f", value) }
-        return String(format: "%.2f", value)
+        if value >= 0.01 { return String(format: "%.2f", value) }
+        return String(format: "%.1g", value)
     }
 
     private static func f(_ value: Double) -> String { String(format: "%.1f", value) }
