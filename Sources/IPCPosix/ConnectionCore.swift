@@ -127,3 +127,19 @@ extension FrameConnection {
         }
     }
 }
+
+extension Sequence where Element: FrameConnection {
+    /// Sends a one-way message to every connection and returns how many took it. A connection
+    /// whose send fails is invalidated; the others still get the message.
+    public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
+        reduce(0) { delivered, connection in
+            do {
+                try connection.send(payload, msgid: msgid, timeout: timeout)
+                return delivered + 1
+            } catch {
+                connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+                return delivered
+            }
+        }
+    }
+}

@@ -65,9 +65,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
 
     @discardableResult
     public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
-        activeConnections.reduce(0) { delivered, connection in
-            (try? connection.send(payload, msgid: msgid, timeout: timeout)) != nil ? delivered + 1 : delivered
-        }
+        activeConnections.broadcast(payload, msgid: msgid, timeout: timeout)
     }
 
     public func close() {

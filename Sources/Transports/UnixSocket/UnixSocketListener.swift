@@ -60,14 +60,7 @@ public final class UnixSocketListener: MessageListener, Sendable {
 
     @discardableResult
     public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
-        var delivered = 0
-        for connection in activeConnections {
-            // A failed send invalidates that connection only; the others still get the message.
-            if (try? connection.send(payload, msgid: msgid, timeout: timeout)) != nil {
-                delivered += 1
-            }
-        }
-        return delivered
+        activeConnections.broadcast(payload, msgid: msgid, timeout: timeout)
     }
 
     public func close() {
