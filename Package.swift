@@ -11,6 +11,8 @@ let package = Package(
         .library(name: "UnixSocketTransport", targets: ["UnixSocketTransport"]),
         .library(name: "MessagePortTransport", targets: ["MessagePortTransport"]),
         .library(name: "NotifyTransport", targets: ["NotifyTransport"]),
+        .library(name: "FilePresenterTransport", targets: ["FilePresenterTransport"]),
+        .library(name: "IPCConformance", targets: ["IPCConformance"]),
         .library(name: "IPCBenchKit", targets: ["IPCBenchKit"]),
         .executable(name: "ipcbench", targets: ["ipcbench"]),
     ],
@@ -29,6 +31,9 @@ let package = Package(
         .target(name: "IPCSecureCoding", dependencies: ["IPCCore"]),
         // The one C shim: syscalls Glibc does not export (pidfd_open).
         .target(name: "CIPCShims"),
+        // The native floor: raw C round trips per kernel mechanism, timed by the harness and by
+        // the Google Benchmark cross-check in Benchmarks/.
+        .target(name: "CNativeFloor"),
         // Linux system-call layer: typed descriptors, one EINTR-retry helper, sockets, processes.
         .target(
             name: "IPCPosix",
@@ -54,18 +59,32 @@ let package = Package(
             dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "CIPCShims"],
             path: "Sources/Transports/Notify"
         ),
+        .target(
+            name: "FilePresenterTransport",
+            dependencies: [
+                "IPCCore", "IPCFraming", "IPCPosix", "CIPCShims",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ],
+            path: "Sources/Transports/FilePresenter"
+        ),
+        // The conformance suite as a library any transport's tests can run: cases, the peer
+        // service a peer executable runs, reports. No test framework: assertions throw.
+        .target(name: "IPCConformance", dependencies: ["IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix"]),
         // The harness as a library: peer mode, latency runs, reports. The executable is thin.
         .target(
             name: "IPCBenchKit",
             dependencies: [
                 "IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
+                "CNativeFloor",
+                "FilePresenterTransport",
+                "IPCConformance",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),
         .executableTarget(
             name: "ipcbench",
             dependencies: [
-                "IPCBenchKit", "NotifyTransport",
+                "IPCBenchKit", "NotifyTransport", "IPCConformance",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -82,10 +101,19 @@ let package = Package(
             dependencies: ["IPCCore", "IPCPosix", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(
+            name: "FilePresenterTransportTests",
+            dependencies: ["IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+        ),
+        .testTarget(
             name: "MessagePortTransportTests",
             dependencies: ["IPCCore", "IPCPosix", "MessagePortTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
+        .testTarget(
+            name: "IPCConformanceTests",
+            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "ipcbench"]
+        ),
         .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "ipcbench"]),
+        .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCTestSupport", "ipcbench"]),
     ],
     swiftLanguageModes: [.v6]
 )

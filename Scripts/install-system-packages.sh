@@ -2,9 +2,11 @@
 # Installs the Debian packages ipcbench's tests and tools use, if any is missing.
 #   curl      the stock HTTP client of the HTTP-framing interoperability test
 #   chromium  headless browser that renders the HTML report in its test
+#   libbenchmark-dev, g++, make  Google Benchmark, and what builds the native floor's
+#             cross-check with it (Benchmarks/FloorCrossCheck)
 set -euo pipefail
 
-packages=(curl chromium)
+packages=(curl chromium libbenchmark-dev g++ make)
 
 missing=()
 for package in "${packages[@]}"; do

@@ -12,19 +12,24 @@ public struct LatencyPlan: Sendable {
     public var payloadSizes: [Int]
     /// Multiplies the default sample counts (``samples(forPayload:)``); 0.05 makes a smoke run.
     public var sampleScale: Double
+    /// Also measure the native floor (``FloorMechanism``) under each transport, in the same run
+    /// and placements, so each transport can be reported as a multiple of its floor.
+    public var includeFloors: Bool
 
     public init(
         transports: [String] = TransportCatalog.names,
         framings: [Framing] = Framing.allCases,
         placements: [Placement] = [.sameCore, .splitCores],
         payloadSizes: [Int] = [0, 64, 4096, 65536, 1 << 20],
-        sampleScale: Double = 1
+        sampleScale: Double = 1,
+        includeFloors: Bool = true
     ) {
         self.transports = transports
         self.framings = framings
         self.placements = placements
         self.payloadSizes = payloadSizes
         self.sampleScale = sampleScale
+        self.includeFloors = includeFloors
     }
 
     /// Enough round trips that the p99.9 rests on at least 20 samples for payloads up to 4 KiB;
@@ -63,24 +68,30 @@ public struct LatencyRunner: Sendable {
         self.progress = progress
     }
 
-    /// One peer process and the connection to it, and what has been measured over it so far.
+    /// One peer process, a way to make timed round trips with it, and what has been measured so
+    /// far: a transport's connection to an `ipcbench peer`, or a native floor's raw channel.
     private final class Session {
-        let transportName: String
+        /// The transport's name, or `floor:<mechanism>` for a native floor.
+        let name: String
         let framing: Framing?
         let placement: Placement
-        let peer: PeerProcess
-        let connection: any MessageConnection
+        let peerPID: Int32
+        /// Makes `count` round trips of `size` bytes; returns each one's time in nanoseconds.
+        let roundTrips: (_ size: Int, _ count: Int) async throws -> [UInt64]
+        let close: () -> Void
         var measurements: [Int: Measurement] = [:]
 
-        init(transportName: String, framing: Framing?, placement: Placement, peer: PeerProcess, connection: any MessageConnection) {
-            self.transportName = transportName
+        init(name: String, framing: Framing?, placement: Placement, peerPID: Int32,
+             roundTrips: @escaping (Int, Int) async throws -> [UInt64], close: @escaping () -> Void) {
+            self.name = name
             self.framing = framing
             self.placement = placement
-            self.peer = peer
-            self.connection = connection
+            self.peerPID = peerPID
+            self.roundTrips = roundTrips
+            self.close = close
         }
 
-        var label: String { [transportName, framing?.rawValue, placement.rawValue].compactMap { $0 }.joined(separator: " ") }
+        var label: String { [name, framing?.rawValue, placement.rawValue].compactMap { $0 }.joined(separator: " ") }
     }
 
     private struct Measurement {
@@ -104,26 +115,23 @@ public struct LatencyRunner: Sendable {
         defer { try? CPUAffinity.pinCurrentProcess(to: originalAffinity) }
         var sessions: [Session] = []
         defer {
-            for session in sessions {
-                session.connection.invalidate()
-                session.peer.stop()
-            }
+            for session in sessions { session.close() }
         }
-        progress.note("starting \(combinations.count * placements.count) peer processes")
+        let floors = plan.includeFloors ? orderedUnique(plan.transports.compactMap(FloorMechanism.init(transport:))) : []
+        progress.note("starting \((combinations.count + floors.count) * placements.count) peer processes")
         for (transportName, framing) in combinations {
             for placement in placements {
-                let transport = try TransportCatalog.transport(named: transportName, framing: framing ?? .binary)
-                let variant = [transportName, framing?.rawValue].compactMap { $0 }.joined(separator: "-")
-                let endpoint = try Endpoint(group: group.directory, name: "\(group.directory.identifier).bench-\(variant)-\(placement)")
-                let peer = try PeerProcess(transport: transportName, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer)
-                let connection: any MessageConnection
-                do {
-                    connection = try transport.connect(to: endpoint, options: .defaults)
-                } catch {
-                    peer.stop()
-                    throw error
-                }
-                sessions.append(Session(transportName: transportName, framing: framing, placement: placement, peer: peer, connection: connection))
+                sessions.append(try transportSession(transportName, framing: framing, placement: placement, group: group.directory))
+            }
+        }
+        for mechanism in floors {
+            for placement in placements {
+                let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group.directory, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))
+                sessions.append(Session(
+                    name: mechanism.resultName, framing: nil, placement: placement, peerPID: floor.peerPID,
+                    roundTrips: { size, count in try await floor.roundTripTimes(payloadSize: size, count: count) },
+                    close: { floor.close() }
+                ))
             }
         }
         let repetitions = LatencyResult.repetitions
@@ -147,22 +155,48 @@ public struct LatencyRunner: Sendable {
         }
     }
 
-    private func measureBlock(_ session: Session, size: Int, samples: Int, record: Bool) async throws {
-        let payload = [UInt8](repeating: 0xA5, count: size)
-        let timeout = Duration.seconds(30)
-        var elapsedTimes: [UInt64] = []
-        elapsedTimes.reserveCapacity(samples)
-        let cpuBefore = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peer.pid))
-        for _ in 0..<samples {
-            let start = monotonicNanoseconds()
-            let reply = try await session.connection.request(payload, msgid: PeerRequest.echo, sendTimeout: timeout, receiveTimeout: timeout)
-            elapsedTimes.append(monotonicNanoseconds() - start)
-            guard reply.count == size else {
-                throw IPCError(code: .malformedPayload, message: "echo returned \(reply.count) bytes instead of \(size) for \(session.label)")
-            }
+    private func transportSession(_ name: String, framing: Framing?, placement: Placement, group: GroupDirectory) throws -> Session {
+        let transport = try TransportCatalog.transport(named: name, framing: framing ?? .binary)
+        let variant = [name, framing?.rawValue].compactMap { $0 }.joined(separator: "-")
+        let endpoint = try Endpoint(group: group, name: "\(group.identifier).bench-\(variant)-\(placement)")
+        let peer = try PeerProcess(transport: name, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer)
+        let connection: any MessageConnection
+        do {
+            connection = try transport.connect(to: endpoint, options: .defaults)
+        } catch {
+            peer.stop()
+            throw error
         }
+        let label = [name, framing?.rawValue, placement.rawValue].compactMap { $0 }.joined(separator: " ")
+        return Session(
+            name: name, framing: framing, placement: placement, peerPID: peer.pid,
+            roundTrips: { size, count in
+                let payload = [UInt8](repeating: 0xA5, count: size)
+                let timeout = Duration.seconds(30)
+                var times: [UInt64] = []
+                times.reserveCapacity(count)
+                for _ in 0..<count {
+                    let start = monotonicNanoseconds()
+                    let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: timeout, receiveTimeout: timeout)
+                    times.append(monotonicNanoseconds() - start)
+                    guard reply.count == size else {
+                        throw IPCError(code: .malformedPayload, message: "echo returned \(reply.count) bytes instead of \(size) for \(label)")
+                    }
+                }
+                return times
+            },
+            close: {
+                connection.invalidate()
+                peer.stop()
+            }
+        )
+    }
+
+    private func measureBlock(_ session: Session, size: Int, samples: Int, record: Bool) async throws {
+        let cpuBefore = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+        let elapsedTimes = try await session.roundTrips(size, samples)
         guard record else { return }
-        let cpuAfter = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peer.pid))
+        let cpuAfter = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
         var measurement = session.measurements[size] ?? Measurement()
         for elapsed in elapsedTimes { _ = measurement.histogram.record(elapsed) }
         measurement.blockMedians.append(LatencyResult.median(elapsedTimes))
@@ -181,7 +215,7 @@ public struct LatencyRunner: Sendable {
         let histogram = measurement.histogram
         let samples = max(1, measurement.samples)
         return LatencyResult(
-            transport: session.transportName,
+            transport: session.name,
             framing: session.framing,
             placement: session.placement,
             payloadBytes: size,
@@ -200,6 +234,11 @@ public struct LatencyRunner: Sendable {
             peerCPUPerRoundTrip: measurement.peerCPU.map { Double($0) / Double(samples) }
         )
     }
+}
+
+func orderedUnique<T: Hashable>(_ values: [T]) -> [T] {
+    var seen: Set<T> = []
+    return values.filter { seen.insert($0).inserted }
 }
 
 /// A private group directory under the system's temporary directory, removed at the end.

@@ -1,4 +1,5 @@
 import Foundation
+import IPCConformance
 import IPCCore
 import IPCFraming
 
@@ -8,8 +9,8 @@ import IPCFraming
 /// does, even if this process is killed.
 public final class PeerProcess: Sendable {
     public let pid: Int32
-    private let process: Process
-    private let input: Pipe
+    /// The process, its pipes and its announcement, as the conformance kit runs every peer.
+    private let peer: ExecutablePeer
 
     /// Where the `ipcbench` executable is: next to the running executable (or test bundle),
     /// unless `IPCBENCH_EXECUTABLE` names it.
@@ -42,7 +43,7 @@ public final class PeerProcess: Sendable {
 
     /// Starts a peer and waits until it is listening or connected.
     /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within `timeout`.
-    public init(
+    public convenience init(
         transport: String,
         framing: Framing,
         endpoint: Endpoint,
@@ -57,59 +58,35 @@ public final class PeerProcess: Sendable {
         ]
         if let cpu { arguments += ["--cpu", String(cpu)] }
         if let burst { arguments += ["--burst-count", String(burst.count), "--burst-size", String(burst.size)] }
-        let process = Process()
-        process.executableURL = try Self.executableURL()
-        process.arguments = arguments
-        let input = Pipe()
-        let output = Pipe()
-        process.standardInput = input
-        process.standardOutput = output
-        try process.run()
-        self.process = process
-        self.input = input
-        self.pid = process.processIdentifier
-        try Self.awaitReady(output.fileHandleForReading, process: process, timeout: timeout)
+        try self.init(arguments: arguments, timeout: timeout)
     }
 
-    private static func awaitReady(_ handle: FileHandle, process: Process, timeout: Duration) throws {
-        // Read the first line on a helper thread so a silent peer cannot hang the caller.
-        let line = LockedBox<String?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
-            var bytes: [UInt8] = []
-            while let chunk = try? handle.read(upToCount: 1), let byte = chunk.first, byte != UInt8(ascii: "\n") {
-                bytes.append(byte)
-            }
-            line.value = String(decoding: bytes, as: UTF8.self)
-            done.signal()
-        }
-        let (seconds, attoseconds) = timeout.components
-        let wait = Double(seconds) + Double(attoseconds) / 1e18
-        if done.wait(timeout: .now() + wait) == .timedOut || line.value?.hasPrefix("READY") != true {
-            process.terminate()
-            throw IPCError(code: .transportFailure, message: "peer process \(process.processIdentifier) did not become ready (said \(line.value.debugDescription))")
-        }
+    /// Starts `ipcbench` with `arguments`, a subcommand that prints `READY <pid>` once it serves
+    /// (`peer`, `floor-peer`), and waits for that line.
+    /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within `timeout`.
+    public init(arguments: [String], timeout: Duration = .seconds(20)) throws {
+        peer = try ExecutablePeer(executable: try Self.executableURL(), arguments: arguments)
+        pid = peer.pid
+        _ = try peer.waitUntilReady(timeout: timeout)
     }
 
     /// Kills the peer with SIGKILL, as a crash or the OOM killer would.
     public func kill() {
-        _ = Foundation.kill(pid, SIGKILL)
+        peer.kill()
     }
 
     /// Asks the peer to finish (closes its standard input) and waits for it to exit.
     public func stop() {
-        try? input.fileHandleForWriting.close()
-        process.waitUntilExit()
+        peer.stop()
     }
 
     /// Waits for the process to exit and returns its termination status.
     @discardableResult
     public func waitForExit() -> Int32 {
-        process.waitUntilExit()
-        return process.terminationStatus
+        peer.waitForExit()
     }
 
-    public var isRunning: Bool { process.isRunning }
+    public var isRunning: Bool { peer.isRunning }
 }
 
 /// A value shared between threads under a lock.

@@ -1,3 +1,4 @@
+import FilePresenterTransport
 import IPCCore
 import IPCFraming
 import MessagePortTransport
@@ -7,7 +8,7 @@ import UnixSocketTransport
 /// The transports the harness knows, by the names used on the command line and in reports.
 public enum TransportCatalog {
     /// Every transport name the harness accepts.
-    public static let names = ["unix-socket", "message-port", "notify"]
+    public static let names = ["unix-socket", "message-port", "notify", "file-presenter"]
 
     /// Whether the transport carries the frames of a selectable framing (stream transports do;
     /// message-preserving ones frame messages their own way).
@@ -25,6 +26,8 @@ public enum TransportCatalog {
             return MessagePortTransport()
         case "notify":
             return NotifyTransport()
+        case "file-presenter":
+            return FilePresenterTransport()
         default:
             throw IPCError(code: .unsupportedOperation, message: "unknown transport \(name.debugDescription); known: \(names.joined(separator: ", "))")
         }

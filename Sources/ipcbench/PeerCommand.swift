@@ -1,5 +1,6 @@
 import ArgumentParser
 import IPCBenchKit
+import IPCConformance
 import IPCCore
 import IPCFraming
 import IPCPosix
@@ -39,6 +40,9 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Bytes per burst message (at least 4: the index, big-endian, then padding).")
     var burstSize: Int = 4
 
+    @Option(help: "Start a child that outlives this process before announcing READY: spawn, fork or spawn-leaking-descriptors.")
+    var grandchild: ConformancePeer.Grandchild?
+
     func run() async throws {
         if let cpu { try CPUAffinity.pinCurrentProcess(to: [cpu]) }
         let service = PeerService(
@@ -46,10 +50,12 @@ struct PeerCommand: AsyncParsableCommand {
             endpoint: try Endpoint(group: GroupDirectory(path: group), name: endpoint),
             role: role,
             burstCount: burstCount,
-            burstSize: burstSize
+            burstSize: burstSize,
+            grandchild: grandchild
         )
         try await service.run()
     }
 }
 
 extension PeerRole: ExpressibleByArgument {}
+extension ConformancePeer.Grandchild: ExpressibleByArgument {}

@@ -30,6 +30,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Directory for results.json and report.md. Default: Reports/runs/<UTC date and time>.")
     var output: String?
 
+    @Flag(help: "Skip the native floor (a raw C ping-pong over each transport's kernel mechanism).")
+    var skipFloor = false
+
     @Flag(help: "Skip measuring the time from SIGKILL of a peer to invalidation.")
     var skipInvalidation = false
 
@@ -62,7 +65,8 @@ struct RunCommand: AsyncParsableCommand {
             framings: framings.isEmpty ? Framing.allCases : framings,
             placements: placements.isEmpty ? [.sameCore, .splitCores] : placements,
             payloadSizes: try parsedSizes(),
-            sampleScale: quick ? 0.05 : sampleScale
+            sampleScale: quick ? 0.05 : sampleScale,
+            includeFloors: !skipFloor
         )
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")

@@ -36,11 +36,13 @@ struct CommandLineTests {
         #expect(status == 0)
         #expect(table.contains("unix-socket"))
         let results = try ResultStore.read(output + "/results.json")
-        #expect(results.latency.map(\.payloadBytes) == [0, 64])
+        // The transport, then its native floor, measured the same way in the same run.
+        #expect(results.latency.map(\.transport) == ["unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream"])
+        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64])
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
         #expect(results.inProcess.isEmpty)
-        #expect(results.benchmarks.count == 2 * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.count == 4 * (LatencyResult.repetitions + 1))
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
     }

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Runs the benchmark package (Benchmarks/) and writes everything under one folder,
+# Reports/benchmarks/<UTC date and time>/ unless --output names another:
+#   package-benchmark.md          framing and secure-decoding suites: every metric, per operation
+#   package-benchmark.jmh.json    the same as JMH JSON, without the raw samples (figures per
+#                                 outer iteration: 1000 operations where a benchmark scales)
+#   thresholds-check.txt          malloc counts checked against Benchmarks/Thresholds/<Swift x.y>
+#   floor-crosscheck-N.json       the native floor timed by Google Benchmark, round N (its
+#                                 compare.py reads these)
+#   ipcbench-floor-N/results.json the same floor timed by ipcbench (`ipcbench floor`), round N
+#   summary.md                    p50 and mallocs per operation; the two floors side by side
+# Exits non-zero if an allocation count regressed past its threshold.
+#
+# Options: --quick        one round of the floor, with a tenth of ipcbench's samples
+#          --floor-only   skip the package-benchmark suites
+#          --output DIR
+# Refresh the thresholds after an intended change (from Benchmarks/):
+#   swift package --allow-writing-to-package-directory benchmark thresholds update \
+#       --path Thresholds/<Swift x.y> --metric mallocCountTotal
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=false floor_only=false output=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=true ;;
+        --floor-only) floor_only=true ;;
+        --output) output="$2"; shift ;;
+        *) echo "usage: $0 [--quick] [--floor-only] [--output DIR]" >&2; exit 64 ;;
+    esac
+    shift
+done
+
+Scripts/install-system-packages.sh
+output=${output:-Reports/benchmarks/$(date -u +%Y-%m-%dT%H%M%SZ)}
+mkdir -p "$output"
+output=$(cd "$output" && pwd)
+swift_version=$(swift --version 2>/dev/null | sed -n 's/.*Swift version \([0-9]*\.[0-9]*\).*/\1/p' | head -n 1)
+summary="$output/summary.md"
+: > "$summary"
+thresholds_status=0
+
+if [ "$floor_only" = false ]; then
+    echo "== package-benchmark suites (Benchmarks/, release build)" >&2
+    (
+        cd Benchmarks
+        # One run, stored as the baseline 'current'; the outputs are read from it.
+        swift package --allow-writing-to-package-directory benchmark baseline update current --no-progress --quiet
+        swift package benchmark baseline read current --format markdown --path stdout --no-progress 2>/dev/null > "$output/package-benchmark.md"
+        swift package --allow-writing-to-directory "$output" benchmark baseline read current --format jmh --path "$output" --no-progress > /dev/null
+        python3 summarize.py compact-jmh "$output/current.jmh.json" > "$output/package-benchmark.jmh.json"
+        rm "$output/current.jmh.json"
+    )
+    set +e
+    (cd Benchmarks && swift package benchmark thresholds check current --path "Thresholds/$swift_version" --no-progress) > "$output/thresholds-check.txt" 2>&1
+    thresholds_status=$?
+    set -e
+    {
+        echo "## In process (package-benchmark), Swift $swift_version"
+        echo
+        python3 Benchmarks/summarize.py package-benchmark "$output/package-benchmark.md"
+        echo
+    } >> "$summary"
+fi
+
+echo "== native floor: Google Benchmark and ipcbench, in alternating rounds" >&2
+# Alternating rounds, so that both tools meet the same drift of a shared machine.
+rounds=3 min_time=0.2 sample_scale=1
+if [ "$quick" = true ]; then rounds=1 min_time=0.05 sample_scale=0.1; fi
+make -s -C Benchmarks/FloorCrossCheck
+swift build -c release --product ipcbench
+for round in $(seq "$rounds"); do
+    echo "-- round $round of $rounds" >&2
+    Benchmarks/.build/floor-crosscheck/floor-crosscheck --benchmark_min_time="$min_time" \
+        --benchmark_out="$output/floor-crosscheck-$round.json" --benchmark_out_format=json >&2
+    .build/release/ipcbench floor --sample-scale "$sample_scale" --output "$output/ipcbench-floor-$round" > /dev/null
+done
+{
+    echo "## Native floor: Google Benchmark and ipcbench, medians over $rounds alternating rounds"
+    echo
+    python3 Benchmarks/summarize.py floor "$output"
+} >> "$summary"
+
+cat "$summary"
+echo "wrote $output" >&2
+case "$thresholds_status" in
+    0) ;;
+    4) echo "allocation counts improved on the thresholds: update them (see the top of this script)" >&2 ;;
+    *) echo "allocation counts regressed past their thresholds: see $output/thresholds-check.txt" >&2; exit 1 ;;
+esac

@@ -1,0 +1,261 @@
+#define _GNU_SOURCE
+#include "floor_internal.h"
+
+#include <mqueue.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static const struct nf_operations *operations_for(nf_mechanism mechanism) {
+    switch (mechanism) {
+    case NF_UNIX_STREAM: return &nf_unix_stream_operations;
+    case NF_MQUEUE: return &nf_mqueue_operations;
+    case NF_FUTEX: return &nf_futex_operations;
+    case NF_INOTIFY: return &nf_inotify_operations;
+    case NF_PIPE: return &nf_pipe_operations;
+    }
+    return NULL;
+}
+
+const char *nf_mechanism_name(nf_mechanism mechanism) {
+    switch (mechanism) {
+    case NF_UNIX_STREAM: return "unix-stream";
+    case NF_MQUEUE: return "mqueue";
+    case NF_FUTEX: return "futex";
+    case NF_INOTIFY: return "inotify";
+    case NF_PIPE: return "pipe";
+    }
+    return NULL;
+}
+
+static nf_channel *channel_new(nf_mechanism mechanism, const char *directory, size_t max_payload, pid_t responder_pid, bool responder) {
+    if (operations_for(mechanism) == NULL || max_payload >= NF_GOODBYE || responder_pid <= 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    nf_channel *channel = calloc(1, sizeof(*channel));
+    if (channel == NULL) return NULL;
+    channel->mechanism = mechanism;
+    channel->responder = responder;
+    channel->max_payload = max_payload;
+    channel->responder_pid = responder_pid;
+    channel->in_fd = channel->out_fd = channel->listen_fd = channel->file_fd = channel->alive_fd = -1;
+    channel->alive_watch = -1;
+    if (snprintf(channel->directory, sizeof(channel->directory), "%s", directory) >= (int)sizeof(channel->directory)) {
+        free(channel);
+        errno = ENAMETOOLONG;
+        return NULL;
+    }
+    return channel;
+}
+
+/// Runs the create or open step; on failure releases the channel and keeps the step's errno.
+static nf_channel *establish(nf_channel *channel, int (*step)(nf_channel *)) {
+    if (channel == NULL) return NULL;
+    if (step(channel) != 0) {
+        int error = errno;
+        nf_close(channel);
+        errno = error;
+        return NULL;
+    }
+    channel->established = true;
+    return channel;
+}
+
+nf_channel *nf_responder_create(nf_mechanism mechanism, const char *directory, size_t max_payload) {
+    nf_channel *channel = channel_new(mechanism, directory, max_payload, getpid(), true);
+    if (channel == NULL) return NULL;
+    // One byte at least, so that a zero-byte floor still has a buffer to point at.
+    channel->buffer = malloc(max_payload > 0 ? max_payload : 1);
+    if (channel->buffer == NULL) {
+        free(channel);
+        return NULL;
+    }
+    return establish(channel, operations_for(mechanism)->create);
+}
+
+nf_channel *nf_initiator_open(nf_mechanism mechanism, const char *directory, size_t max_payload, pid_t responder) {
+    nf_channel *channel = channel_new(mechanism, directory, max_payload, responder, false);
+    if (channel == NULL) return NULL;
+    return establish(channel, operations_for(mechanism)->open);
+}
+
+int nf_responder_serve(nf_channel *channel) {
+    const struct nf_operations *operations = operations_for(channel->mechanism);
+    if (!channel->responder) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (operations->accept != NULL && operations->accept(channel) != 0) return -1;
+    for (;;) {
+        uint32_t length;
+        if (operations->receive(channel, &length, channel->buffer, channel->max_payload) != 0) return -1;
+        if (length == NF_GOODBYE) return 0;
+        if (operations->send(channel, length, channel->buffer) != 0) return -1;
+    }
+}
+
+int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t length) {
+    const struct nf_operations *operations = operations_for(channel->mechanism);
+    if (channel->responder || length > channel->max_payload) {
+        errno = channel->responder ? EINVAL : EMSGSIZE;
+        return -1;
+    }
+    if (operations->send(channel, (uint32_t)length, request) != 0) return -1;
+    uint32_t reply_length;
+    if (operations->receive(channel, &reply_length, reply, length) != 0) return -1;
+    if (reply_length != length) {
+        // A goodbye here means the responder's end closed: it went away.
+        errno = reply_length == NF_GOODBYE ? ECONNRESET : EPROTO;
+        return -1;
+    }
+    return 0;
+}
+
+void nf_remove_names(const nf_channel *channel) {
+    for (int index = 0; index < NF_NAME_COUNT; index++) {
+        const char *name = channel->names[index];
+        if (name[0] == '\0') continue;
+        if (channel->mechanism == NF_MQUEUE) {
+            mq_unlink(name);
+        } else {
+            unlink(name);
+        }
+    }
+}
+
+void nf_close(nf_channel *channel) {
+    if (channel == NULL) return;
+    const struct nf_operations *operations = operations_for(channel->mechanism);
+    if (channel->established && !channel->responder && !operations->closing_is_goodbye) {
+        // Best effort: a responder that is gone already needs no goodbye.
+        operations->send(channel, NF_GOODBYE, NULL);
+    }
+    nf_remove_names(channel);
+    // A socket is one descriptor for both directions: close it once.
+    if (channel->out_fd == channel->in_fd) channel->out_fd = -1;
+    nf_close_fd(&channel->in_fd);
+    nf_close_fd(&channel->out_fd);
+    nf_close_fd(&channel->listen_fd);
+    nf_close_fd(&channel->file_fd);
+    nf_close_fd(&channel->alive_fd);
+    if (channel->mapping != NULL) munmap(channel->mapping, channel->mapping_length);
+    free(channel->buffer);
+    free(channel->scratch);
+    free(channel);
+}
+
+int nf_set_path(nf_channel *channel, int index, const char *leaf) {
+    int length = snprintf(channel->names[index], sizeof(channel->names[index]), "%s/floor-%d.%s", channel->directory, (int)channel->responder_pid, leaf);
+    if (length >= (int)sizeof(channel->names[index])) {
+        channel->names[index][0] = '\0';
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return 0;
+}
+
+void nf_close_fd(int *fd) {
+    // close(2) is not retried: on Linux the descriptor is released even when it reports EINTR.
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
+int nf_write_all(int fd, struct iovec *vector, int count, bool socket) {
+    while (count > 0) {
+        ssize_t written;
+        if (socket) {
+            struct msghdr message = {.msg_iov = vector, .msg_iovlen = (size_t)count};
+            written = NF_RETRY(sendmsg(fd, &message, MSG_NOSIGNAL));
+        } else {
+            written = NF_RETRY(writev(fd, vector, count));
+        }
+        if (written < 0) return -1;
+        // Skip what was written: whole entries, then part of the next.
+        while (count > 0 && (size_t)written >= vector->iov_len) {
+            written -= (ssize_t)vector->iov_len;
+            vector++;
+            count--;
+        }
+        if (count > 0) {
+            vector->iov_base = (char *)vector->iov_base + written;
+            vector->iov_len -= (size_t)written;
+        }
+    }
+    return 0;
+}
+
+int nf_read_message(int fd, bool file, uint32_t *length, void *payload, size_t capacity) {
+    uint32_t header = 0;
+    // Header and payload in one call, so a small message costs one read. Until the header is in,
+    // a stream may be read up to the capacity (in a ping-pong nothing follows the message); a
+    // file is read only a page ahead, since old bytes of a longer earlier message follow it.
+    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {payload, capacity}};
+    size_t received = 0;
+    size_t needed = NF_HEADER_LENGTH + (file && capacity > 4096 ? 4096 : capacity);
+    bool header_known = false;
+    while (!header_known || received < needed) {
+        struct iovec window[2];
+        int count = 0;
+        size_t skip = received;
+        size_t limit = needed - received;
+        for (int index = 0; index < 2 && limit > 0; index++) {
+            if (skip >= vector[index].iov_len) {
+                skip -= vector[index].iov_len;
+                continue;
+            }
+            size_t take = vector[index].iov_len - skip;
+            if (take > limit) take = limit;
+            window[count].iov_base = (char *)vector[index].iov_base + skip;
+            window[count].iov_len = take;
+            count++;
+            limit -= take;
+            skip = 0;
+        }
+        ssize_t count_read = file ? NF_RETRY(preadv(fd, window, count, (off_t)received)) : NF_RETRY(readv(fd, window, count));
+        if (count_read < 0) return -1;
+        if (count_read == 0) {
+            if (!file && received == 0) {
+                *length = NF_GOODBYE;
+                return 0;
+            }
+            errno = EPROTO;
+            return -1;
+        }
+        received += (size_t)count_read;
+        if (!header_known && received >= NF_HEADER_LENGTH) {
+            header_known = true;
+            if (header != NF_GOODBYE && header > capacity) {
+                errno = EMSGSIZE;
+                return -1;
+            }
+            needed = NF_HEADER_LENGTH + (header == NF_GOODBYE ? 0 : header);
+            if (!file && received > needed) {
+                // The other end sent a second message before this one was answered.
+                errno = EPROTO;
+                return -1;
+            }
+        }
+    }
+    *length = header;
+    return 0;
+}
+
+bool nf_process_alive(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *stat = fopen(path, "re");
+    if (stat == NULL) return false;
+    // The state follows the command name in parentheses, which may itself contain ") ".
+    char line[512];
+    bool alive = false;
+    if (fgets(line, sizeof(line), stat) != NULL) {
+        const char *end = strrchr(line, ')');
+        alive = end != NULL && end[1] == ' ' && end[2] != 'Z' && end[2] != 'X';
+    }
+    fclose(stat);
+    return alive;
+}

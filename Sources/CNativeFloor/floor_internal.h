@@ -1,0 +1,108 @@
+#ifndef IPCBENCH_NATIVE_FLOOR_INTERNAL_H
+#define IPCBENCH_NATIVE_FLOOR_INTERNAL_H
+
+#include "native_floor.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+/// Every message starts with its payload length in this many bytes.
+#define NF_HEADER_LENGTH 4
+/// A header holding this value instead of a length says goodbye.
+#define NF_GOODBYE UINT32_MAX
+/// How long the initiator waits for a reply before checking that the responder is alive.
+#define NF_LIVENESS_PERIOD_SECONDS 1
+
+/// Evaluates `expression` (a system call returning -1 with errno) again while it fails with
+/// EINTR. The one place the floor retries interrupted calls.
+#define NF_RETRY(expression)                                 \
+    ({                                                       \
+        __typeof__(expression) nf_result_;                   \
+        do {                                                 \
+            nf_result_ = (expression);                       \
+        } while (nf_result_ == -1 && errno == EINTR);        \
+        nf_result_;                                          \
+    })
+
+/// The names a channel may own: socket or mapping file, FIFOs or queues, inotify files.
+enum { NF_NAME_REQUEST, NF_NAME_REPLY, NF_NAME_ALIVE, NF_NAME_COUNT };
+
+struct nf_channel {
+    nf_mechanism mechanism;
+    bool responder;
+    /// Set once create or open succeeded: only then does nf_close say goodbye.
+    bool established;
+    size_t max_payload;
+    /// The responder's process id: it names the objects, and the initiator checks it is alive.
+    pid_t responder_pid;
+    char directory[PATH_MAX];
+    /// Empty strings are unused slots.
+    char names[NF_NAME_COUNT][PATH_MAX];
+    /// Where requests (responder) or replies (initiator) arrive: socket, FIFO, queue, inotify.
+    int in_fd;
+    /// Where this end's messages leave: socket (same as in_fd), FIFO, queue.
+    int out_fd;
+    /// unix-stream responder: the listening socket, until the initiator connects.
+    int listen_fd;
+    /// inotify: the file this end reads, open for the channel's lifetime.
+    int file_fd;
+    /// inotify responder: open for writing while the responder lives, so that the kernel's close
+    /// at its exit wakes the initiator (IN_CLOSE_WRITE). Initiator: the watch on that file.
+    int alive_fd;
+    int alive_watch;
+    /// Responder: where a request is received and the echo sent from.
+    unsigned char *buffer;
+    /// mqueue: one queue message, for fragments that do not go straight to or from the payload.
+    unsigned char *scratch;
+    long message_size;
+    /// futex: the shared mapping and the last sequence numbers sent and seen.
+    void *mapping;
+    size_t mapping_length;
+    uint32_t sent;
+    uint32_t seen;
+};
+
+/// How one mechanism moves messages. Each returns 0, or -1 with errno set.
+struct nf_operations {
+    /// Responder: make the named objects (before the initiator opens them).
+    int (*create)(nf_channel *channel);
+    /// Responder: wait for the initiator (accept, or open the other FIFO); may be NULL.
+    int (*accept)(nf_channel *channel);
+    /// Initiator: open the responder's objects and unlink the names both ends now hold.
+    int (*open)(nf_channel *channel);
+    /// Sends a header holding `length` (or NF_GOODBYE, with no payload) and the payload.
+    int (*send)(nf_channel *channel, uint32_t length, const void *payload);
+    /// Receives one message: its header into *length and its payload (at most `capacity` bytes,
+    /// else EMSGSIZE) into `payload`. The other end closing reads as NF_GOODBYE.
+    int (*receive)(nf_channel *channel, uint32_t *length, void *payload, size_t capacity);
+    /// Whether closing the initiator's end is seen by the responder (a stream's end), so that
+    /// no goodbye is sent: a write to a FIFO whose reader died would raise SIGPIPE.
+    bool closing_is_goodbye;
+};
+
+extern const struct nf_operations nf_unix_stream_operations;
+extern const struct nf_operations nf_mqueue_operations;
+extern const struct nf_operations nf_futex_operations;
+extern const struct nf_operations nf_inotify_operations;
+extern const struct nf_operations nf_pipe_operations;
+
+/// Sets channel->names[index] to "<directory>/floor-<responder pid>.<leaf>".
+int nf_set_path(nf_channel *channel, int index, const char *leaf);
+
+/// Writes every byte of the vector (a socket write never raises SIGPIPE).
+int nf_write_all(int fd, struct iovec *vector, int count, bool socket);
+
+/// Reads one message from a stream, or from a file at offset 0 when `file` is set. For a stream,
+/// end of input before the first byte reads as NF_GOODBYE; anywhere else it is EPROTO.
+int nf_read_message(int fd, bool file, uint32_t *length, void *payload, size_t capacity);
+
+/// Whether the process exists and has not exited (a zombie counts as gone).
+bool nf_process_alive(pid_t pid);
+
+/// Closes *fd if open and marks it closed.
+void nf_close_fd(int *fd);
+
+#endif

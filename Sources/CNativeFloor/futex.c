@@ -1,0 +1,153 @@
+// A futex per direction on a MAP_SHARED file mapping that also carries the payload: the sender
+// copies the payload in, publishes its length and a new sequence number, and wakes the other
+// end, which sleeps in FUTEX_WAIT until the sequence number moves and copies the payload out.
+// Both copies are part of the floor, because a transport must make them too.
+#define _GNU_SOURCE
+#include "floor_internal.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAGE 4096
+#define MAGIC 0x464C4F52u /* "FLOR" */
+
+/// One direction. Each sits on its own cache line so the two ends do not contend.
+struct lane {
+    /// The futex word: bumped by the sender after the payload and length are in place.
+    _Atomic uint32_t sequence;
+    uint32_t length;
+    char padding[64 - 2 * sizeof(uint32_t)];
+};
+
+/// The first page of the mapping; the payload areas follow, request then reply.
+struct shared_header {
+    uint32_t magic;
+    uint32_t reserved;
+    uint64_t capacity;
+    char padding[64 - 2 * sizeof(uint32_t) - sizeof(uint64_t)];
+    /// [0]: initiator to responder, [1]: responder to initiator.
+    struct lane lanes[2];
+};
+
+_Static_assert(sizeof(struct shared_header) <= PAGE, "the header fits in its page");
+
+static size_t area_length(size_t capacity) {
+    size_t length = capacity > 0 ? capacity : 1;
+    return (length + PAGE - 1) / PAGE * PAGE;
+}
+
+static struct shared_header *header_of(const nf_channel *channel) {
+    return channel->mapping;
+}
+
+static unsigned char *area(const nf_channel *channel, int lane) {
+    return (unsigned char *)channel->mapping + PAGE + (size_t)lane * area_length(header_of(channel)->capacity);
+}
+
+/// The lane this end writes to, and the one it reads.
+static int outgoing(const nf_channel *channel) { return channel->responder ? 1 : 0; }
+static int incoming(const nf_channel *channel) { return channel->responder ? 0 : 1; }
+
+static int futex_wait(_Atomic uint32_t *word, uint32_t expected, const struct timespec *timeout) {
+    // Not FUTEX_PRIVATE_FLAG: the word is shared with another process.
+    return (int)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, timeout, NULL, 0);
+}
+
+static int futex_wake(_Atomic uint32_t *word) {
+    return (int)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+static int map(nf_channel *channel, int fd, size_t length) {
+    void *mapping = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapping == MAP_FAILED) return -1;
+    channel->mapping = mapping;
+    channel->mapping_length = length;
+    return 0;
+}
+
+static int futex_create(nf_channel *channel) {
+    if (nf_set_path(channel, NF_NAME_REQUEST, "shm") != 0) return -1;
+    int fd = open(channel->names[NF_NAME_REQUEST], O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    size_t length = PAGE + 2 * area_length(channel->max_payload);
+    int result = ftruncate(fd, (off_t)length) == 0 ? map(channel, fd, length) : -1;
+    nf_close_fd(&fd);
+    if (result != 0) return -1;
+    struct shared_header *header = header_of(channel);
+    header->capacity = channel->max_payload;
+    atomic_store_explicit((_Atomic uint32_t *)&header->magic, MAGIC, memory_order_release);
+    return 0;
+}
+
+static int futex_open(nf_channel *channel) {
+    if (nf_set_path(channel, NF_NAME_REQUEST, "shm") != 0) return -1;
+    int fd = open(channel->names[NF_NAME_REQUEST], O_RDWR | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat status;
+    int result = fstat(fd, &status) == 0 && status.st_size >= PAGE ? map(channel, fd, (size_t)status.st_size) : -1;
+    nf_close_fd(&fd);
+    if (result != 0) return -1;
+    nf_remove_names(channel);
+    struct shared_header *header = header_of(channel);
+    if (atomic_load_explicit((_Atomic uint32_t *)&header->magic, memory_order_acquire) != MAGIC ||
+        (size_t)status.st_size < PAGE + 2 * area_length(header->capacity)) {
+        errno = EPROTO;
+        return -1;
+    }
+    if (header->capacity < channel->max_payload) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    return 0;
+}
+
+static int futex_send(nf_channel *channel, uint32_t length, const void *payload) {
+    struct lane *lane = &header_of(channel)->lanes[outgoing(channel)];
+    if (length != NF_GOODBYE && length > 0) memcpy(area(channel, outgoing(channel)), payload, length);
+    lane->length = length;
+    // Release: the payload and length are visible before the new sequence number is.
+    atomic_store_explicit(&lane->sequence, ++channel->sent, memory_order_release);
+    return futex_wake(&lane->sequence) < 0 ? -1 : 0;
+}
+
+static int futex_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
+    struct lane *lane = &header_of(channel)->lanes[incoming(channel)];
+    // The initiator wakes up now and then to check that the responder is alive.
+    const struct timespec period = {NF_LIVENESS_PERIOD_SECONDS, 0};
+    uint32_t sequence;
+    while ((sequence = atomic_load_explicit(&lane->sequence, memory_order_acquire)) == channel->seen) {
+        if (futex_wait(&lane->sequence, channel->seen, channel->responder ? NULL : &period) == 0) continue;
+        if (errno == ETIMEDOUT && !nf_process_alive(channel->responder_pid)) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        // EAGAIN (the word moved before the kernel looked), EINTR, ETIMEDOUT: look again.
+        if (errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) return -1;
+    }
+    channel->seen = sequence;
+    uint32_t header = lane->length;
+    if (header != NF_GOODBYE) {
+        if (header > capacity) {
+            errno = EMSGSIZE;
+            return -1;
+        }
+        if (header > 0) memcpy(payload, area(channel, incoming(channel)), header);
+    }
+    *length = header;
+    return 0;
+}
+
+const struct nf_operations nf_futex_operations = {
+    .create = futex_create,
+    .accept = NULL,
+    .open = futex_open,
+    .send = futex_send,
+    .receive = futex_receive,
+};

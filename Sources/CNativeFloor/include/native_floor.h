@@ -1,0 +1,101 @@
+#ifndef IPCBENCH_NATIVE_FLOOR_H
+#define IPCBENCH_NATIVE_FLOOR_H
+
+/*
+ * The native floor: the cheapest request/reply round trip each kernel mechanism allows between
+ * two processes, written in plain C so that no runtime sits between the caller and the system
+ * calls. ipcbench times nf_round_trip() exactly as it times a transport's request (same clock,
+ * same histogram, same core placement), and the Google Benchmark cross-check in Benchmarks/
+ * times the same functions with an independent tool.
+ *
+ * Every message is a 4-byte payload length in host byte order (both ends share one machine)
+ * followed by the payload; the responder echoes it. The two ends meet in a directory that both
+ * can reach (the group directory):
+ *
+ *   responder                          initiator
+ *   nf_responder_create(dir)   --->    (after the responder is ready)
+ *   nf_responder_serve()               nf_initiator_open(dir, responder pid)
+ *     echoes every request               nf_round_trip() ... as often as wanted
+ *     returns 0 on goodbye <------------ nf_close() says goodbye
+ *   nf_close()
+ *
+ * Names (socket, FIFOs, queues, mapping file) are unlinked as soon as both ends hold them open,
+ * and again by nf_close and nf_remove_names, so nothing is left behind however a run ends.
+ *
+ * Functions return 0 (or a channel) on success, and -1 (or NULL) with errno set on failure.
+ * EINTR is retried inside; it never reaches the caller.
+ */
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/// The kernel mechanisms under ipcbench's transports, plus a pipe as a reference.
+typedef enum nf_mechanism {
+    /// AF_UNIX stream socket, bound in the directory (the unix-socket transport).
+    NF_UNIX_STREAM = 0,
+    /// A pair of POSIX message queues, messages fragmented to the queue's message size (the
+    /// message-port transport). The responder raises its RLIMIT_MSGQUEUE as far as it may.
+    NF_MQUEUE = 1,
+    /// A futex per direction on a MAP_SHARED file mapping that carries the payload (the notify
+    /// transport).
+    NF_FUTEX = 2,
+    /// A file per direction: write and close it, and the reader waits for inotify's
+    /// IN_CLOSE_WRITE, then reads the file (the file-presenter transport).
+    NF_INOTIFY = 3,
+    /// A pair of FIFOs: the classic pipe round trip, for reference.
+    NF_PIPE = 4,
+} nf_mechanism;
+
+/// One end of a floor ping-pong.
+typedef struct nf_channel nf_channel;
+
+/// Responder, step 1: creates the mechanism's named objects in `directory` (for NF_MQUEUE,
+/// queues named after the directory's last path component), named after the calling process's
+/// id, for payloads of at most `max_payload` bytes. Once this returns, an initiator may open
+/// the channel.
+/// Errors: ENAMETOOLONG for a directory too long for a socket address, EEXIST if the objects
+/// exist already, EINVAL for an unknown mechanism, and whatever the system calls report.
+nf_channel *nf_responder_create(nf_mechanism mechanism, const char *directory, size_t max_payload);
+
+/// Responder, step 2: waits for the initiator, then echoes every request until the initiator
+/// says goodbye or closes its end (returns 0), or something fails (returns -1: EMSGSIZE for a
+/// request over max_payload, EPROTO for a malformed message).
+int nf_responder_serve(nf_channel *channel);
+
+/// Initiator: opens the channel that the responder process `responder` created in `directory`
+/// with the same `max_payload`. The names carry the responder's process id, so several floor
+/// peers can share a directory; a wait for a reply fails with ECONNRESET instead of hanging when
+/// that process dies.
+nf_channel *nf_initiator_open(nf_mechanism mechanism, const char *directory, size_t max_payload, pid_t responder);
+
+/// Initiator: sends `length` bytes from `request` and waits for the echo, which is written to
+/// `reply` (room for `length` bytes). Fails with EMSGSIZE above max_payload, EPROTO if the reply
+/// has another length, ECONNRESET if the responder went away.
+/// For NF_PIPE a responder that died raises SIGPIPE in the calling thread, as any pipe write does;
+/// block or ignore SIGPIPE in that thread to get EPIPE instead.
+int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t length);
+
+/// Unlinks the channel's names. Safe to call while another thread is in nf_responder_serve
+/// (a peer process that is told to stop does this before it exits).
+void nf_remove_names(const nf_channel *channel);
+
+/// Initiator: says goodbye (for the stream mechanisms the close itself says it, so nf_close
+/// never raises SIGPIPE). Both ends: release everything and unlink the names. Accepts NULL.
+void nf_close(nf_channel *channel);
+
+/// Pins the calling thread, and no other, to `cpu`: the placement of one end of a measurement.
+int nf_pin_calling_thread(int cpu);
+
+/// The mechanism's name as ipcbench reports it ("unix-stream", "mqueue", "futex", "inotify",
+/// "pipe"), or NULL for an unknown value.
+const char *nf_mechanism_name(nf_mechanism mechanism);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,121 @@
+// The byte-stream mechanisms: an AF_UNIX stream socket and a pair of FIFOs. Both carry a
+// message as one gathering write of header and payload, and read it with as few reads as the
+// kernel allows; the other end closing reads as goodbye.
+#define _GNU_SOURCE
+#include "floor_internal.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static int stream_send(nf_channel *channel, uint32_t length, const void *payload, bool socket) {
+    uint32_t header = length;
+    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, length == NF_GOODBYE ? 0 : length}};
+    return nf_write_all(channel->out_fd, vector, 2, socket);
+}
+
+static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
+    return nf_read_message(channel->in_fd, false, length, payload, capacity);
+}
+
+// MARK: AF_UNIX stream socket
+
+static int socket_address(const nf_channel *channel, struct sockaddr_un *address) {
+    memset(address, 0, sizeof(*address));
+    address->sun_family = AF_UNIX;
+    const char *path = channel->names[NF_NAME_REQUEST];
+    if (strlen(path) >= sizeof(address->sun_path)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    strcpy(address->sun_path, path);
+    return 0;
+}
+
+static int unix_create(nf_channel *channel) {
+    struct sockaddr_un address;
+    if (nf_set_path(channel, NF_NAME_REQUEST, "socket") != 0 || socket_address(channel, &address) != 0) return -1;
+    channel->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (channel->listen_fd < 0) return -1;
+    if (bind(channel->listen_fd, (struct sockaddr *)&address, sizeof(address)) != 0) return -1;
+    return listen(channel->listen_fd, 1);
+}
+
+static int unix_accept(nf_channel *channel) {
+    int fd = NF_RETRY(accept4(channel->listen_fd, NULL, NULL, SOCK_CLOEXEC));
+    if (fd < 0) return -1;
+    channel->in_fd = channel->out_fd = fd;
+    nf_close_fd(&channel->listen_fd);
+    nf_remove_names(channel);
+    return 0;
+}
+
+static int unix_open(nf_channel *channel) {
+    struct sockaddr_un address;
+    if (nf_set_path(channel, NF_NAME_REQUEST, "socket") != 0 || socket_address(channel, &address) != 0) return -1;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    channel->in_fd = channel->out_fd = fd;
+    if (NF_RETRY(connect(fd, (struct sockaddr *)&address, sizeof(address))) != 0) return -1;
+    nf_remove_names(channel);
+    return 0;
+}
+
+static int unix_send(nf_channel *channel, uint32_t length, const void *payload) {
+    return stream_send(channel, length, payload, true);
+}
+
+const struct nf_operations nf_unix_stream_operations = {
+    .create = unix_create,
+    .accept = unix_accept,
+    .open = unix_open,
+    .send = unix_send,
+    .receive = stream_receive,
+    .closing_is_goodbye = true,
+};
+
+// MARK: FIFOs
+
+static int pipe_create(nf_channel *channel) {
+    if (nf_set_path(channel, NF_NAME_REQUEST, "request") != 0 || nf_set_path(channel, NF_NAME_REPLY, "reply") != 0) return -1;
+    if (mkfifo(channel->names[NF_NAME_REQUEST], 0600) != 0 || mkfifo(channel->names[NF_NAME_REPLY], 0600) != 0) return -1;
+    // Open the reading end now without waiting for a writer, so the initiator's open for writing
+    // returns at once; then make reads block as usual.
+    channel->in_fd = open(channel->names[NF_NAME_REQUEST], O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (channel->in_fd < 0) return -1;
+    int flags = fcntl(channel->in_fd, F_GETFL);
+    return flags < 0 ? -1 : fcntl(channel->in_fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
+static int pipe_accept(nf_channel *channel) {
+    // Blocks until the initiator opens the reply FIFO for reading.
+    channel->out_fd = NF_RETRY(open(channel->names[NF_NAME_REPLY], O_WRONLY | O_CLOEXEC));
+    return channel->out_fd < 0 ? -1 : 0;
+}
+
+static int pipe_open(nf_channel *channel) {
+    if (nf_set_path(channel, NF_NAME_REQUEST, "request") != 0 || nf_set_path(channel, NF_NAME_REPLY, "reply") != 0) return -1;
+    channel->out_fd = NF_RETRY(open(channel->names[NF_NAME_REQUEST], O_WRONLY | O_CLOEXEC));
+    if (channel->out_fd < 0) return -1;
+    channel->in_fd = NF_RETRY(open(channel->names[NF_NAME_REPLY], O_RDONLY | O_CLOEXEC));
+    if (channel->in_fd < 0) return -1;
+    nf_remove_names(channel);
+    return 0;
+}
+
+static int pipe_send(nf_channel *channel, uint32_t length, const void *payload) {
+    return stream_send(channel, length, payload, false);
+}
+
+const struct nf_operations nf_pipe_operations = {
+    .create = pipe_create,
+    .accept = pipe_accept,
+    .open = pipe_open,
+    .send = pipe_send,
+    .receive = stream_receive,
+    .closing_is_goodbye = true,
+};

@@ -1,0 +1,159 @@
+import Foundation
+import IPCCore
+import IPCPosix
+import Synchronization
+
+/// A kernel mechanism under a transport, measured raw (in C, no framing, no threads) as that
+/// transport's native floor: the cheapest round trip the mechanism allows between two processes.
+public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, CustomStringConvertible {
+    /// An AF_UNIX stream socket: under `unix-socket`.
+    case unixStream = "unix-stream"
+    /// A pair of POSIX message queues, large messages fragmented: under `message-port`.
+    case mqueue
+    /// A futex per direction on a shared file mapping that carries the payload: under `notify`.
+    case futex
+    /// Write and close a file, wait for inotify's IN_CLOSE_WRITE, read it: under `file-presenter`.
+    case inotify
+    /// A pair of FIFOs: no transport uses it; the classic reference.
+    case pipe
+
+    public var description: String { rawValue }
+
+    /// The mechanism under the transport called `transport` (a ``TransportCatalog`` name), or
+    /// `nil` for a name without one.
+    public init?(transport: String) {
+        switch transport {
+        case "unix-socket": self = .unixStream
+        case "message-port": self = .mqueue
+        case "notify": self = .futex
+        case "file-presenter": self = .inotify
+        default: return nil
+        }
+    }
+
+    /// What results call this floor in ``LatencyResult/transport``: `floor:<mechanism>`.
+    public var resultName: String { "floor:" + rawValue }
+}
+
+/// A floor peer process (`ipcbench floor-peer`) and this process's end of the channel to it.
+///
+/// The peer runs pinned to the placement's peer CPU. Round trips run on a thread of their own
+/// pinned to the placement's local CPU, with SIGPIPE blocked there, so a pipe whose peer died
+/// fails with an error instead of killing this process.
+public final class FloorSession: Sendable {
+    public let mechanism: FloorMechanism
+    public let placement: Placement
+    /// The largest payload, in bytes, a round trip may carry.
+    public let maximumPayload: Int
+    private let peer: PeerProcess
+    /// `nil` once closed. The lock also keeps round trips from overlapping.
+    private let initiator: Mutex<FloorInitiator?>
+
+    /// The floor peer's process id, for reading its CPU time.
+    public var peerPID: Int32 { peer.pid }
+
+    /// Starts a floor peer whose names live in `group`, and opens the channel to it.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the peer cannot be started or the channel
+    ///   opened; ``IPCError/Code/invalidEndpoint`` if the group directory's path is too long for
+    ///   a socket address.
+    public init(mechanism: FloorMechanism, placement: Placement, group: GroupDirectory, maximumPayload: Int = NativeFloor.defaultMaximumPayload) throws {
+        var arguments = ["floor-peer", "--mechanism", mechanism.rawValue, "--group", group.path, "--max-payload", String(maximumPayload)]
+        if let cpu = placement.cpus?.peer { arguments += ["--cpu", String(cpu)] }
+        let peer = try PeerProcess(arguments: arguments)
+        do {
+            initiator = Mutex(try FloorInitiator(mechanism: mechanism, directory: group.path, maximumPayload: maximumPayload, responder: peer.pid))
+        } catch {
+            peer.stop()
+            throw error
+        }
+        self.mechanism = mechanism
+        self.placement = placement
+        self.maximumPayload = maximumPayload
+        self.peer = peer
+    }
+
+    /// Makes `count` round trips of `payloadSize` bytes back to back and returns how long each
+    /// took in nanoseconds, read from ``monotonicNanoseconds()`` around each one exactly as
+    /// ``LatencyRunner`` times a transport's request. The last echo is checked byte for byte.
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` above ``maximumPayload``;
+    ///   ``IPCError/Code/peerInvalidated`` if the peer went away; ``IPCError/Code/invalidated``
+    ///   after ``close()``; ``IPCError/Code/malformedPayload`` if the echo differs.
+    public func roundTripTimes(payloadSize: Int, count: Int) async throws -> [UInt64] {
+        try checkPayloadSize(payloadSize)
+        return try await onMeasuringThread {
+            let request = [UInt8](repeating: 0xA5, count: payloadSize)
+            var reply = [UInt8](repeating: 0, count: payloadSize)
+            var times: [UInt64] = []
+            times.reserveCapacity(count)
+            try self.withInitiator { initiator in
+                try request.withUnsafeBytes { request in
+                    try reply.withUnsafeMutableBytes { reply in
+                        for _ in 0..<count {
+                            let start = monotonicNanoseconds()
+                            try initiator.roundTrip(request, reply: reply)
+                            times.append(monotonicNanoseconds() - start)
+                        }
+                    }
+                }
+            }
+            guard count == 0 || reply == request else {
+                throw IPCError(code: .malformedPayload, message: "native floor \(self.mechanism): the echo of \(payloadSize) bytes differs from the request")
+            }
+            return times
+        }
+    }
+
+    /// One round trip: sends `payload` and returns what came back.
+    /// - Throws: as ``roundTripTimes(payloadSize:count:)``.
+    public func echo(_ payload: [UInt8]) async throws -> [UInt8] {
+        try checkPayloadSize(payload.count)
+        return try await onMeasuringThread {
+            var reply = [UInt8](repeating: 0, count: payload.count)
+            try self.withInitiator { initiator in
+                try payload.withUnsafeBytes { request in
+                    try reply.withUnsafeMutableBytes { try initiator.roundTrip(request, reply: $0) }
+                }
+            }
+            return reply
+        }
+    }
+
+    /// Says goodbye, waits for the peer to exit, and leaves no name behind. Later round trips
+    /// fail; closing again does nothing.
+    public func close() {
+        initiator.withLock { $0 = nil }
+        peer.stop()
+    }
+
+    private func checkPayloadSize(_ size: Int) throws {
+        guard size <= maximumPayload else {
+            throw IPCError(code: .payloadTooLarge, message: "native floor \(mechanism): \(size) bytes is over this session's maximum of \(maximumPayload)")
+        }
+    }
+
+    private func withInitiator<T>(_ body: (FloorInitiator) throws -> T) throws -> T {
+        try initiator.withLock { initiator in
+            guard let initiator else { throw IPCError(code: .invalidated, message: "native floor \(mechanism): the session is closed") }
+            return try body(initiator)
+        }
+    }
+
+    /// Runs `body` on a new thread pinned to the placement's local CPU, with SIGPIPE blocked.
+    /// A thread of its own rather than a task's: the round trips block in system calls, which
+    /// must not hold one of the few threads Swift concurrency has (two on this machine).
+    private func onMeasuringThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        let cpu = placement.cpus?.local
+        return try await withCheckedThrowingContinuation { continuation in
+            Thread.detachNewThread {
+                continuation.resume(with: Result {
+                    var signals = sigset_t()
+                    sigemptyset(&signals)
+                    sigaddset(&signals, SIGPIPE)
+                    pthread_sigmask(SIG_BLOCK, &signals, nil)
+                    if let cpu { try pinCallingThread(to: cpu) }
+                    return try body()
+                })
+            }
+        }
+    }
+}

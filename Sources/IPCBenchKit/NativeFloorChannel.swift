@@ -1,0 +1,111 @@
+import CNativeFloor
+import Foundation
+import IPCCore
+
+/// The responder end, in the floor peer process.
+final class FloorResponder: @unchecked Sendable {
+    let mechanism: FloorMechanism
+    private let channel: OpaquePointer
+    // Guards `closed` against a stop request that arrives while the channel is being released.
+    private let lock = NSLock()
+    private var closed = false
+
+    /// Creates the mechanism's named objects in `directory`; an initiator may open them once this returns.
+    /// - Throws: ``IPCError`` (``IPCError/Code/transportFailure``, or
+    ///   ``IPCError/Code/invalidEndpoint`` for a directory whose paths are too long).
+    init(mechanism: FloorMechanism, directory: String, maximumPayload: Int) throws {
+        guard let channel = nf_responder_create(mechanism.cValue, directory, maximumPayload) else {
+            throw IPCError.floor("creating the responder", mechanism: mechanism, errno: errno)
+        }
+        self.mechanism = mechanism
+        self.channel = channel
+    }
+
+    /// Echoes requests until the initiator says goodbye or closes its end; then releases the channel.
+    /// - Throws: ``IPCError`` if a request is malformed or over the maximum, or a system call fails.
+    func serve() throws {
+        let result = nf_responder_serve(channel)
+        let error = errno
+        lock.withLock {
+            closed = true
+            nf_close(channel)
+        }
+        guard result == 0 else { throw IPCError.floor("serving", mechanism: mechanism, errno: error) }
+    }
+
+    /// Unlinks the channel's names, even while ``serve()`` runs on another thread.
+    func removeNames() {
+        lock.withLock {
+            if !closed { nf_remove_names(channel) }
+        }
+    }
+}
+
+/// The initiator end, in the measuring process. Sendable so that it can move to a measuring
+/// thread; its owner serializes the calls (``FloorSession`` keeps it in a `Mutex`).
+final class FloorInitiator: @unchecked Sendable {
+    let mechanism: FloorMechanism
+    private let channel: OpaquePointer
+
+    /// Opens the channel the responder process `responder` created in `directory`.
+    /// - Throws: ``IPCError`` (``IPCError/Code/peerInvalidated`` if the responder is gone).
+    init(mechanism: FloorMechanism, directory: String, maximumPayload: Int, responder: Int32) throws {
+        guard let channel = nf_initiator_open(mechanism.cValue, directory, maximumPayload, responder) else {
+            throw IPCError.floor("opening the initiator", mechanism: mechanism, errno: errno)
+        }
+        self.mechanism = mechanism
+        self.channel = channel
+    }
+
+    deinit {
+        nf_close(channel)
+    }
+
+    /// Sends `request` and waits for its echo in `reply`, which must have room for as many bytes.
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` above the maximum payload;
+    ///   ``IPCError/Code/peerInvalidated`` if the responder went away;
+    ///   ``IPCError/Code/malformedFrame`` for a reply of another length.
+    @inline(__always)
+    func roundTrip(_ request: UnsafeRawBufferPointer, reply: UnsafeMutableRawBufferPointer) throws {
+        precondition(reply.count >= request.count, "the reply buffer is smaller than the request")
+        // An empty buffer has no base address; the C side touches no byte of a zero-length payload.
+        guard nf_round_trip(channel, request.baseAddress, reply.baseAddress, request.count) == 0 else { throw IPCError.floor("a round trip", mechanism: mechanism, errno: errno) }
+    }
+}
+
+extension FloorMechanism {
+    var cValue: nf_mechanism {
+        switch self {
+        case .unixStream: NF_UNIX_STREAM
+        case .mqueue: NF_MQUEUE
+        case .futex: NF_FUTEX
+        case .inotify: NF_INOTIFY
+        case .pipe: NF_PIPE
+        }
+    }
+}
+
+extension IPCError {
+    /// The error for a floor function that failed with `errno`.
+    static func floor(_ operation: String, mechanism: FloorMechanism, errno code: Int32) -> IPCError {
+        let kind: IPCError.Code
+        switch code {
+        case ECONNRESET, EPIPE: kind = .peerInvalidated
+        case EMSGSIZE: kind = .payloadTooLarge
+        case EPROTO: kind = .malformedFrame
+        case ENAMETOOLONG: kind = .invalidEndpoint
+        default: kind = .transportFailure
+        }
+        return IPCError(code: kind, message: "native floor \(mechanism): \(operation) failed: \(String(cString: strerror(code))) (errno \(code))")
+    }
+}
+
+/// Pins the calling thread (only it) to `cpu`.
+/// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses, for example for a CPU that
+///   does not exist.
+func pinCallingThread(to cpu: Int) throws {
+    guard nf_pin_calling_thread(CInt(cpu)) == 0 else {
+        let code = errno
+        throw IPCError(code: .transportFailure, message: "sched_setaffinity to CPU \(cpu) failed: \(String(cString: strerror(code)))")
+    }
+}

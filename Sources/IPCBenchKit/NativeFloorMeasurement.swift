@@ -1,0 +1,89 @@
+import Histogram
+import IPCFraming
+import IPCPosix
+
+/// Measuring native floors on their own. ``LatencyRunner`` can measure them in its own sweep
+/// with ``FloorSession`` and ``LatencyAccumulator`` instead, interleaved with the transports.
+public enum NativeFloor {
+    /// The largest payload a floor peer is started for unless a larger one is asked for: the
+    /// largest of the default run.
+    public static let defaultMaximumPayload = 1 << 20
+
+    /// Measures the native floor of `mechanism` as ``LatencyRunner`` measures a transport: a
+    /// peer process placed as `placement` says, `samples` round trips of `payloadSize` bytes taken
+    /// in ``LatencyResult/repetitions`` blocks, each block after its share of `warmup` unmeasured
+    /// round trips, timed with the same clock into the same kind of histogram, with the CPU time
+    /// of both processes. The result's transport is ``FloorMechanism/resultName``
+    /// (`floor:unix-stream`, ...).
+    /// - Throws: ``IPCError`` if the peer cannot be started or a round trip fails.
+    public static func measure(
+        _ mechanism: FloorMechanism,
+        placement: Placement,
+        payloadSize: Int,
+        samples: Int,
+        warmup: Int
+    ) async throws -> LatencyResult {
+        let group = try TemporaryGroup()
+        defer { group.remove() }
+        let session = try FloorSession(mechanism: mechanism, placement: placement, group: group.directory, maximumPayload: max(payloadSize, defaultMaximumPayload))
+        defer { session.close() }
+        let repetitions = LatencyResult.repetitions
+        let blockWarmup = max(2, warmup / repetitions)
+        var accumulator = LatencyAccumulator()
+        for _ in 0..<repetitions {
+            _ = try await session.roundTripTimes(payloadSize: payloadSize, count: blockWarmup)
+            let before = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+            let times = try await session.roundTripTimes(payloadSize: payloadSize, count: max(1, samples / repetitions))
+            let after = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+            accumulator.record(block: times, cpuBefore: before, cpuAfter: after)
+        }
+        return accumulator.result(transport: mechanism.resultName, framing: nil, placement: placement, payloadBytes: payloadSize, warmup: blockWarmup * repetitions)
+    }
+}
+
+/// The samples of one measurement as they come in, in blocks, and the ``LatencyResult`` they make.
+struct LatencyAccumulator {
+    private var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+    private var blockMedians: [UInt64] = []
+    private var samples = 0
+    /// CPU time of this process and of the peer over the recorded blocks; `nil` once unreadable.
+    private var localCPU: UInt64? = 0
+    private var peerCPU: UInt64? = 0
+
+    /// Adds a block of round-trip times in nanoseconds, and the CPU times read around it.
+    mutating func record(block times: [UInt64], cpuBefore: (local: UInt64?, peer: UInt64?), cpuAfter: (local: UInt64?, peer: UInt64?)) {
+        guard !times.isEmpty else { return }
+        for time in times { _ = histogram.record(time) }
+        blockMedians.append(LatencyResult.median(times))
+        samples += times.count
+        func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
+            guard let total, let before, let after else { return nil }
+            return total + (after - before)
+        }
+        localCPU = add(localCPU, cpuBefore.local, cpuAfter.local)
+        peerCPU = add(peerCPU, cpuBefore.peer, cpuAfter.peer)
+    }
+
+    func result(transport: String, framing: Framing?, placement: Placement, payloadBytes: Int, warmup: Int) -> LatencyResult {
+        let perRoundTrip = Double(max(1, samples))
+        return LatencyResult(
+            transport: transport,
+            framing: framing,
+            placement: placement,
+            payloadBytes: payloadBytes,
+            warmup: warmup,
+            samples: samples,
+            minimum: histogram.min,
+            p50: histogram.valueAtPercentile(50),
+            p90: histogram.valueAtPercentile(90),
+            p99: histogram.valueAtPercentile(99),
+            p999: histogram.valueAtPercentile(99.9),
+            maximum: histogram.max,
+            mean: histogram.mean,
+            standardDeviation: histogram.stdDeviation,
+            repetitionMedians: blockMedians,
+            localCPUPerRoundTrip: localCPU.map { Double($0) / perRoundTrip },
+            peerCPUPerRoundTrip: peerCPU.map { Double($0) / perRoundTrip }
+        )
+    }
+}

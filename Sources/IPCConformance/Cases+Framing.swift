@@ -1,0 +1,157 @@
+import IPCCore
+import IPCFraming
+
+/// Area 2: a stream transport's receiver reassembles frames from any chunking, and refuses
+/// hostile input with the right error, dropping only the offending connection. Raw bytes are
+/// written at a listener in this process, whose accepted connections show what it made of them.
+enum FramingCases {
+    static let all: [ConformanceCase] = [splitPoints, severalFramesInOneWrite, hostileLength, garbage, truncation]
+
+    /// The payload limit of the listener these cases write at.
+    static let maximumPayloadLength = 1 << 20
+
+    static let splitPoints = ConformanceCase("2.1", "A frame split at any byte of its header or payload is reassembled", requires: .rawByteStream) { context in
+        let (listener, access) = try setUp(context, "split")
+        let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
+        let payload = Array("split me anywhere".utf8)
+        let length = try frame(access.framing, msgid: 0, payload: payload).count
+        // One frame for each split point (msgid = the point), then one written a byte at a time.
+        for point in 1..<length {
+            let bytes = try frame(access.framing, msgid: UInt32(point), payload: payload)
+            try stream.write(Array(bytes[..<point]))
+            // A pause, so that the receiver reads the two parts separately.
+            try await Task.sleep(for: .milliseconds(1))
+            try stream.write(Array(bytes[point...]))
+        }
+        for byte in try frame(access.framing, msgid: UInt32(length), payload: payload) {
+            try stream.write([byte])
+            try await Task.sleep(for: .microseconds(200))
+        }
+        let connection = try await listener.nextConnection(within: .seconds(5), "the raw stream")
+        let received = try await connection.messages(length, within: .seconds(10), "the split frames")
+        for (index, message) in received.enumerated() {
+            try check(message.msgid == UInt32(index + 1) && message.payload == payload, "the frame split at byte \(index + 1) arrived as message \(message.msgid) of \(message.payload.count) bytes")
+        }
+        try check(connection.connection.invalidationReason == nil, "the connection was invalidated: \(connection.connection.invalidationReason!)")
+        return .passed("a \(length)-byte \(access.framing) frame split at each of its \(length - 1) points, and written byte by byte, arrived whole")
+    }
+
+    static let severalFramesInOneWrite = ConformanceCase("2.2", "Several frames arriving in one read are all delivered, in order", requires: .rawByteStream) { context in
+        let (listener, access) = try setUp(context, "batch")
+        let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
+        let count = 64
+        var bytes: [UInt8] = []
+        for index in 0..<count {
+            bytes += try frame(access.framing, msgid: UInt32(index), payload: TestPayload.make(size: index * 7, seed: UInt8(index)))
+        }
+        try stream.write(bytes)
+        let connection = try await listener.nextConnection(within: .seconds(5), "the raw stream")
+        let received = try await connection.messages(count, within: .seconds(10), "the batched frames")
+        for (index, message) in received.enumerated() {
+            try check(message.msgid == UInt32(index) && TestPayload.equal(message.payload, TestPayload.make(size: index * 7, seed: UInt8(index))), "frame \(index) of the batch arrived as message \(message.msgid)")
+        }
+        return .passed("\(count) frames (\(bytes.count) bytes) written at once all arrived in order")
+    }
+
+    static let hostileLength = ConformanceCase("2.3", "A frame announcing more than the receiver's maximum is refused from its header (frameTooLarge); the server keeps serving", requires: .rawByteStream) { context in
+        let (listener, access) = try setUp(context, "hostile")
+        // At the maximum: accepted.
+        let atMaximum = try RawByteStream(path: access.socketPath(listener.endpoint))
+        try atMaximum.write(try frame(access.framing, msgid: 1, payload: TestPayload.make(size: maximumPayloadLength)))
+        let accepted = try await listener.nextConnection(within: .seconds(5), "the raw stream")
+        _ = try await accepted.messages(1, within: .seconds(10), "a frame of exactly the maximum")
+        // Above it: only the header is sent, so the receiver must decide from the header alone.
+        for announced in [maximumPayloadLength + 1, Int(UInt32.max)] {
+            let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
+            try stream.write(try header(access.framing, payloadLength: announced) + [1, 2, 3])
+            try await checkDropped(stream, listener: listener, code: .frameTooLarge, context: context, "a header announcing \(announced) bytes")
+        }
+        try await checkServesAnotherClient(listener, context: context)
+        return .passed("a payload of exactly \(maximumPayloadLength.formattedBytes) was accepted; headers announcing one byte more and 4 GiB were refused at once; the server kept serving")
+    }
+
+    static let garbage = ConformanceCase("2.4", "Bytes that are not a frame are refused (malformedFrame) and drop only that connection", requires: .rawByteStream) { context in
+        let (listener, access) = try setUp(context, "garbage")
+        // Every byte value once, scrambled (167 is odd, so this is a permutation).
+        let scrambled = (0..<256).map { UInt8(truncatingIfNeeded: $0 &* 167 &+ 13) }
+        var zeroedFirstByte = try frame(access.framing, msgid: 1, payload: [1, 2, 3])
+        zeroedFirstByte[0] = 0
+        let samples: [(String, [UInt8])] = [
+            ("all 256 byte values, scrambled", scrambled),
+            ("0xFF bytes and an empty line", [UInt8](repeating: 0xFF, count: 64) + Array("\r\n\r\n".utf8)),
+            ("a frame whose first byte is zero", zeroedFirstByte),
+        ]
+        for (name, bytes) in samples {
+            let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
+            try stream.write(bytes)
+            try await checkDropped(stream, listener: listener, code: .malformedFrame, context: context, name)
+        }
+        // A good frame followed by garbage: the frame is delivered, then the connection dropped.
+        let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
+        try stream.write(try frame(access.framing, msgid: 42, payload: [4, 2]) + [UInt8](repeating: 0, count: 32))
+        let connection = try await checkDropped(stream, listener: listener, code: .malformedFrame, context: context, "a frame followed by zeros")
+        try check(connection.messages.map(\.msgid) == [42], "the good frame before the garbage was not delivered alone (got \(connection.messages.map(\.msgid)))")
+        try await checkServesAnotherClient(listener, context: context)
+        return .passed("\(samples.count + 1) kinds of garbage each dropped their connection with malformedFrame; the server kept serving")
+    }
+
+    static let truncation = ConformanceCase("2.5", "A stream that ends inside a frame is an error (truncatedFrame), and the partial frame is not delivered", requires: .rawByteStream) { context in
+        let (listener, access) = try setUp(context, "truncated")
+        let whole = try frame(access.framing, msgid: 5, payload: TestPayload.make(size: 100))
+        for (name, cut) in [("inside the header", 5), ("inside the payload", whole.count - 3)] {
+            let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
+            try stream.write(Array(whole[..<cut]))
+            stream.shutDownWriting()
+            let connection = try await checkDropped(stream, listener: listener, code: .truncatedFrame, context: context, "a stream ending \(name)")
+            try check(connection.messages.isEmpty, "a frame cut \(name) was delivered")
+        }
+        try await checkServesAnotherClient(listener, context: context)
+        return .passed("streams ending inside a header and inside a payload were reported as truncatedFrame; nothing partial was delivered")
+    }
+
+    // MARK: Helpers
+
+    private static func setUp(_ context: CaseContext, _ name: String) throws -> (ListenerProbe, RawStreamAccess) {
+        var options = context.connectionOptions
+        options.maximumPayloadLength = maximumPayloadLength
+        let listener = try context.listen(try context.endpoint(name), options: options)
+        return (listener, context.subject.rawStream!)
+    }
+
+    /// The encoder of `framing` with no limit of its own, so it can write hostile headers.
+    private static func encoder(_ framing: Framing) -> any FrameEncoder {
+        framing.makeEncoder(maximumPayloadLength: Int(UInt32.max))
+    }
+
+    static func frame(_ framing: Framing, msgid: UInt32, payload: [UInt8]) throws -> [UInt8] {
+        try encoder(framing).encode(Frame(kind: .message, msgid: msgid, payload: payload))
+    }
+
+    private static func header(_ framing: Framing, payloadLength: Int) throws -> [UInt8] {
+        var bytes: [UInt8] = []
+        try encoder(framing).encodeHeader(FrameHeader(kind: .message, msgid: 1, correlation: 0, payloadLength: payloadLength), into: &bytes)
+        return bytes
+    }
+
+    /// Checks that the listener closed `stream` within the deadline and invalidated its side
+    /// with a protocol error of `code`; returns that side.
+    @discardableResult
+    private static func checkDropped(_ stream: RawByteStream, listener: ListenerProbe, code: IPCError.Code, context: CaseContext, _ what: String) async throws -> ConnectionProbe {
+        let connection = try await listener.nextConnection(within: .seconds(5), what)
+        let closed = try await blocking { stream.readUntilClosed(within: context.deadline).closed }
+        try check(closed, "\(what): the connection was not closed within \(context.deadline)")
+        _ = await connection.invalidation(within: context.deadline)
+        let reason = connection.firstInvalidation?.reason
+        try check(reason?.kind == .protocolError && reason?.error?.code == code, "\(what): the connection was invalidated with \(reason.map(String.init(describing:)) ?? "nothing"), not a protocol error \(code)")
+        return connection
+    }
+
+    /// Checks that a well-behaved client of the transport is still served.
+    static func checkServesAnotherClient(_ listener: ListenerProbe, context: CaseContext) async throws {
+        let client = try await context.connect(listener.endpoint)
+        try client.connection.send(Array("still there?".utf8), msgid: 99, timeout: .seconds(5))
+        let accepted = try await listener.nextConnection(within: .seconds(5), "a well-behaved client after the hostile ones")
+        let messages = try await accepted.messages(1, within: .seconds(5), "a well-behaved client's message")
+        try check(messages[0].msgid == 99, "the well-behaved client's message arrived as \(messages[0].msgid)")
+    }
+}

@@ -1,0 +1,142 @@
+import Foundation
+import IPCCore
+import Synchronization
+
+/// Area 5: endpoints have one live listener and outlive no dead one; a connection is
+/// invalidated exactly once, and reports nothing after that.
+enum LifecycleCases {
+    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler]
+
+    static let secondListener = ConformanceCase("5.1", "A second listener on a live endpoint is refused with endpointInUse, from another process or this one") { context in
+        let endpoint = try context.endpoint("taken")
+        _ = try await context.launchPeer(.server, at: endpoint)
+        try await checkError([.endpointInUse], "listening where a peer process listens") { try context.listen(endpoint) }
+        let own = try context.endpoint("own")
+        _ = try context.listen(own)
+        try await checkError([.endpointInUse], "listening twice in this process") { try context.listen(own) }
+        return .passed("both second listeners were refused with endpointInUse")
+    }
+
+    static let staleEndpoint = ConformanceCase("5.2", "An endpoint left by a listener killed with SIGKILL is reclaimed by the next listener, and served") { context in
+        let endpoint = try await staleEndpoint(context)
+        let listener = try context.listen(endpoint)
+        _ = try await context.launchPeer(.client, at: endpoint)
+        _ = try await listener.nextConnection(within: .seconds(10), "a client of the new listener")
+        return .passed("a new listener took over the dead listener's endpoint and accepted a client")
+    }
+
+    static let nobodyListening = ConformanceCase("5.3", "Connecting where nobody listens fails at once with endpointNotFound, also at an endpoint whose listener was killed") { context in
+        for (name, endpoint) in [("a fresh endpoint", try context.endpoint("nobody")), ("a stale endpoint", try await staleEndpoint(context))] {
+            let start = ContinuousClock.now
+            try await checkError([.endpointNotFound], "connecting to \(name)") { try await context.connect(endpoint) }
+            let elapsed = ContinuousClock.now - start
+            try check(elapsed < context.deadline, "connecting to \(name) took \(elapsed.formattedMilliseconds) to fail")
+        }
+        return .passed("both connects failed with endpointNotFound within \(context.deadline)")
+    }
+
+    static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in
+        let (_, connection) = try await context.connectToServerPeer("once")
+        let connectionUnderTest = connection.connection
+        let pending = Task {
+            try await connectionUnderTest.request([1], msgid: ConformancePeer.Request.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(120))
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        // What the handler sees: it must find the connection already invalid.
+        let seen = Mutex<(runs: Int, stateInvalid: Bool, sendRefused: Bool)>((0, false, false))
+        connectionUnderTest.setInvalidationHandler { _ in
+            let stateInvalid = connectionUnderTest.invalidationReason != nil
+            let sendRefused = (try? connectionUnderTest.send([1], msgid: 1, timeout: .seconds(1))) == nil
+            seen.withLock { $0 = ($0.runs + 1, stateInvalid, sendRefused) }
+        }
+        let start = ContinuousClock.now
+        // From several threads at once, then again: one invalidation.
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<4 { group.addTask { connectionUnderTest.invalidate() } }
+        }
+        connectionUnderTest.invalidate()
+        let ran = await poll(within: context.deadline) { seen.withLock { $0.runs > 0 } }
+        try check(ran, "the invalidation handler did not run within \(context.deadline) of invalidate()")
+        context.record("invalidateToHandlerMilliseconds", (ContinuousClock.now - start).milliseconds)
+        guard let outcome = await result(of: pending, within: context.deadline) else {
+            throw ConformanceFailure("the pending request had not failed \(context.deadline) after invalidate()")
+        }
+        guard case .failure(let error as IPCError) = outcome, error.code == .peerInvalidated else {
+            throw ConformanceFailure("the pending request ended with \(outcome), not peerInvalidated")
+        }
+        try check(await poll(within: context.deadline) { connection.streamFinishedAt != nil }, "the message stream did not finish")
+        try await Task.sleep(for: .milliseconds(300))
+        let (runs, stateInvalid, sendRefused) = seen.withLock { $0 }
+        try check(runs == 1, "the invalidation handler ran \(runs) times")
+        try check(stateInvalid, "the handler ran while invalidationReason was still nil")
+        try check(sendRefused, "a send from inside the handler succeeded")
+        let reason = connectionUnderTest.invalidationReason
+        try check(reason?.kind == .invalidatedLocally, "the reason is \(reason.map(String.init(describing:)) ?? "nil"), not invalidatedLocally")
+        return .passed("five invalidate() calls ran the handler once, after the pending request failed with peerInvalidated")
+    }
+
+    static let sendsAfterInvalidation = ConformanceCase("5.5", "Sends and requests after invalidation fail at once with invalidated") { context in
+        let (_, connection) = try await context.connectToServerPeer("after")
+        connection.connection.invalidate()
+        _ = await connection.invalidation(within: context.deadline)
+        try await checkError([.invalidated], "a send after invalidate()") {
+            try connection.connection.send([1], msgid: 1, timeout: .seconds(1))
+        }
+        if context.capabilities.supportsRequestReply {
+            try await checkError([.invalidated], "a request after invalidate()") {
+                try await connection.connection.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(1), receiveTimeout: .seconds(30))
+            }
+        }
+        return .passed("send" + (context.capabilities.supportsRequestReply ? " and request" : "") + " failed with invalidated")
+    }
+
+    static let listenerClose = ConformanceCase("5.6", "Closing a listener invalidates its connections and frees the endpoint; the clients are told (recommended)") { context in
+        let endpoint = try context.endpoint("closing")
+        let listener = try context.listen(endpoint)
+        let client = try await context.launchPeer(.client, at: endpoint)
+        let accepted = try await listener.nextConnection(within: .seconds(10), "the peer client")
+        listener.listener.close()
+        _ = try await accepted.invalidationDelay(since: .now, within: context.deadline, "the accepted connection after close()")
+        try check(accepted.firstInvalidation?.reason.kind == .invalidatedLocally, "the accepted connection was invalidated with \(accepted.firstInvalidation!.reason), not invalidatedLocally")
+        try await checkError([.endpointNotFound], "connecting after close()") { try await context.connect(endpoint) }
+        _ = try context.listen(endpoint)
+        // The peer client exits once its connection is invalidated.
+        let clientExited = await poll(within: context.deadline) { !isAlive(client.pid) }
+        guard clientExited else {
+            return .nonStrict("connections invalidated and the endpoint freed, but the client was not told within \(context.deadline)")
+        }
+        return .passed("the accepted connection was invalidated, the endpoint refused connects then took a new listener, and the client was told")
+    }
+
+    static let lateHandler = ConformanceCase("5.7", "An invalidation handler set after invalidation runs at once, on the calling thread, with the reason") { context in
+        let (_, connection) = try await context.connectToServerPeer("late")
+        connection.connection.invalidate()
+        _ = await connection.invalidation(within: context.deadline)
+        let reason = Mutex<InvalidationReason?>(nil)
+        connection.connection.setInvalidationHandler { received in reason.withLock { $0 = received } }
+        let received = reason.withLock { $0 }
+        try check(received != nil, "the handler had not run when setInvalidationHandler returned")
+        try check(received?.kind == .invalidatedLocally, "the handler got \(received!), not invalidatedLocally")
+        return .passed("the late handler ran before setInvalidationHandler returned")
+    }
+
+    // MARK: Helpers
+
+    /// An endpoint whose listener, a peer process, was killed.
+    static func staleEndpoint(_ context: CaseContext) async throws -> Endpoint {
+        let endpoint = try context.endpoint("stale")
+        let peer = try await context.launchPeer(.server, at: endpoint)
+        peer.kill()
+        await peer.shutDown()
+        return endpoint
+    }
+}
+
+/// Whether a process exists and is not a zombie that nobody has reaped yet.
+func isAlive(_ pid: Int32) -> Bool {
+    guard kill(pid, 0) == 0 else { return false }
+    let status = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+    // The state follows the parenthesized command name: "123 (cat) S ...".
+    guard let close = status.lastIndex(of: ")") else { return true }
+    return !status[close...].hasPrefix(") Z")
+}

@@ -1,0 +1,87 @@
+import IPCCore
+
+extension ConformancePeer {
+    /// Which side of an endpoint a peer takes.
+    public enum Role: String, Sendable, Hashable, CaseIterable {
+        /// Listen on the endpoint and serve every client.
+        case server
+        /// Connect to the endpoint and serve that one connection.
+        case client
+    }
+
+    /// A process the peer starts just before it announces itself, which outlives the peer when
+    /// the peer is killed: the peer-death cases check that the survivor still sees the death.
+    public enum Grandchild: String, Sendable, Hashable, CaseIterable {
+        /// Started with `posix_spawn`: it inherits exactly the descriptors that are not
+        /// close-on-exec, so it holds a connection open only if the transport leaked one.
+        case spawn
+        /// Started with `fork` and no `exec`: it holds every descriptor the peer had, so end of
+        /// file never comes and only a transport that watches the peer's process sees the death.
+        case fork
+        /// Like ``spawn``, after clearing close-on-exec on every descriptor: what a transport that
+        /// leaks its descriptors into children does. For showing that the spawn case can fail.
+        case spawnLeakingDescriptors = "spawn-leaking-descriptors"
+    }
+
+    /// What a peer process does, and the command-line arguments that say it:
+    /// `--group DIR --endpoint NAME --role server|client [--burst-count N --burst-size BYTES]
+    /// [--grandchild spawn|fork|spawn-leaking-descriptors]`.
+    public struct Configuration: Sendable, Hashable {
+        public var endpoint: Endpoint
+        public var role: Role
+        /// Client role: one-way messages sent as soon as connected, msgid = index, payload from
+        /// ``ConformancePeer/burstPayload(_:size:)``.
+        public var burstCount: Int
+        /// Bytes per burst message (at least 4).
+        public var burstSize: Int
+        public var grandchild: Grandchild?
+
+        public init(endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil) {
+            self.endpoint = endpoint
+            self.role = role
+            self.burstCount = burstCount
+            self.burstSize = burstSize
+            self.grandchild = grandchild
+        }
+
+        /// The arguments that describe this configuration, for a peer executable's command line.
+        public var arguments: [String] {
+            var arguments = ["--group", endpoint.group.path, "--endpoint", endpoint.name, "--role", role.rawValue]
+            if burstCount > 0 { arguments += ["--burst-count", String(burstCount), "--burst-size", String(burstSize)] }
+            if let grandchild { arguments += ["--grandchild", grandchild.rawValue] }
+            return arguments
+        }
+
+        /// Parses arguments of the form ``arguments`` writes.
+        /// - Throws: ``IPCError/Code/invalidEndpoint`` for a bad group or endpoint;
+        ///   ``IPCError/Code/unsupportedOperation`` for an unknown, missing or malformed option.
+        public init(arguments: some Sequence<String>) throws {
+            var values: [String: String] = [:]
+            var iterator = arguments.makeIterator()
+            while let option = iterator.next() {
+                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild"]
+                guard known.contains(option), let value = iterator.next() else {
+                    throw IPCError(code: .unsupportedOperation, message: "unexpected peer argument \(option.debugDescription); expected \(known.joined(separator: ", ")), each with a value")
+                }
+                values[option] = value
+            }
+            func value<T>(_ option: String, _ parse: (String) -> T?) throws -> T? {
+                guard let text = values[option] else { return nil }
+                guard let parsed = parse(text) else {
+                    throw IPCError(code: .unsupportedOperation, message: "bad value \(text.debugDescription) for \(option)")
+                }
+                return parsed
+            }
+            guard let group = values["--group"], let name = values["--endpoint"] else {
+                throw IPCError(code: .unsupportedOperation, message: "a peer needs --group and --endpoint")
+            }
+            self.init(
+                endpoint: try Endpoint(group: GroupDirectory(path: group), name: name),
+                role: try value("--role", Role.init(rawValue:)) ?? .server,
+                burstCount: try value("--burst-count") { Int($0) } ?? 0,
+                burstSize: try value("--burst-size") { Int($0) } ?? 4,
+                grandchild: try value("--grandchild", Grandchild.init(rawValue:))
+            )
+        }
+    }
+}

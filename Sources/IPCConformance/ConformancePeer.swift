@@ -1,0 +1,151 @@
+import Foundation
+import IPCCore
+
+/// The peer side of the suite: what the process at the other end of every case does.
+///
+/// Requests are answered by msgid (``Request``); one-way messages are echoed back as one-way
+/// messages with the same msgid, which lets a case check delivery end to end. A peer runs until
+/// its connection ends (client role) or its standard input closes: standard input is a pipe from
+/// the process that started it, so a peer never outlives the suite.
+///
+/// A peer executable for a new transport is a few lines:
+///
+///     import IPCConformance
+///
+///     @main struct ToyPeer {
+///         static func main() async { await ConformancePeer.main(transport: ToyTransport()) }
+///     }
+public struct ConformancePeer: Sendable {
+    /// The msgids of the requests a peer answers.
+    public enum Request {
+        /// Reply with the request's payload.
+        public static let echo: UInt32 = 1
+        /// Never reply: the request stays pending until the peer dies or the requester times out.
+        /// The peer's receive path stays parked in it, so nothing else is read on that connection.
+        public static let stall: UInt32 = 2
+        /// Fail the request (the requester gets ``IPCError/Code/transportFailure``).
+        public static let fail: UInt32 = 3
+        /// Reply with the payload after a delay: the payload's first 4 bytes (big-endian) give
+        /// the delay in milliseconds.
+        public static let delayedEcho: UInt32 = 4
+    }
+
+    public var transport: any MessageTransport
+    public var configuration: Configuration
+
+    public init(transport: any MessageTransport, configuration: Configuration) {
+        self.transport = transport
+        self.configuration = configuration
+    }
+
+    /// Parses the command line (``Configuration/init(arguments:)``), runs the peer, and exits
+    /// with status 1 and a message on standard error if anything fails.
+    public static func main(transport: any MessageTransport, arguments: [String] = Array(CommandLine.arguments.dropFirst())) async {
+        do {
+            let configuration = try Configuration(arguments: arguments)
+            try await ConformancePeer(transport: transport, configuration: configuration).run()
+        } catch {
+            FileHandle.standardError.write(Data("peer: \(error)\n".utf8))
+            exit(1)
+        }
+    }
+
+    /// The payload of message `index` of a burst: the index (4 bytes, big-endian), padded with
+    /// copies of its low byte to `size` bytes.
+    public static func burstPayload(_ index: Int, size: Int) -> [UInt8] {
+        var payload = withUnsafeBytes(of: UInt32(truncatingIfNeeded: index).bigEndian, Array.init)
+        payload += [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: max(0, size - 4))
+        return payload
+    }
+
+    /// The request handler a peer serves with.
+    public static let requestHandler: RequestHandler = { msgid, payload in
+        switch msgid {
+        case Request.stall:
+            // Hold the request without answering; the receive path parks here until the process dies.
+            while true { sleep(3600) }
+        case Request.fail:
+            throw IPCError(code: .unsupportedOperation, message: "request failed on purpose")
+        case Request.delayedEcho:
+            let milliseconds = payload.prefix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+            usleep(milliseconds * 1000)
+            return payload
+        default:
+            return payload
+        }
+    }
+
+    /// Runs until the connection ends (client role) or standard input closes.
+    /// - Throws: what the transport's `listen` or `connect` throws; ``IPCError/Code/transportFailure``
+    ///   if a grandchild cannot be started.
+    public func run() async throws {
+        // A test instrument: it accepts whatever size a case sends (1 GiB), so that limits are
+        // exercised on the side under test.
+        let options = ConnectionOptions.defaults {
+            $0.requestHandler = Self.requestHandler
+            $0.maximumPayloadLength = 1 << 30
+        }
+        try await run(transport, options: options)
+    }
+
+    private func run<T: MessageTransport>(_ transport: T, options: ConnectionOptions) async throws {
+        switch configuration.role {
+        case .server:
+            let listener = try transport.listen(at: configuration.endpoint, options: options, acceptFilter: nil)
+            try announceReady()
+            let echoing = Task {
+                await withTaskGroup(of: Void.self) { group in
+                    for await connection in listener.connections {
+                        group.addTask { await Self.echoMessages(on: connection) }
+                    }
+                }
+            }
+            await Self.waitForStandardInputToClose()
+            listener.close()
+            echoing.cancel()
+        case .client:
+            let connection = try transport.connect(to: configuration.endpoint, options: options)
+            try announceReady()
+            let burst = Task.detached { [configuration] in
+                for index in 0..<configuration.burstCount {
+                    try connection.send(Self.burstPayload(index, size: configuration.burstSize), msgid: UInt32(index), timeout: .seconds(60))
+                }
+            }
+            // Echo until the connection ends or standard input closes. Cancelling the echo
+            // rather than waiting for the connection to finish: a stalled request parks the
+            // receive path, and then the message stream would never finish.
+            let echo = Task { await Self.echoMessages(on: connection) }
+            Task.detached {
+                await Self.waitForStandardInputToClose()
+                echo.cancel()
+            }
+            await echo.value
+            burst.cancel()
+            connection.invalidate()
+        }
+    }
+
+    private static func echoMessages(on connection: some MessageConnection) async {
+        for await message in connection.messages {
+            try? connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
+        }
+    }
+
+    /// Starts the grandchild, if configured, then says READY: the grandchild then holds
+    /// whatever the peer's connection or listener left it.
+    private func announceReady() throws {
+        let grandchild = try configuration.grandchild.map(GrandchildProcess.start)
+        let announcement = Announcement(pid: getpid(), grandchildPID: grandchild)
+        FileHandle.standardOutput.write(Data((announcement.line + "\n").utf8))
+    }
+
+    private static func waitForStandardInputToClose() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            Thread.detachNewThread {
+                var byte: UInt8 = 0
+                while read(STDIN_FILENO, &byte, 1) > 0 {}
+                continuation.resume()
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+import CIPCShims
+import Glibc
+import IPCCore
+import IPCPosix
+import Synchronization
+import SystemPackage
+
+/// Tells when a file's contents change: the counterpart of `NSFilePresenter` and its
+/// `presentedItemDidChange()`.
+///
+/// A presenter watches the file with inotify for `IN_MODIFY`, which the kernel reports for writes
+/// and truncations only: attribute changes (a `touch`, a `chmod`) are `IN_ATTRIB` and are not
+/// reported. `didChange` runs on the presenter's own thread once a changing write is complete:
+/// on seeing a change the presenter waits for the file's shared lock (so a coordinated write has
+/// finished), takes the events that write made meanwhile, and then calls once. Writes that
+/// follow each other closely may be reported by one call.
+///
+/// Writes made through a ``FileCoordinator`` created with this presenter are not reported. The
+/// coordinator brackets each of its writes, while it holds the file's exclusive lock, with two
+/// events on a private marker file watched by the same inotify instance (a read for the start,
+/// a write for the end). One inotify instance queues the events of all its watches in the order
+/// they happened, and no other coordinated write can fall inside a bracket, so the presenter
+/// skips exactly the changes between a start and its end. Writes by other coordinators (other
+/// processes, or other coordinators in this one) are reported. If the kernel's event queue
+/// overflows, a change is reported, since one may have been lost.
+///
+/// After ``remove()`` returns, `didChange` does not start again (a call already running on
+/// another thread is waited for; a call to `remove()` from inside `didChange` is allowed).
+/// A presenter that is no longer referenced removes itself. The presenter keeps the file open,
+/// so it goes on presenting the same file even if the file is renamed or unlinked.
+public final class FilePresenter: Sendable {
+    public let path: String
+    private let watch: PresenterWatch
+
+    /// Starts presenting the existing file at `path`.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the file does not exist or cannot be
+    ///   watched (for example when `fs.inotify.max_user_watches` is exhausted).
+    public init(presenting path: String, didChange: @escaping @Sendable () -> Void) throws {
+        self.path = path
+        watch = try PresenterWatch(path: path, didChange: didChange)
+        try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
+    }
+
+    deinit {
+        watch.remove()
+    }
+
+    /// Stops reporting changes. Idempotent.
+    public func remove() {
+        watch.remove()
+    }
+
+    func beginOwnWrite() {
+        watch.mark(MarkerEvent.begin)
+    }
+
+    func endOwnWrite() {
+        watch.mark(MarkerEvent.end)
+    }
+}
+
+/// The events on the marker file that bracket a coordinated write of the presenter's own.
+private enum MarkerEvent {
+    /// `IN_ACCESS`, made by reading the marker's one byte.
+    case begin
+    /// `IN_MODIFY`, made by writing it (also used to wake the presenter's thread).
+    case end
+}
+
+/// The inotify instance and thread behind a ``FilePresenter``. The thread keeps it alive while
+/// it runs; the descriptors close when both the thread and the presenter are done with it.
+private final class PresenterWatch: Sendable {
+    private let inotify: CInt
+    /// The presented file, locked (shared) to wait until a write to it is complete.
+    private let file: CoordinatedFile
+    private let marker: CInt
+    private let fileWatch: CInt
+    private let markerWatch: CInt
+    private let didChange: @Sendable () -> Void
+    private let removed = Atomic<Bool>(false)
+    /// The presenter thread's `pthread_t`, so that `remove()` knows when it is called from `didChange`.
+    private let thread = Atomic<UInt>(0)
+    /// Held while `didChange` runs, so that `remove()` can wait for a call in progress.
+    private let gate = Mutex(())
+
+    init(path: String, didChange: @escaping @Sendable () -> Void) throws {
+        self.didChange = didChange
+        file = try CoordinatedFile(path: path, create: false)
+        inotify = inotify_init1(CInt(IN_CLOEXEC))
+        guard inotify >= 0 else { throw IPCError.syscall("inotify_init1", Errno(rawValue: errno)) }
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) }.flatMap { $0.isEmpty ? "/" : $0 } ?? "."
+        marker = ipc_open_unnamed_file(directory)
+        guard marker >= 0 else {
+            let error = Errno(rawValue: errno)
+            closeDescriptor(inotify)
+            throw IPCError.syscall("open(O_TMPFILE)", error, context: directory)
+        }
+        var byte: UInt8 = 0
+        _ = pwrite(marker, &byte, 1, 0)
+        let mask = UInt32(IN_MODIFY)
+        fileWatch = inotify_add_watch(inotify, path, mask)
+        markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
+        guard fileWatch >= 0, markerWatch >= 0 else {
+            let error = Errno(rawValue: errno)
+            closeDescriptor(inotify)
+            closeDescriptor(marker)
+            throw IPCError.syscall("inotify_add_watch", error, context: path)
+        }
+    }
+
+    deinit {
+        closeDescriptor(inotify)
+        closeDescriptor(marker)
+    }
+
+    func mark(_ event: MarkerEvent) {
+        var byte: UInt8 = 0
+        switch event {
+        case .begin: _ = pread(marker, &byte, 1, 0)
+        case .end: _ = pwrite(marker, &byte, 1, 0)
+        }
+    }
+
+    func remove() {
+        removed.store(true, ordering: .releasing)
+        // From inside didChange the gate is ours already; from elsewhere, taking it waits for a
+        // call in progress (no call starts once the flag is set: it is checked under the gate).
+        if thread.load(ordering: .acquiring) != UInt(pthread_self()) {
+            gate.withLock { _ in }
+        }
+        mark(.end)
+    }
+
+    func run() {
+        thread.store(UInt(pthread_self()), ordering: .releasing)
+        // Room for many events; each is 16 bytes (watches on files carry no name).
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8)
+        defer { buffer.deallocate() }
+        var events = EventState(fileWatch: fileWatch, markerWatch: markerWatch)
+        while !removed.load(ordering: .acquiring), !events.watchEnded {
+            guard let count = try? syscallRetryingInterrupts({ read(inotify, buffer.baseAddress, buffer.count) }) else { return }
+            var changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+            // A few rounds at most, so that a stream of writes cannot postpone the call forever.
+            var rounds = 0
+            while changed, rounds < 8, waitForWriters() {
+                rounds += 1
+                var pending: CInt = 0
+                guard ioctl(inotify, UInt(FIONREAD), &pending) == 0, pending > 0,
+                    let more = try? syscallRetryingInterrupts({ read(inotify, buffer.baseAddress, buffer.count) })
+                else { break }
+                changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<more])) || changed
+            }
+            if changed {
+                gate.withLock { _ in
+                    if !removed.load(ordering: .acquiring) { didChange() }
+                }
+            }
+        }
+    }
+
+    /// Waits until no coordinated write holds the file (a writer that dies releases it).
+    /// Returns `false` if the presenter was removed meanwhile.
+    private func waitForWriters() -> Bool {
+        while !removed.load(ordering: .acquiring) {
+            do {
+                try file.lock(exclusive: false, timeout: .milliseconds(100))
+                file.unlock()
+                return true
+            } catch let error as IPCError where error.code == .coordinationTimeout {
+                continue
+            } catch {
+                return true
+            }
+        }
+        return false
+    }
+}
+
+/// Reads inotify events in order, telling the presenter's own writes (between a begin and an end
+/// marker) from everyone else's.
+private struct EventState {
+    let fileWatch: CInt
+    let markerWatch: CInt
+    var insideOwnWrite = false
+    var watchEnded = false
+
+    /// Takes a batch of events; returns whether it holds a change to report.
+    mutating func take(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var changed = false
+        var offset = 0
+        while offset + 16 <= bytes.count {
+            let watch = bytes.loadUnaligned(fromByteOffset: offset, as: Int32.self)
+            let mask = bytes.loadUnaligned(fromByteOffset: offset + 4, as: UInt32.self)
+            offset += 16 + Int(bytes.loadUnaligned(fromByteOffset: offset + 12, as: UInt32.self))
+            if mask & UInt32(IN_Q_OVERFLOW) != 0 {
+                // Events were lost, markers perhaps among them.
+                changed = true
+                insideOwnWrite = false
+            } else if watch == markerWatch {
+                insideOwnWrite = mask & UInt32(IN_ACCESS) != 0
+            } else if watch == fileWatch {
+                if mask & UInt32(IN_MODIFY) != 0, !insideOwnWrite { changed = true }
+                if mask & UInt32(IN_IGNORED) != 0 { watchEnded = true }
+            }
+        }
+        return changed
+    }
+}

@@ -1,0 +1,149 @@
+import Dispatch
+import Glibc
+import IPCCore
+import IPCPosix
+import Synchronization
+
+/// One side of a file presenter conversation.
+///
+/// A client appends its records to the listener's inbox and reads its own journal, which it
+/// presents: the presenter's thread reads what the listener appended each time the journal
+/// changes. On the listener, one presenter thread reads the inbox for every client and hands
+/// each client's frames to its connection. Either way, sends append on the calling thread, and
+/// the other side's death is seen through its process (a pidfd), since a file has no
+/// connection to break.
+public final class FilePresenterConnection: FrameConnection, @unchecked Sendable {
+    public let peer: PeerCredentials?
+
+    public let core: ConnectionCore
+    /// Where this side's records go; released when the connection ends.
+    private let outbound: Mutex<JournalAppender?>
+    /// The id this side puts in its records: the client's own, or the listener's (serial 0).
+    private let sender: SenderID
+    private let role: Role
+    private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
+    private let replySendTimeout: Duration = .seconds(5)
+
+    enum Role {
+        /// The client: its own journal, read through a presenter, which it removes when it ends.
+        case client(Inbound)
+        /// The listener's view of one client: the listener reads for it and forgets it on
+        /// invalidation; the client's journal is removed here if the client died.
+        case server(clientJournalPath: String, onInvalidated: @Sendable (FilePresenterConnection) -> Void)
+    }
+
+    /// What a client reads: its journal, and the presenter that says when to read it.
+    final class Inbound: Sendable {
+        let path: String
+        let reader = JournalReaderSlot()
+        let presenter = Mutex<FilePresenter?>(nil)
+        /// Signalled when the listener's welcome arrives, or the connection ends.
+        let welcomed = DispatchSemaphore(value: 0)
+
+        init(path: String) {
+            self.path = path
+        }
+    }
+
+    init(peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions) {
+        self.peer = peer
+        self.core = ConnectionCore(options: options)
+        self.outbound = Mutex(outbound)
+        self.sender = sender
+        self.role = role
+    }
+
+    /// Watches the peer's process; its death invalidates the connection.
+    func watchPeer(pid: Int32) throws {
+        let watch = try ProcessWatcher.shared.watch(pid: pid) { [weak self] in
+            self?.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
+        }
+        peerWatch.withLock { $0 = watch }
+    }
+
+    /// The client's journal, which it removes when it ends.
+    var journalPath: String? {
+        if case .client(let inbound) = role { return inbound.path }
+        return nil
+    }
+
+    public func invalidate(_ reason: InvalidationReason) {
+        guard core.latch.invalidate(reason) else { return }
+        finish(reason)
+    }
+
+    /// Appends a control record for the peer (hello, welcome).
+    func sendControl(_ kind: RecordKind, timeout: Duration) throws {
+        try appender().append(RecordHeader(kind: kind, sender: sender), timeout: timeout)
+    }
+
+    private func appender() throws -> JournalAppender {
+        guard let appender = outbound.withLock({ $0 }) else {
+            throw IPCError(code: .invalidated, message: "the connection is invalid (\(core.latch.reason.map { "\($0)" } ?? "closed"))")
+        }
+        return appender
+    }
+
+    public func sendFrame(_ frame: Frame, timeout: Duration) throws {
+        try core.checkValid()
+        guard frame.payload.count <= core.options.maximumPayloadLength else {
+            throw IPCError(code: .payloadTooLarge, message: "payload of \(frame.payload.count) bytes is above the maximum of \(core.options.maximumPayloadLength)")
+        }
+        try appender().append(RecordHeader(kind: .frame, sender: sender), frame: frame, timeout: timeout)
+    }
+
+    /// Acts on one record from the peer. Called by the thread that reads for this connection.
+    func receive(_ record: JournalRecord) {
+        guard core.latch.isValid else { return }
+        switch record {
+        case .frame(_, let frame):
+            core.dispatch(frame, reply: replySender(timeout: replySendTimeout))
+        case .oversized(_, let error):
+            invalidate(InvalidationReason(.protocolError, error: error))
+        case .control(let header):
+            switch header.kind {
+            case .goodbye:
+                invalidate(InvalidationReason(.peerClosed))
+            case .welcome:
+                if case .client(let inbound) = role { inbound.welcomed.signal() }
+            case .hello, .frame:
+                break
+            }
+        }
+    }
+
+    /// The client's presenter calls this when its journal changed: reads what was appended.
+    func readJournal() {
+        guard case .client(let inbound) = role else { return }
+        do {
+            try inbound.reader.read(isActive: { core.latch.isValid }) { receive($0) }
+        } catch {
+            let error = error as? IPCError
+            invalidate(InvalidationReason(error?.code == .transportFailure ? .transportFailure : .protocolError, error: error))
+        }
+    }
+
+    /// Releases everything, once, and reports the invalidation last.
+    private func finish(_ reason: InvalidationReason) {
+        core.finish(reason) {
+            if let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
+            let reason = core.latch.reason ?? reason
+            let outbound = outbound.withLock { $0.take() }
+            if reason.kind == .invalidatedLocally {
+                // Tell the other side, without waiting long on a busy or full journal.
+                try? outbound?.append(RecordHeader(kind: .goodbye, sender: sender), timeout: .milliseconds(100))
+            }
+            switch role {
+            case .client(let inbound):
+                inbound.presenter.withLock { $0.take() }?.remove()
+                inbound.reader.release()
+                inbound.welcomed.signal()
+                _ = unlink(inbound.path)
+            case .server(let clientJournalPath, let onInvalidated):
+                // A dead client cannot remove its own journal.
+                if reason.kind == .peerDied { _ = unlink(clientJournalPath) }
+                onInvalidated(self)
+            }
+        }
+    }
+}

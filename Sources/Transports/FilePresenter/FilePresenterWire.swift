@@ -1,0 +1,207 @@
+import IPCCore
+import IPCFraming
+
+/// The header at the start of every journal file. Specified in `docs/WIRE-FORMAT.md`, section 5.
+///
+///     offset size field
+///     0      4    magic 0x49 0x50 0x46 0x4A ("IPFJ")
+///     4      1    version, 1
+///     5      3    zero
+///     8      4    pid of the journal's reader (its owner), big-endian
+///     12     4    capacity in bytes, big-endian
+///     16     8    committed end: the offset just past the last whole record, big-endian
+///     24          the first record
+///
+/// Only bytes before the committed end mean anything. A writer appends a record at the
+/// committed end and then moves the committed end past it, holding the file's exclusive lock;
+/// a writer killed in between leaves the committed end where it was, so its partial record is
+/// never read, and the next writer writes over it. The record is written with `pwrite`, which
+/// makes the inotify event that wakes the reader; the committed end is moved through a shared
+/// mapping of the header, which makes none, so that each record wakes the reader once.
+///
+/// The reader compacts the journal once it has consumed the compaction threshold (half the
+/// capacity, at most 1 MiB): it moves the records it has not read yet to the start and sets the
+/// committed end after them. A writer waits while the records take more than the capacity,
+/// unless they take at most the threshold (so one record larger than the capacity still goes in).
+struct JournalHeader: Equatable {
+    static let length = 24
+    static let committedEndOffset = 16
+    static let magic: [UInt8] = [0x49, 0x50, 0x46, 0x4A]
+    static let version: UInt8 = 1
+
+    var ownerPID: Int32
+    var capacity: Int
+    var committedEnd: Int
+
+    init(ownerPID: Int32, capacity: Int, committedEnd: Int = JournalHeader.length) {
+        self.ownerPID = ownerPID
+        self.capacity = capacity
+        self.committedEnd = committedEnd
+    }
+
+    static func compactionThreshold(capacity: Int) -> Int {
+        min(1 << 20, capacity / 2)
+    }
+
+    /// Whether a writer may append a record of `length` bytes to a journal of this capacity
+    /// whose records end at `committedEnd`.
+    func admits(_ length: Int, committedEnd end: Int) -> Bool {
+        let recordBytes = end - Self.length
+        return recordBytes <= Self.compactionThreshold(capacity: capacity) || recordBytes + length <= capacity
+    }
+
+    var bytes: [UInt8] {
+        var bytes = Self.magic + [Self.version, 0, 0, 0]
+        bytes += withUnsafeBytes(of: UInt32(bitPattern: ownerPID).bigEndian, Array.init)
+        bytes += withUnsafeBytes(of: UInt32(clamping: capacity).bigEndian, Array.init)
+        bytes += withUnsafeBytes(of: UInt64(committedEnd).bigEndian, Array.init)
+        return bytes
+    }
+
+    /// - Throws: ``IPCError/Code/malformedFrame`` for a short header, bad magic or version, or a
+    ///   committed end before the first record.
+    init(parsing bytes: UnsafeRawBufferPointer) throws {
+        guard bytes.count >= Self.length, Array(bytes[0..<4]) == Self.magic, bytes[4] == Self.version else {
+            throw IPCError(code: .malformedFrame, message: "not a version \(Self.version) journal: bad or short header")
+        }
+        ownerPID = Int32(bitPattern: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self).bigEndian)
+        capacity = Int(bytes.loadUnaligned(fromByteOffset: 12, as: UInt32.self).bigEndian)
+        let end = bytes.loadUnaligned(fromByteOffset: Self.committedEndOffset, as: UInt64.self).bigEndian
+        guard end >= UInt64(Self.length), end <= UInt64(Int.max) else {
+            throw IPCError(code: .malformedFrame, message: "journal header has committed end \(end)")
+        }
+        committedEnd = Int(end)
+    }
+}
+
+/// What a journal record is for.
+enum RecordKind: UInt8 {
+    /// A binary frame follows the record header.
+    case frame = 1
+    /// Client to listener: a client with this sender id has created its journal and wants a connection.
+    case hello = 2
+    /// Listener to client: the connection is established.
+    case welcome = 3
+    /// Either way: the sender is ending the connection.
+    case goodbye = 4
+}
+
+/// Identifies the writer of a record in the listener's inbox: a client's pid and a number that
+/// the client's process does not reuse. The listener writes its own records with serial 0.
+struct SenderID: Hashable, CustomStringConvertible {
+    var pid: Int32
+    var serial: UInt32
+
+    var description: String { "\(pid)-\(serial)" }
+}
+
+/// The 12 bytes before each record's frame.
+///
+///     offset size field
+///     0      2    magic 0x46 0x52 ("FR")
+///     2      1    kind (RecordKind)
+///     3      1    zero
+///     4      4    sender pid, big-endian
+///     8      4    sender serial, big-endian
+///     12     n    for kind 1 (frame): a binary frame, 20-byte header and payload; else nothing
+struct RecordHeader {
+    static let length = 12
+    static let magic: (UInt8, UInt8) = (0x46, 0x52)
+
+    var kind: RecordKind
+    var sender: SenderID
+
+    var bytes: [UInt8] {
+        var bytes = [Self.magic.0, Self.magic.1, kind.rawValue, 0]
+        bytes += withUnsafeBytes(of: UInt32(bitPattern: sender.pid).bigEndian, Array.init)
+        bytes += withUnsafeBytes(of: sender.serial.bigEndian, Array.init)
+        return bytes
+    }
+
+    init(kind: RecordKind, sender: SenderID) {
+        self.kind = kind
+        self.sender = sender
+    }
+
+    init(parsing bytes: UnsafeRawBufferPointer) throws {
+        guard bytes.count >= Self.length else {
+            throw IPCError(code: .truncatedFrame, message: "the committed part of the journal ends inside a record header")
+        }
+        guard bytes[0] == Self.magic.0, bytes[1] == Self.magic.1, bytes[3] == 0, let kind = RecordKind(rawValue: bytes[2]) else {
+            throw IPCError(code: .malformedFrame, message: "bad journal record header \(Array(bytes[0..<4]))")
+        }
+        self.kind = kind
+        sender = SenderID(
+            pid: Int32(bitPattern: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self).bigEndian),
+            serial: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self).bigEndian
+        )
+    }
+}
+
+/// One record read from a journal.
+enum JournalRecord {
+    case control(RecordHeader)
+    case frame(RecordHeader, Frame)
+    /// A frame whose payload is above the reader's maximum; it was skipped, not buffered twice.
+    case oversized(RecordHeader, IPCError)
+
+    var header: RecordHeader {
+        switch self {
+        case .control(let header), .frame(let header, _), .oversized(let header, _): header
+        }
+    }
+}
+
+extension JournalRecord {
+    /// Decodes the record at the start of `bytes`, which hold only committed (whole) records.
+    /// - Returns: the record and its length.
+    /// - Throws: ``IPCError/Code/malformedFrame`` or ``IPCError/Code/truncatedFrame``: the
+    ///   journal cannot be read on from here.
+    static func decode(_ bytes: UnsafeRawBufferPointer, maximumPayloadLength: Int) throws -> (JournalRecord, Int) {
+        let header = try RecordHeader(parsing: bytes)
+        guard header.kind == .frame else { return (.control(header), RecordHeader.length) }
+        let frameBytes = UnsafeRawBufferPointer(rebasing: bytes[RecordHeader.length...])
+        guard frameBytes.count >= BinaryWireFormat.headerLength else {
+            throw IPCError(code: .truncatedFrame, message: "the committed part of the journal ends inside a frame header")
+        }
+        let payloadLength = Int(frameBytes.loadUnaligned(fromByteOffset: 16, as: UInt32.self).bigEndian)
+        let length = RecordHeader.length + BinaryWireFormat.headerLength + payloadLength
+        guard bytes.count >= length else {
+            throw IPCError(code: .truncatedFrame, message: "the committed part of the journal ends inside a frame of \(payloadLength) bytes")
+        }
+        var decoder = BinaryFrameDecoder(maximumPayloadLength: maximumPayloadLength)
+        do {
+            guard case .frame(let frame, _) = try decoder.decode(frameBytes) else {
+                throw IPCError(code: .truncatedFrame, message: "frame of \(payloadLength) bytes is incomplete")
+            }
+            return (.frame(header, frame), length)
+        } catch let error as IPCError where error.code == .frameTooLarge {
+            // The record's length is known, so the journal stays readable past it.
+            return (.oversized(header, error), length)
+        }
+    }
+}
+
+/// The files of a file presenter endpoint, `<group>/<name>` plus a suffix.
+enum JournalNames {
+    /// The listener's inbox, which every client appends to.
+    static func inbox(_ endpoint: Endpoint) -> String {
+        endpoint.path(suffix: ".inbox")
+    }
+
+    /// A client's journal, which the listener appends to.
+    static func clientJournal(_ endpoint: Endpoint, sender: SenderID) -> String {
+        endpoint.path(suffix: ".\(sender.pid)-\(sender.serial).journal")
+    }
+
+    /// The sender id encoded in a client journal's file name, if `fileName` is one of `endpoint`'s.
+    static func sender(ofClientJournal fileName: String, endpoint: Endpoint) -> SenderID? {
+        let prefix = endpoint.name + "."
+        let suffix = ".journal"
+        guard fileName.hasPrefix(prefix), fileName.hasSuffix(suffix) else { return nil }
+        let middle = fileName.dropFirst(prefix.count).dropLast(suffix.count)
+        let parts = middle.split(separator: "-")
+        guard parts.count == 2, let pid = Int32(parts[0]), let serial = UInt32(parts[1]) else { return nil }
+        return SenderID(pid: pid, serial: serial)
+    }
+}

@@ -1,0 +1,257 @@
+import CIPCShims
+import Glibc
+import IPCCore
+import IPCFraming
+import IPCPosix
+import Synchronization
+import SystemPackage
+
+/// Journals: files of records that writers append under coordinated writes and one reader
+/// consumes from the offset it last read. See ``JournalHeader`` for the guarantees.
+enum Journal {
+    /// Creates a journal at `path` that this process reads, replacing any file there, and opens it.
+    /// The file is written unnamed and then linked into place, so nobody sees it without its header.
+    /// - Throws: ``IPCError/Code/transportFailure``.
+    static func create(at path: String, in group: GroupDirectory, capacity: Int) throws -> JournalFile {
+        let descriptor = ipc_open_unnamed_file(group.path)
+        guard descriptor >= 0 else { throw IPCError.syscall("open(O_TMPFILE)", Errno(rawValue: errno), context: group.path) }
+        let file = CoordinatedFile(descriptor: descriptor, path: path)
+        try FileCoordinator().coordinate(writingItem: file, timeout: .seconds(1)) { access in
+            try access.write(JournalHeader(ownerPID: getpid(), capacity: capacity).bytes, at: 0)
+        }
+        _ = unlink(path)
+        guard linkat(AT_FDCWD, "/proc/self/fd/\(descriptor)", AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0 else {
+            throw IPCError.syscall("linkat", Errno(rawValue: errno), context: path)
+        }
+        return try JournalFile(file, timeout: .seconds(1))
+    }
+
+    static func readHeader(_ access: FileAccess) throws -> JournalHeader {
+        try withUnsafeTemporaryAllocation(byteCount: JournalHeader.length, alignment: 8) { buffer in
+            let count = try access.read(into: buffer, at: 0)
+            return try JournalHeader(parsing: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+        }
+    }
+}
+
+/// An open journal: the file, and its header mapped into memory.
+///
+/// The committed end is read and moved through the mapping, holding the file's lock. That takes
+/// no system call and makes no inotify event, so the reader is woken once per record, by the
+/// record's own write (after which it waits for the lock, so it sees the record committed).
+final class JournalFile: @unchecked Sendable {
+    let file: CoordinatedFile
+    /// The header as it was when the journal was opened (its owner and capacity do not change).
+    let header: JournalHeader
+    private let mapping: UnsafeMutableRawPointer
+
+    /// - Throws: ``IPCError/Code/malformedFrame`` if the file is not a journal;
+    ///   ``IPCError/Code/coordinationTimeout``; ``IPCError/Code/transportFailure``.
+    init(_ file: CoordinatedFile, timeout: Duration) throws {
+        header = try FileCoordinator().coordinate(readingItem: file, timeout: timeout, byAccessor: Journal.readHeader)
+        let address = mmap(nil, JournalHeader.length, PROT_READ | PROT_WRITE, MAP_SHARED, file.descriptor, 0)
+        guard let address, address != UnsafeMutableRawPointer(bitPattern: -1) else {
+            throw IPCError.syscall("mmap", Errno(rawValue: errno), context: file.path)
+        }
+        self.file = file
+        mapping = address
+    }
+
+    deinit {
+        munmap(mapping, JournalHeader.length)
+    }
+
+    private var committedEndField: UnsafeMutablePointer<UInt64> {
+        (mapping + JournalHeader.committedEndOffset).assumingMemoryBound(to: UInt64.self)
+    }
+
+    /// The committed end. Read it holding the file's lock.
+    /// - Throws: ``IPCError/Code/malformedFrame`` if it is before the first record.
+    func committedEnd() throws -> Int {
+        let end = UInt64(bigEndian: ipc_atomic_load_u64(committedEndField))
+        guard end >= UInt64(JournalHeader.length), end <= UInt64(Int.max) else {
+            throw IPCError(code: .malformedFrame, message: "\(file.path) has committed end \(end)")
+        }
+        return Int(end)
+    }
+
+    /// Moves the committed end. Call it holding the file's exclusive lock.
+    func commit(_ end: Int) {
+        ipc_atomic_store_u64(committedEndField, UInt64(end).bigEndian)
+    }
+}
+
+/// Appends records to someone else's journal.
+struct JournalAppender: Sendable {
+    let journal: JournalFile
+    private let coordinator = FileCoordinator()
+    /// Payloads up to this size are copied behind their headers and written in one call.
+    private static let gatherLimit = 16 * 1024
+
+    init(_ journal: JournalFile) {
+        self.journal = journal
+    }
+
+    /// Appends one record, waiting for the file's lock and for room in the journal.
+    /// - Throws: ``IPCError/Code/sendTimeout`` if neither came within `timeout`;
+    ///   ``IPCError/Code/malformedFrame`` if the file is not a journal;
+    ///   ``IPCError/Code/transportFailure``.
+    func append(_ record: RecordHeader, frame: Frame? = nil, timeout: Duration) throws {
+        var head = record.bytes
+        if let frame {
+            try BinaryFrameEncoder(maximumPayloadLength: Int(UInt32.max)).encodeHeader(FrameHeader(frame), into: &head)
+        }
+        let payload = frame?.payload ?? []
+        if payload.count <= Self.gatherLimit { head += payload }
+        let length = head.count + (payload.count <= Self.gatherLimit ? 0 : payload.count)
+        let giveUp = deadline(after: timeout)
+        var backoff = Backoff()
+        while true {
+            let appended: Bool
+            do {
+                appended = try coordinator.coordinate(writingItem: journal.file, timeout: remaining(until: giveUp)) { access in
+                    let end = try journal.committedEnd()
+                    guard journal.header.admits(length, committedEnd: end) else { return false }
+                    try access.write(head, at: end)
+                    if payload.count > Self.gatherLimit {
+                        try access.write(payload, at: end + head.count)
+                    }
+                    journal.commit(end + length)
+                    return true
+                }
+            } catch let error as IPCError where error.code == .coordinationTimeout {
+                throw IPCError(code: .sendTimeout, message: "the journal \(journal.file.path) stayed locked for \(timeout)", cause: error)
+            }
+            if appended { return }
+            guard monotonicNanoseconds() < giveUp else {
+                throw IPCError(code: .sendTimeout, message: "the journal \(journal.file.path) stayed full for \(timeout): its reader is not reading")
+            }
+            backoff.wait()
+        }
+    }
+}
+
+/// Reads this process's own journal from the last consumed offset, and compacts it.
+/// Used by one thread at a time: a ``JournalReaderSlot`` holds it under a lock.
+final class JournalReader: @unchecked Sendable {
+    let journal: JournalFile
+    /// The journal's presenter, which is not told about compaction (this reader's own writes).
+    var presenter: FilePresenter?
+    private let maximumPayloadLength: Int
+    private let capacity: Int
+    private var consumed = JournalHeader.length
+    private var buffer: [UInt8] = []
+
+    init(_ journal: JournalFile, maximumPayloadLength: Int) {
+        self.journal = journal
+        self.capacity = journal.header.capacity
+        self.maximumPayloadLength = maximumPayloadLength
+    }
+
+    private var file: CoordinatedFile { journal.file }
+
+    private var coordinator: FileCoordinator { FileCoordinator(filePresenter: presenter) }
+
+    /// Reads every record committed since the last call and hands each to `handle`, in order.
+    ///
+    /// The records are read under a coordinated read, so no write is half done in them; a
+    /// partial record left by a writer that died is past the committed end and never read.
+    /// - Parameter keepWaiting: asked every second while a writer holds the journal; return
+    ///   `false` to give up (the records stay for the next call).
+    /// - Throws: ``IPCError/Code/malformedFrame``, ``IPCError/Code/truncatedFrame`` or
+    ///   ``IPCError/Code/frameTooLarge`` if the journal cannot be read on;
+    ///   ``IPCError/Code/transportFailure``.
+    func readCommitted(keepWaiting: () -> Bool, _ handle: (JournalRecord) -> Void) throws {
+        var available = 0
+        while true {
+            do {
+                available = try coordinator.coordinate(readingItem: file, timeout: .seconds(1)) { access in
+                    let end = try journal.committedEnd()
+                    guard end >= consumed else {
+                        throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back from \(consumed) to \(end)")
+                    }
+                    let count = end - consumed
+                    // Bounded by the capacity writers respect, plus one record allowed past it.
+                    guard count <= capacity + maximumPayloadLength + 64 else {
+                        throw IPCError(code: .frameTooLarge, message: "\(count) committed bytes in \(file.path) are more than its capacity and one frame")
+                    }
+                    if buffer.count < count { buffer = [UInt8](repeating: 0, count: count) }
+                    let got = try buffer.withUnsafeMutableBytes { try access.read(into: UnsafeMutableRawBufferPointer(rebasing: $0[..<count]), at: consumed) }
+                    guard got == count else {
+                        throw IPCError(code: .truncatedFrame, message: "\(file.path) ends before its committed end")
+                    }
+                    return count
+                }
+                break
+            } catch let error as IPCError where error.code == .coordinationTimeout {
+                if !keepWaiting() { return }
+            }
+        }
+        guard available > 0 else { return }
+        consumed += available
+        try buffer.withUnsafeBytes { bytes in
+            var offset = 0
+            while offset < available {
+                let (record, length) = try JournalRecord.decode(UnsafeRawBufferPointer(rebasing: bytes[offset..<available]), maximumPayloadLength: maximumPayloadLength)
+                offset += length
+                handle(record)
+            }
+        }
+        if buffer.count > 4 * JournalHeader.compactionThreshold(capacity: capacity) {
+            buffer = []
+        }
+        try compactIfDue()
+    }
+
+    /// Once the consumed records reach the threshold, moves the unread ones (if they are no more
+    /// than the consumed ones, so the copying stays proportional to what was read) to the start,
+    /// and shortens the file. Skipped, to be tried after the next read, if writers keep the lock.
+    private func compactIfDue() throws {
+        let threshold = JournalHeader.compactionThreshold(capacity: capacity)
+        let consumedBytes = consumed - JournalHeader.length
+        guard consumedBytes >= threshold else { return }
+        do {
+            try coordinator.coordinate(writingItem: file, timeout: .milliseconds(20)) { access in
+                let unread = try journal.committedEnd() - consumed
+                guard unread <= consumedBytes else { return }
+                if unread > 0 {
+                    try access.write(try access.read(at: consumed, count: unread), at: JournalHeader.length)
+                }
+                journal.commit(JournalHeader.length + unread)
+                let keep = JournalHeader.length + max(unread, threshold)
+                if try access.size() > keep { try access.truncate(to: keep) }
+                consumed = JournalHeader.length
+            }
+        } catch let error as IPCError where error.code == .coordinationTimeout {
+            return
+        }
+    }
+}
+
+/// A journal's reader, which one thread at a time reads with, released (closing the journal)
+/// when its connection or listener ends: by the ending thread if no read is in progress, else by
+/// the reading thread once its read is over.
+final class JournalReaderSlot: Sendable {
+    private let reader = Mutex<JournalReader?>(nil)
+
+    func install(_ newReader: JournalReader) {
+        reader.withLock { $0 = newReader }
+    }
+
+    /// Reads what was committed since the last read, unless the reader was released; then
+    /// releases it if `isActive` says its user has ended.
+    /// - Throws: what ``JournalReader/readCommitted(keepWaiting:_:)`` throws.
+    func read(isActive: () -> Bool, _ handle: (JournalRecord) -> Void) throws {
+        defer {
+            if !isActive() { reader.withLock { $0 = nil } }
+        }
+        try reader.withLock { reader in
+            try reader?.readCommitted(keepWaiting: isActive, handle)
+        }
+    }
+
+    /// Releases the reader now, unless a read is in progress (which releases it when it is over).
+    func release() {
+        _ = reader.withLockIfAvailable { $0 = nil }
+    }
+}

@@ -1,0 +1,301 @@
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCTestSupport
+@testable import FilePresenterTransport
+import Testing
+
+/// The message transport against real peer processes (`ipcbench peer --transport file-presenter`).
+@Suite("File presenter: transport")
+struct FilePresenterTransportTests {
+    let transport = FilePresenterTransport()
+
+    private func startServer(_ endpoint: Endpoint) throws -> PeerProcess {
+        try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+    }
+
+    private func echo(_ connection: FilePresenterConnection, _ payload: [UInt8]) async throws -> [UInt8] {
+        try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+    }
+
+    private func fileSize(_ path: String) throws -> Int {
+        try #require(FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
+    }
+
+    private func files(in group: borrowing TestGroup) throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: group.directory.path).sorted()
+    }
+
+    private func accept(_ listener: FilePresenterListener) async throws -> FilePresenterConnection {
+        try await withDeadline(seconds: 30, "accepting a client") {
+            for await connection in listener.connections { return connection }
+            throw IPCError(code: .endpointNotFound, message: "the listener closed")
+        }
+    }
+
+    @Test("request/reply echoes payloads from 0 bytes to 4 MiB")
+    func echoAcrossSizes() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("echo")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(connection.peer?.pid == server.pid)
+        #expect(connection.peer?.uid == getuid())
+        for size in [0, 1, 64, 4095, 4096, 16 * 1024 + 1, 65536, 1 << 20, 4 << 20] {
+            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ size) }
+            #expect(try await echo(connection, payload) == payload, "payload of \(size) bytes")
+        }
+    }
+
+    @Test("10,000 one-way messages each way arrive exactly once, in order, and the journals are compacted")
+    func burstAndCompaction() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("burst")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        let count = 10_000
+        // 200-byte payloads: about 2.3 MB through each journal, over twice the compaction threshold.
+        let receiving = Task { try await collect(count, from: connection, seconds: 120) }
+        for index in 0..<count {
+            try connection.send(PeerService.burstPayload(index, size: 200), msgid: UInt32(index), timeout: .seconds(30))
+        }
+        let received = try await receiving.value
+        #expect(received.count == count)
+        let outOfPlace = received.enumerated().filter { index, message in
+            message.msgid != UInt32(index) || message.payload != PeerService.burstPayload(index, size: 200)
+        }
+        #expect(outOfPlace.isEmpty, "first misplaced: \(outOfPlace.first.map { "#\($0.offset) has msgid \($0.element.msgid)" } ?? "")")
+        // Each journal carried over 2 MiB; compaction keeps a file to about the threshold (1 MiB).
+        let bound = (1 << 20) + 64 * 1024
+        #expect(try fileSize(JournalNames.inbox(endpoint)) <= bound)
+        #expect(try fileSize(try #require(connection.journalPath)) <= bound)
+    }
+
+    @Test("a burst of 10,000 from a client process reaches the listener exactly once, in order")
+    func burstFromAnotherProcess() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("inbox")
+        let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client, burst: (10_000, 64))
+        defer { client.stop() }
+        let connection = try await accept(listener)
+        let received = try await collect(10_000, from: connection, seconds: 120)
+        #expect(received.map(\.msgid) == (0..<10_000).map { UInt32($0) })
+        #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 64) })
+    }
+
+    @Test("a partial record from a writer killed while holding the inbox's lock is never delivered; the next message arrives within a second")
+    func tornRecordFromAKilledWriter() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("torn")
+        let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let survivor = try transport.connect(to: endpoint, options: .defaults)
+        defer { survivor.invalidate() }
+        let survivorSide = try await accept(listener)
+
+        let writer = try CoordinationPeer(group: group.directory)
+        writer.start("tear torn")
+        let writerSide = try await accept(listener)
+        #expect(writerSide.peer?.pid == writer.pid)
+        #expect(try writer.answer() == "OK")
+        let writerProbe = InvalidationProbe()
+        writerProbe.attach(to: writerSide)
+        // The writer holds the lock with half a record written past the committed end.
+        await expectIPCError(.sendTimeout) { try survivor.send([0], msgid: 1, timeout: .milliseconds(200)) }
+
+        writer.kill()
+        try survivor.send(Array("next".utf8), msgid: 2, timeout: .seconds(1))
+        try survivor.send(Array("after".utf8), msgid: 3, timeout: .seconds(1))
+        let received = try await collect(2, from: survivorSide)
+        #expect(received.map(\.msgid) == [2, 3])
+        #expect(received.map(\.payload) == [Array("next".utf8), Array("after".utf8)])
+
+        #expect(await writerProbe.wait(seconds: 10))
+        #expect(writerProbe.reason?.kind == .peerDied)
+        // The writer's connection delivered nothing (its stream has ended, empty).
+        let fromWriter = try await withDeadline(seconds: 10, "the writer's messages ending") {
+            var messages: [ReceivedMessage] = []
+            for await message in writerSide.messages { messages.append(message) }
+            return messages
+        }
+        #expect(fromWriter.isEmpty)
+        #expect(survivorSide.invalidationReason == nil)
+    }
+
+    @Test("SIGKILL of the listener: a pending request fails, invalidation fires once, and the client removes its journal")
+    func listenerKilled() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("victim")
+        let server = try startServer(endpoint)
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let probe = InvalidationProbe()
+        probe.attach(to: connection)
+        let journal = try #require(connection.journalPath)
+        #expect(FileManager.default.fileExists(atPath: journal))
+        let pending = Task {
+            try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        server.kill()
+        let outcome = await withDeadlineResult(seconds: 10) { try await pending.value }
+        guard case .failure(let error as IPCError) = outcome else {
+            Issue.record("expected the pending request to fail with an IPCError, got \(outcome)")
+            return
+        }
+        #expect(error.code == .peerInvalidated)
+        #expect(await probe.wait(seconds: 10))
+        #expect(probe.reason?.kind == .peerDied)
+        #expect(!FileManager.default.fileExists(atPath: journal))
+        connection.invalidate()
+        await expectIPCError(.invalidated) { try connection.send([1], msgid: 1, timeout: .seconds(1)) }
+        let late = InvalidationProbe()
+        late.attach(to: connection)
+        #expect(late.count == 1)
+        #expect(probe.count == 1)
+    }
+
+    @Test("SIGKILL of a client: the listener invalidates it, removes its journal, and serves others")
+    func clientKilled() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("server")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
+        let accepted = try await accept(listener)
+        #expect(accepted.peer?.pid == client.pid)
+        let journal = try #require(try files(in: group).first { $0.hasPrefix("server.\(client.pid)-") && $0.hasSuffix(".journal") })
+        let probe = InvalidationProbe()
+        probe.attach(to: accepted)
+        client.kill()
+        #expect(await probe.wait(seconds: 10))
+        #expect(probe.reason?.kind == .peerDied)
+        #expect(!(try files(in: group).contains(journal)))
+        #expect(listener.activeConnections.isEmpty)
+        let other = try transport.connect(to: endpoint, options: .defaults)
+        defer { other.invalidate() }
+        #expect(try await other.request([7], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [7])
+    }
+
+    @Test("a dead listener's name is taken over (its clients' journals removed), a live one's never")
+    func takeover() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("restart")
+        await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
+        let first = try startServer(endpoint)
+        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
+        await expectIPCError(.endpointInUse) { try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil) }
+        client.kill()
+        first.kill()
+        first.waitForExit()
+        #expect(try files(in: group).contains { $0.hasSuffix(".journal") })
+        await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
+
+        let second = try startServer(endpoint)
+        defer { second.stop() }
+        #expect(!(try files(in: group).contains { $0.hasSuffix(".journal") }))
+        let fresh = try transport.connect(to: endpoint, options: .defaults)
+        defer { fresh.invalidate() }
+        #expect(fresh.peer?.pid == second.pid)
+        #expect(try await echo(fresh, [4, 2]) == [4, 2])
+        await expectIPCError(.endpointInUse) { try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil) }
+    }
+
+    @Test("closing both sides leaves only the endpoint's lock file, and each side hears the other's goodbye")
+    func cleanup() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("tidy")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let client = try transport.connect(to: endpoint, options: .defaults)
+        let accepted = try await accept(listener)
+        #expect(try await client.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1])
+        let serverProbe = InvalidationProbe()
+        serverProbe.attach(to: accepted)
+        client.invalidate()
+        #expect(await serverProbe.wait(seconds: 10))
+        #expect(serverProbe.reason?.kind == .peerClosed)
+
+        let second = try transport.connect(to: endpoint, options: .defaults)
+        let clientProbe = InvalidationProbe()
+        clientProbe.attach(to: second)
+        listener.close()
+        #expect(await clientProbe.wait(seconds: 10))
+        #expect(clientProbe.reason?.kind == .peerClosed)
+        #expect(try files(in: group) == ["tidy.lock"])
+    }
+
+    @Test("payload too large, receive timeout, handler failure, full journal and invalid connection are distinct errors")
+    func distinctErrors() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("errors")
+        let server = try startServer(endpoint)
+        defer { server.kill() }
+        let connection = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 2 << 20 })
+
+        await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: (2 << 20) + 1), msgid: 1, timeout: .seconds(1)) }
+        await expectIPCError(.transportFailure) {
+            try await connection.request([1], msgid: PeerRequest.fail, sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+        }
+        // The server parks in the stalled request: no reply, and the connection stays valid...
+        await expectIPCError(.receiveTimeout) {
+            try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .milliseconds(300))
+        }
+        #expect(connection.invalidationReason == nil)
+        // ...and no reading, so its inbox fills (16 MiB) and a send times out.
+        let megabyte = [UInt8](repeating: 7, count: 1 << 20)
+        await expectIPCError(.sendTimeout) {
+            for _ in 0..<40 { try connection.send(megabyte, msgid: 5, timeout: .milliseconds(300)) }
+        }
+        connection.invalidate()
+        await expectIPCError(.invalidated) { try connection.send([1], msgid: 1, timeout: .seconds(1)) }
+        await expectIPCError(.invalidated) {
+            try await connection.request([1], msgid: 1, sendTimeout: .seconds(1), receiveTimeout: .seconds(1))
+        }
+        await expectIPCError(.unsupportedOperation) { try transport.listen(at: try group.endpoint("filtered"), options: .defaults) { _ in true } }
+    }
+
+    @Test("concurrent requests from several clients each get their own reply")
+    func concurrentRequesters() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("busy")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let clients = try (0..<3).map { _ in try transport.connect(to: endpoint, options: .defaults) }
+        defer { clients.forEach { $0.invalidate() } }
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            for (clientIndex, client) in clients.enumerated() {
+                for index in 0..<40 {
+                    tasks.addTask {
+                        let payload = Array("client \(clientIndex) request \(index)".utf8) + [UInt8](repeating: UInt8(index), count: index * 211)
+                        let reply = try await echo(client, payload)
+                        #expect(reply == payload)
+                    }
+                }
+            }
+            try await tasks.waitForAll()
+        }
+    }
+
+    @Test("a broadcast reaches every client process")
+    func broadcast() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("radio")
+        let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let clients = try (0..<2).map { _ in try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client) }
+        defer { clients.forEach { $0.stop() } }
+        let accepted = [try await accept(listener), try await accept(listener)]
+        #expect(listener.broadcast([9, 9], msgid: 42, timeout: .seconds(5)) == 2)
+        // Client peers echo one-way messages back.
+        for connection in accepted {
+            let echoed = try await collect(1, from: connection)
+            #expect(echoed.first?.msgid == 42)
+            #expect(echoed.first?.payload == [9, 9])
+        }
+    }
+}

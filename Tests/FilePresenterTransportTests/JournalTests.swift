@@ -1,0 +1,110 @@
+@testable import FilePresenterTransport
+import Foundation
+import IPCCore
+import IPCTestSupport
+import Testing
+
+/// Journals on their own: appending, reading from the consumed offset, torn tails, compaction.
+@Suite("File presenter: journal")
+struct JournalTests {
+    private let capacity = 64 * 1024
+    /// A record of ``frame(_:size:)`` with the default size takes this many bytes in the journal.
+    private let recordLength = RecordHeader.length + 20 + 1000
+    private let sender = RecordHeader(kind: .frame, sender: SenderID(pid: 1, serial: 2))
+
+    private func frame(_ index: Int, size: Int = 1000) -> Frame {
+        Frame(kind: .message, msgid: UInt32(index), payload: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: size))
+    }
+
+    private func makeJournal(_ group: borrowing TestGroup) throws -> (path: String, reader: JournalReader, appender: JournalAppender) {
+        let path = group.directory.path + "/j.inbox"
+        let reader = JournalReader(try Journal.create(at: path, in: group.directory, capacity: capacity), maximumPayloadLength: 1 << 20)
+        return (path, reader, JournalAppender(try JournalFile(CoordinatedFile(path: path, create: false), timeout: .seconds(1))))
+    }
+
+    private func readAll(_ reader: JournalReader) throws -> [Frame] {
+        var frames: [Frame] = []
+        try reader.readCommitted(keepWaiting: { false }) { record in
+            if case .frame(_, let frame) = record { frames.append(frame) }
+        }
+        return frames
+    }
+
+    private func committedEnd(_ path: String) throws -> Int {
+        try FileCoordinator().coordinate(readingItemAt: path, timeout: .seconds(1)) { try Journal.readHeader($0) }.committedEnd
+    }
+
+    @Test("records are read once, in order, from where the last read stopped; a torn tail is not read and is written over")
+    func readingFromTheConsumedOffset() async throws {
+        let group = try TestGroup()
+        let (path, reader, appender) = try makeJournal(group)
+        try appender.append(sender, frame: frame(0), timeout: .seconds(1))
+        try appender.append(sender, frame: frame(1), timeout: .seconds(1))
+        #expect(try readAll(reader) == [frame(0), frame(1)])
+        #expect(try readAll(reader) == [])
+
+        // A writer that died mid-record: bytes past the committed end, which stays put.
+        let end = try committedEnd(path)
+        try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(1)) { access in
+            try access.write(sender.bytes + [0x49, 0x50, 1, 1, 0, 0, 0, 9], at: end)
+        }
+        #expect(try readAll(reader) == [])
+        try appender.append(sender, frame: frame(2, size: 3), timeout: .seconds(1))
+        #expect(try readAll(reader) == [frame(2, size: 3)])
+        #expect(try committedEnd(path) == end + RecordHeader.length + 20 + 3)
+    }
+
+    @Test("once the threshold is consumed the journal is compacted, keeping the records appended meanwhile")
+    func compaction() async throws {
+        let group = try TestGroup()
+        let (path, reader, appender) = try makeJournal(group)
+        let threshold = JournalHeader.compactionThreshold(capacity: capacity)
+        let perRound = threshold / recordLength + 1
+        var next = 0
+        var read: [Frame] = []
+        for _ in 0..<20 {
+            for _ in 0..<perRound {
+                try appender.append(sender, frame: frame(next), timeout: .seconds(1))
+                next += 1
+            }
+            // Three more while the reader handles the first record: unread when it compacts.
+            var appendedMeanwhile = false
+            try reader.readCommitted(keepWaiting: { false }) { record in
+                if case .frame(_, let frame) = record { read.append(frame) }
+                guard !appendedMeanwhile else { return }
+                appendedMeanwhile = true
+                for _ in 0..<3 {
+                    try? appender.append(sender, frame: self.frame(next), timeout: .seconds(1))
+                    next += 1
+                }
+            }
+            #expect(try committedEnd(path) == JournalHeader.length + 3 * recordLength, "compaction kept exactly the unread records")
+            let size = try #require(FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
+            #expect(size <= JournalHeader.length + threshold)
+            read += try readAll(reader)
+        }
+        #expect(read.map(\.msgid) == (0..<next).map { UInt32($0) })
+        #expect(read == (0..<next).map { frame($0) })
+    }
+
+    @Test("a writer waits while the journal is over capacity, and goes on once the reader compacts")
+    func capacityAndLargeRecords() async throws {
+        let group = try TestGroup()
+        let (_, reader, appender) = try makeJournal(group)
+        var appended = 0
+        await expectIPCError(.sendTimeout) {
+            while appended < 1000 {
+                try appender.append(sender, frame: frame(appended), timeout: .milliseconds(100))
+                appended += 1
+            }
+        }
+        #expect(appended * recordLength <= capacity)
+        #expect(appended * recordLength > capacity - recordLength)
+        #expect(try readAll(reader).count == appended)
+        try appender.append(sender, frame: frame(0), timeout: .milliseconds(100))
+        #expect(try readAll(reader) == [frame(0)])
+        // One record larger than the whole capacity still goes into a journal within the threshold.
+        try appender.append(sender, frame: frame(1, size: 2 * capacity), timeout: .seconds(1))
+        #expect(try readAll(reader) == [frame(1, size: 2 * capacity)])
+    }
+}

@@ -1,0 +1,107 @@
+import IPCBenchKit
+import IPCConformance
+import IPCCore
+import IPCSecureCoding
+import Testing
+import UnixSocketTransport
+
+/// Every rule the suite checks can fail: each broken transport or codec breaks one rule, and
+/// the case for that rule must fail (while the same case passes against the real transport, in
+/// ``BuiltInTransportTests``). Serialized: the cases measure deadlines, which a machine busy
+/// with many peer processes at once would blur.
+@Suite("Conformance: broken transports are caught", .serialized)
+struct BrokenTransportTests {
+    /// A violation and the cases that must fail because of it.
+    struct Expectation: Sendable, CustomTestStringConvertible {
+        var violation: Violation
+        var failingCases: [String]
+        var testDescription: String { "\(violation) fails \(failingCases.joined(separator: ", "))" }
+    }
+
+    static let expectations: [Expectation] = [
+        Expectation(violation: .dropsAMessage, failingCases: ["1.1", "1.2", "1.5"]),
+        Expectation(violation: .duplicatesAMessage, failingCases: ["1.2"]),
+        Expectation(violation: .reordersMessages, failingCases: ["1.1"]),
+        Expectation(violation: .corruptsLargePayloads, failingCases: ["1.3"]),
+        Expectation(violation: .ignoresItsMaximum, failingCases: ["1.4"]),
+        Expectation(violation: .broadcastsToOne, failingCases: ["1.7"]),
+        Expectation(violation: .acceptsHostileLengths, failingCases: ["2.3"]),
+        Expectation(violation: .hidesProtocolErrors, failingCases: ["2.4", "2.5"]),
+        Expectation(violation: .strayReplies, failingCases: ["4.1"]),
+        Expectation(violation: .failuresLookLikeTimeouts, failingCases: ["4.2"]),
+        Expectation(violation: .wrongTimeoutCode, failingCases: ["4.3", "4.5"]),
+        Expectation(violation: .sendTimeoutAsFailure, failingCases: ["4.4"]),
+        Expectation(violation: .requestsOutliveTheConnection, failingCases: ["4.6", "5.4", "6.2"]),
+        Expectation(violation: .wrongEndpointInUseCode, failingCases: ["5.1"]),
+        Expectation(violation: .refusesStaleEndpoints, failingCases: ["5.2"]),
+        Expectation(violation: .wrongEndpointNotFoundCode, failingCases: ["5.3"]),
+        Expectation(violation: .neverInvalidates, failingCases: ["5.4", "5.6", "6.1", "6.3"]),
+        Expectation(violation: .invalidatesTwice, failingCases: ["5.4"]),
+        Expectation(violation: .sendsAfterInvalidation, failingCases: ["5.5", "6.1"]),
+        Expectation(violation: .ignoresLateHandlers, failingCases: ["5.7"]),
+        Expectation(violation: .leaksADescriptor, failingCases: ["6.1"]),
+        Expectation(violation: .claimsProcessWatch, failingCases: ["6.5.2"]),
+        Expectation(violation: .keepsDeadConnections, failingCases: ["6.6"]),
+        Expectation(violation: .serverQuitsOnClientDeath, failingCases: ["6.6"]),
+    ]
+
+    @Test(arguments: expectations)
+    func violationIsCaught(_ expectation: Expectation) async throws {
+        let reference = try TransportCatalog.conformanceSubject(named: "unix-socket")
+        var subject = ConformanceSubject(
+            BrokenTransport(base: UnixSocketTransport(), violation: expectation.violation),
+            peers: reference.peers,
+            rawStream: reference.rawStream
+        )
+        subject.payloadCodecs = [.json]
+        let report = await ConformanceSuite(subject: subject, options: ConformanceOptions(cases: expectation.failingCases)).run()
+        for id in expectation.failingCases {
+            let result = try #require(report.result(id))
+            #expect(result.grade == .failed, "\(id): \(result.grade): \(result.detail)")
+        }
+    }
+
+    @Test("a codec that reports every refusal as malformedPayload fails the cases that need disallowedType and nestingTooDeep")
+    func mislabellingCodecIsCaught() async throws {
+        let report = try await run(codec: BrokenCodec(base: .json, violation: .oneErrorForEverything), cases: ["3"])
+        #expect(report.result("3.1")?.grade == .failed)
+        #expect(report.result("3.2")?.grade == .failed)
+        #expect(report.result("3.3")?.grade == .passed)
+        #expect(report.result("3.4")?.grade == .passed)
+        #expect(report.result("3.5")?.grade == .failed)
+        #expect(report.result("3.6")?.grade == .failed)
+    }
+
+    @Test("a codec that accepts what does not parse fails the truncation and garbage cases")
+    func acceptingCodecIsCaught() async throws {
+        let report = try await run(codec: BrokenCodec(base: .propertyList, violation: .acceptsMalformedPayloads), cases: ["3.3", "3.4"])
+        #expect(report.result("3.3")?.grade == .failed)
+        #expect(report.result("3.4")?.grade == .failed)
+    }
+
+    @Test("a peer whose transport leaks descriptors into a spawned child fails 6.5.1")
+    func leakedDescriptorsAreCaught() async throws {
+        var subject = try TransportCatalog.conformanceSubject(named: "unix-socket")
+        subject.peers = LeakingPeers(base: subject.peers)
+        let report = await ConformanceSuite(subject: subject, options: ConformanceOptions(cases: ["6.5.1"])).run()
+        #expect(report.result("6.5.1")?.grade == .failed, "\(String(describing: report.result("6.5.1")))")
+    }
+
+    private func run(codec: BrokenCodec, cases: [String]) async throws -> ConformanceReport {
+        var subject = try TransportCatalog.conformanceSubject(named: "unix-socket")
+        subject.payloadCodecs = [codec]
+        return await ConformanceSuite(subject: subject, options: ConformanceOptions(cases: cases)).run()
+    }
+}
+
+/// Starts peers whose spawned grandchild inherits every descriptor, as if their transport
+/// forgot close-on-exec.
+struct LeakingPeers: ConformancePeerLauncher {
+    let base: any ConformancePeerLauncher
+
+    func launch(_ configuration: ConformancePeer.Configuration) throws -> any ConformancePeerProcess {
+        var configuration = configuration
+        if configuration.grandchild == .spawn { configuration.grandchild = .spawnLeakingDescriptors }
+        return try base.launch(configuration)
+    }
+}

@@ -1,0 +1,86 @@
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCTestSupport
+import Testing
+
+/// Every floor mechanism against a real `ipcbench floor-peer` process: echoes arrive intact at
+/// every size the harness uses and at the edges of the mechanisms' own units (a queue message of
+/// 8 KiB, a page), nothing is left behind, and a dead peer is an error, not a hang.
+/// No timing is asserted. Serialized: each mqueue floor holds two queues of 80 KiB against the
+/// user's 800 KiB RLIMIT_MSGQUEUE, which the message-port tests draw on at the same time.
+@Suite("Native floor", .serialized)
+struct NativeFloorTests {
+    /// The payload sizes of the default run, and the sizes around one queue message (with its
+    /// 4-byte header) and one page.
+    static let sizes = [0, 1, 64, 4095, 4096, 8187, 8188, 8189, 8192, 65536, 1 << 20]
+
+    @Test("echoes every payload size intact", arguments: FloorMechanism.allCases)
+    func echo(mechanism: FloorMechanism) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
+        defer { session.close() }
+        for size in Self.sizes {
+            // Bytes that differ with their offset, so a fragment out of place shows.
+            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 ^ $0 >> 8 ^ size) }
+            let reply = try await withDeadline(seconds: 30, "\(mechanism) echo of \(size) bytes") { try await session.echo(payload) }
+            #expect(reply == payload, "\(mechanism): the echo of \(size) bytes differs")
+        }
+        let times = try await session.roundTripTimes(payloadSize: 64, count: 50)
+        #expect(times.count == 50)
+    }
+
+    @Test("leaves no file or queue behind", arguments: FloorMechanism.allCases)
+    func cleanup(mechanism: FloorMechanism) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
+        _ = try await session.echo([1, 2, 3])
+        session.close()
+        #expect(try FileManager.default.contentsOfDirectory(atPath: group.directory.path) == [])
+        let queues = (try? FileManager.default.contentsOfDirectory(atPath: "/dev/mqueue")) ?? []
+        #expect(queues.filter { $0.hasPrefix(group.directory.identifier) } == [])
+    }
+
+    @Test("refuses a payload over the session's maximum")
+    func oversizedPayload() async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: .unixStream, placement: .unpinned, group: group.directory, maximumPayload: 1024)
+        defer { session.close() }
+        await #expect(throws: IPCError.self) { _ = try await session.echo([UInt8](repeating: 7, count: 1025)) }
+        #expect(try await session.echo([UInt8](repeating: 7, count: 1024)).count == 1024)
+    }
+
+    @Test("a killed peer fails the round trip", arguments: FloorMechanism.allCases)
+    func peerDeath(mechanism: FloorMechanism) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
+        defer { session.close() }
+        _ = try await session.echo([1])
+        kill(session.peerPID, SIGKILL)
+        let error = await #expect(throws: IPCError.self) {
+            _ = try await withDeadline(seconds: 20, "\(mechanism) round trip to a dead peer") { try await session.echo([2]) }
+        }
+        #expect(error?.code == .peerInvalidated, "\(mechanism): \(String(describing: error))")
+    }
+
+    @Test("measure returns a floor result in the runner's shape")
+    func measure() async throws {
+        let result = try await NativeFloor.measure(.pipe, placement: .unpinned, payloadSize: 64, samples: 40, warmup: 20)
+        #expect(result.transport == "floor:pipe")
+        #expect(result.framing == nil)
+        #expect(result.payloadBytes == 64)
+        #expect(result.samples == 40)
+        #expect(result.repetitionMedians.count == LatencyResult.repetitions)
+        #expect(result.minimum <= result.p50 && result.p50 <= result.maximum)
+    }
+
+    @Test("maps each transport to the mechanism under it")
+    func transportMapping() {
+        #expect(FloorMechanism(transport: "unix-socket") == .unixStream)
+        #expect(FloorMechanism(transport: "message-port") == .mqueue)
+        #expect(FloorMechanism(transport: "notify") == .futex)
+        #expect(FloorMechanism(transport: "file-presenter") == .inotify)
+        #expect(FloorMechanism(transport: "carrier-pigeon") == nil)
+        #expect(FloorMechanism.unixStream.resultName == "floor:unix-stream")
+    }
+}
