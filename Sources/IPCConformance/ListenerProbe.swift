@@ -19,9 +19,6 @@ final class ListenerProbe: Sendable {
 
     var endpoint: Endpoint { listener.endpoint }
 
-    /// Every connection accepted so far.
-    var acceptedConnections: [ConnectionProbe] { accepted.withLock { $0.probes } }
-
     /// Every accepted connection not yet returned by this method or ``nextConnection(within:_:)``.
     func takeAccepted() -> [ConnectionProbe] {
         accepted.withLock { state in

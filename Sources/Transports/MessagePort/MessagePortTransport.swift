@@ -84,7 +84,7 @@ public struct MessagePortTransport: MessageTransport {
         let messageSize = min(queueLimits.messageSize, (try? server.messageSize()) ?? queueLimits.messageSize)
         let clientID: UInt32
         do {
-            clientID = try handshake(server: server, replyQueue: replyQueue, messageSize: messageSize)
+            clientID = try handshake(server: server, replyQueue: replyQueue, messageSize: messageSize, serverPID: serverPID)
         } catch {
             server.close()
             replyQueue.close()
@@ -106,19 +106,21 @@ public struct MessagePortTransport: MessageTransport {
     }
 
     /// Sends hello (our pid and reply queue name) and waits for the welcome that assigns our id.
-    private func handshake(server: MessageQueue, replyQueue: MessageQueue, messageSize: Int) throws -> UInt32 {
+    private func handshake(server: MessageQueue, replyQueue: MessageQueue, messageSize: Int, serverPID: Int32) throws -> UInt32 {
         var hello = withUnsafeBytes(of: UInt32(bitPattern: getpid()).bigEndian, Array.init)
         hello += Array(replyQueue.name.utf8)
         let writer = FragmentWriter(queue: server, messageSize: messageSize)
         try writer.sendControl(PortFragmentHeader(kind: .hello), payload: hello, deadline: MessageQueue.realtimeDeadline(after: connectTimeout))
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try replyQueue.messageSize(), alignment: 8)
         defer { buffer.deallocate() }
-        guard let count = try replyQueue.receive(into: buffer, deadline: MessageQueue.realtimeDeadline(after: connectTimeout)),
-            let welcome = try? PortFragmentHeader(parsing: UnsafeRawBufferPointer(rebasing: buffer[..<count])), welcome.kind == .welcome
-        else {
-            throw IPCError(code: .endpointNotFound, message: "the message port's server did not answer within \(connectTimeout)")
+        // Wait in slices, so that a server that dies during the handshake is noticed at once.
+        let deadline = ContinuousClock.now + connectTimeout
+        while ContinuousClock.now < deadline, ProcessWatcher.isAlive(pid: serverPID) {
+            guard let count = try replyQueue.receive(into: buffer, deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50))) else { continue }
+            guard let welcome = try? PortFragmentHeader(parsing: UnsafeRawBufferPointer(rebasing: buffer[..<count])), welcome.kind == .welcome else { break }
+            return welcome.sender
         }
-        return welcome.sender
+        throw IPCError(code: .endpointNotFound, message: "the message port's server did not answer (it died, or took longer than \(connectTimeout))")
     }
 
     static func checkScoped(_ endpoint: Endpoint) throws {

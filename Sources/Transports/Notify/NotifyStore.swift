@@ -107,13 +107,14 @@ final class NotifyStore: @unchecked Sendable {
         serverToClient.space.post()
     }
 
-    /// Waits up to `timeout` for the server to accept. Returns the state then.
-    func awaitAcceptance(timeout: Duration) -> State {
-        let deadline = monotonicNanoseconds() &+ UInt64(timeout.components.seconds) * 1_000_000_000 &+ UInt64(timeout.components.attoseconds / 1_000_000_000)
+    /// Waits up to `timeout` for the server to accept. Returns the state then; gives up early if
+    /// the server's process `serverPID` dies, so a connect never waits out a dead server.
+    func awaitAcceptance(timeout: Duration, serverPID: Int32) -> State {
+        let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(timeout)
         while state == .waiting {
             let now = monotonicNanoseconds()
-            guard now < deadline else { break }
-            _ = ipc_futex_wait(stateWord, State.waiting.rawValue, Int64(deadline - now))
+            guard now < deadline, ProcessWatcher.isAlive(pid: serverPID) else { break }
+            _ = ipc_futex_wait(stateWord, State.waiting.rawValue, Int64(min(deadline - now, 50_000_000)))
         }
         return state
     }

@@ -59,10 +59,10 @@ public struct NotifyTransport: MessageTransport {
         let path = endpoint.path(suffix: ".\(getpid())-\(Self.nextSerial()).ring")
         let store = try NotifyStore.create(path: path, ringCapacity: ringCapacity)
         try center.post(Self.connectName(endpoint))
-        guard store.awaitAcceptance(timeout: connectTimeout) == .accepted else {
+        guard store.awaitAcceptance(timeout: connectTimeout, serverPID: serverPID) == .accepted else {
             store.close()
             unlink(path)
-            throw IPCError(code: .endpointNotFound, message: "the listener on \(endpoint) did not accept within \(connectTimeout)")
+            throw IPCError(code: .endpointNotFound, message: "the listener on \(endpoint) did not accept (it died, or took longer than \(connectTimeout))")
         }
         let connection = NotifyConnection(store: store, isClient: true, peerPID: store.serverPID, options: options)
         try connection.start()

@@ -1,0 +1,26 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+// A transport written outside ipcbench, checked by ipcbench's conformance suite the way any
+// third party would: by depending on the `IPCConformance` product.
+let package = Package(
+    name: "ToyTransport",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        .package(name: "ipcbench", path: "../.."),
+    ],
+    targets: [
+        // The transport: AF_UNIX sequenced-packet sockets, one packet per message.
+        .target(name: "ToyTransport", dependencies: [.product(name: "IPCCore", package: "ipcbench")]),
+        // The peer the suite starts in another process: ConformancePeer over the toy transport.
+        .executableTarget(
+            name: "toy-peer",
+            dependencies: ["ToyTransport", .product(name: "IPCConformance", package: "ipcbench")]
+        ),
+        .testTarget(
+            name: "ToyTransportTests",
+            dependencies: ["ToyTransport", "toy-peer", .product(name: "IPCConformance", package: "ipcbench")]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

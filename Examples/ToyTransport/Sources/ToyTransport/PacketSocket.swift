@@ -1,0 +1,109 @@
+import Glibc
+import IPCCore
+
+/// The few `AF_UNIX` `SOCK_SEQPACKET` calls the toy transport makes. A sequenced-packet socket
+/// keeps message boundaries, so a message is one packet and needs no framing: a 13-byte header
+/// (kind, msgid and correlation, big-endian) and the payload.
+enum PacketSocket {
+    static let headerLength = 13
+
+    /// Retries a call while it fails with `EINTR`; returns its result, or throws its errno.
+    static func retrying(_ call: () -> Int) -> (result: Int, errno: Int32) {
+        while true {
+            let result = call()
+            if result >= 0 || errno != EINTR { return (result, result >= 0 ? 0 : errno) }
+        }
+    }
+
+    static func failure(_ call: String, _ code: Int32) -> IPCError {
+        IPCError(code: .transportFailure, message: "\(call) failed: \(String(cString: strerror(code)))")
+    }
+
+    private static func withAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> T) throws -> T {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            throw IPCError(code: .invalidEndpoint, message: "socket path \(path) is too long")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes + [0]) }
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+    }
+
+    private static func makeSocket() throws -> CInt {
+        let fd = socket(AF_UNIX, CInt(SOCK_SEQPACKET.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw failure("socket", errno) }
+        return fd
+    }
+
+    static func listen(path: String) throws -> CInt {
+        let fd = try makeSocket()
+        let code = try withAddress(path) { address, length in bind(fd, address, length) == 0 ? 0 : errno }
+        guard code == 0, Glibc.listen(fd, 64) == 0 else {
+            close(fd)
+            throw failure("bind/listen \(path)", code == 0 ? errno : code)
+        }
+        return fd
+    }
+
+    /// - Throws: ``IPCError/Code/endpointNotFound`` when nobody listens at `path`.
+    static func connect(path: String) throws -> CInt {
+        let fd = try makeSocket()
+        let code = try withAddress(path) { address, length in
+            retrying { Int(Glibc.connect(fd, address, length)) }.errno
+        }
+        guard code == 0 else {
+            close(fd)
+            if code == ENOENT || code == ECONNREFUSED {
+                throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)")
+            }
+            throw failure("connect \(path)", code)
+        }
+        return fd
+    }
+
+    /// Sends one packet, waiting at most `timeout` for room.
+    /// - Throws: ``IPCError/Code/sendTimeout``; ``IPCError/Code/peerInvalidated`` if the peer is gone.
+    static func send(_ fd: CInt, _ packet: [UInt8], timeout: Duration) throws {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let (result, code) = retrying {
+                packet.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+            }
+            if result >= 0 { return }
+            switch code {
+            case EAGAIN:
+                let remaining = ContinuousClock.now.duration(to: deadline)
+                guard remaining > .zero else {
+                    throw IPCError(code: .sendTimeout, message: "the peer's queue stayed full")
+                }
+                var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+                let (seconds, attoseconds) = remaining.components
+                _ = poll(&descriptor, 1, CInt(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1))
+            case EPIPE, ECONNRESET, ENOTCONN:
+                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection")
+            default:
+                throw failure("send", code)
+            }
+        }
+    }
+
+    /// Blocks until the next packet and returns it; `nil` at end of stream.
+    /// - Throws: ``IPCError/Code/frameTooLarge`` for a packet above `maximumLength`, before
+    ///   allocating for it.
+    static func receive(_ fd: CInt, maximumLength: Int) throws -> [UInt8]? {
+        // Peek at the packet's real length (MSG_TRUNC) without taking it.
+        let (length, code) = retrying { recv(fd, nil, 0, CInt(MSG_PEEK | MSG_TRUNC)) }
+        if length == 0 || code == ECONNRESET { return nil }
+        guard length > 0 else { throw failure("recv", code) }
+        guard length <= maximumLength else {
+            throw IPCError(code: .frameTooLarge, message: "a packet of \(length) bytes is above the maximum of \(maximumLength)")
+        }
+        var packet = [UInt8](repeating: 0, count: length)
+        let (received, receiveCode) = retrying { packet.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }
+        guard received == length else { throw failure("recv", receiveCode) }
+        return packet
+    }
+}
