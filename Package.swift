@@ -98,7 +98,7 @@ let package = Package(
         ),
         .testTarget(
             name: "NotifyTransportTests",
-            dependencies: ["IPCCore", "IPCPosix", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "CIPCShims", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(
             name: "FilePresenterTransportTests",

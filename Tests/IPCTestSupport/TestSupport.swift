@@ -123,3 +123,14 @@ public struct SplitMix64: RandomNumberGenerator {
         return z ^ (z >> 31)
     }
 }
+
+/// A value shared between threads under a lock.
+public final class LockedValue<Value: Sendable>: Sendable {
+    private let value: Mutex<Value>
+
+    public init(_ value: Value) { self.value = Mutex(value) }
+
+    public func get() -> Value { value.withLock { $0 } }
+
+    public func set(_ newValue: Value) { value.withLock { $0 = newValue } }
+}

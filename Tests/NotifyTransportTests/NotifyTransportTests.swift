@@ -1,6 +1,8 @@
+import CIPCShims
 import Foundation
 import IPCBenchKit
 import IPCCore
+import IPCFraming
 import IPCPosix
 import IPCTestSupport
 import NotifyTransport
@@ -74,38 +76,43 @@ struct NotifyTransportTests {
     func senderKilledMidWrite() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("torn")
-        let huge = 256 << 20
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = 2 * huge }, acceptFilter: nil)
+        let size = 256 << 20
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = size }, acceptFilter: nil)
         defer { listener.close() }
-        // Both messages are 256 MiB, 256 times the ring, so the sender is still writing message 1
-        // when message 0 arrives and the kill lands. If a busy machine lets the write
-        // finish first, the attempt proves nothing about torn frames, so try again.
-        var tornAttempts = 0
-        for _ in 0..<3 where tornAttempts == 0 {
-            let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, huge))
-            let connection = try #require(try await accept(1, on: listener).first)
-            let probe = InvalidationProbe()
-            probe.attach(to: connection)
-            let messages = connection.messages
-            let delivered = try await withDeadline(seconds: 60, "the burst") { () -> [ReceivedMessage] in
-                var delivered: [ReceivedMessage] = []
-                for await message in messages {
-                    if delivered.isEmpty { victim.kill() }
-                    delivered.append(message)
+        // Two 256 MiB messages, 256 times the ring each. A thread of its own (not one of the
+        // test's tasks, which can be starved) spins on the store's write index and kills the
+        // sender once 2 MiB of message 1 are published, 254 MiB before it could finish.
+        let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, size))
+        let connection = try #require(try await accept(1, on: listener).first)
+        let probe = InvalidationProbe()
+        probe.attach(to: connection)
+        let store = try SharedMapping(path: group.directory.path + "/" + (try #require(try ringFiles(group).first)), length: 4096, create: false)
+        let frame = UInt64(BinaryWireFormat.headerLength + size)
+        let killedAt = LockedValue<UInt64?>(nil)
+        Thread.detachNewThread {
+            let deadline = ContinuousClock.now + .seconds(60)
+            while ContinuousClock.now < deadline {
+                let written = ipc_atomic_load_u64(store.word64(at: 64))
+                if written >= frame + (2 << 20) {
+                    victim.kill()
+                    killedAt.set(written)
+                    return
                 }
-                return delivered
             }
-            #expect(await probe.wait(seconds: 10))
-            #expect(probe.reason?.kind == .peerDied)
-            #expect(delivered.first?.msgid == 0)
-            // Whatever was delivered is whole: never a prefix of message 1.
-            for message in delivered.dropFirst() {
-                #expect(message.msgid == 1 && message.payload.count == huge)
-            }
-            if delivered.count == 1 { tornAttempts += 1 }
-            #expect(try ringFiles(group).isEmpty)
         }
-        #expect(tornAttempts == 1, "the kill never landed while message 1 was being written")
+        let delivered = try await withDeadline(seconds: 120, "the burst") { () -> [ReceivedMessage] in
+            var delivered: [ReceivedMessage] = []
+            for await message in connection.messages { delivered.append(message) }
+            return delivered
+        }
+        let written = try #require(killedAt.get(), "the sender never reached message 1")
+        #expect(written < 2 * frame, "the kill did not land while message 1 was being written")
+        #expect(await probe.wait(seconds: 10))
+        #expect(probe.reason?.kind == .peerDied)
+        // Message 0 whole, and nothing of the half-written message 1.
+        #expect(delivered.map(\.msgid) == [0])
+        #expect(delivered.first?.payload == PeerService.burstPayload(0, size: size))
+        #expect(try ringFiles(group).isEmpty)
 
         let next = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (1, 64))
         defer { next.stop() }

@@ -1,0 +1,71 @@
+import Benchmark
+import IPCCore
+import IPCFraming
+
+/// Binary and HTTP/1.1 framing, in process: what a transport spends per frame on either side of
+/// the kernel. Time per frame and allocations per frame, for payloads of 64 B to 1 MiB.
+///
+/// - `EncodeHeader`: the header into a reused buffer, as the transports encode (the payload
+///   follows in the same gathering write, never copied).
+/// - `Encode`: header and payload as one new array, for a writer without gathering writes.
+/// - `Decode`: a whole frame's bytes appended to a reassembler and the frame taken out, as a
+///   stream transport does after a read; the payload is copied into the frame.
+let benchmarks: @Sendable () -> Void = {
+    Benchmark.defaultConfiguration = .init(
+        metrics: [.wallClock, .throughput, .mallocCountTotal],
+        timeUnits: .nanoseconds,
+        // Fixed units, so the Markdown tables read the same from run to run (and parse).
+        units: [.mallocCountTotal: .count, .throughput: .count],
+        warmupIterations: 10,
+        maxDuration: .seconds(1),
+        maxIterations: 100_000,
+        // Only allocation counts are held to a threshold: they are exact, while times on a
+        // shared two-CPU machine move by more than any useful tolerance.
+        thresholds: [.mallocCountTotal: .init(absolute: [.p90: 0])]
+    )
+    let maximumPayload = 1 << 20
+
+    for framing in Framing.allCases {
+        let encoder = framing.makeEncoder(maximumPayloadLength: maximumPayload)
+
+        let header = FrameHeader(kind: .request, msgid: 1, correlation: 42, payloadLength: 4096)
+        var headerBuffer: [UInt8] = []
+        headerBuffer.reserveCapacity(256)
+        Benchmark("EncodeHeader.\(framing)", configuration: .init(scalingFactor: .kilo)) { benchmark in
+            for _ in benchmark.scaledIterations {
+                headerBuffer.removeAll(keepingCapacity: true)
+                try encoder.encodeHeader(header, into: &headerBuffer)
+                blackHole(headerBuffer)
+            }
+        }
+
+        for size in [64, 4096, 65536, 1 << 20] {
+            let frame = Frame(kind: .request, msgid: 1, correlation: 42, payload: [UInt8](repeating: 0xA5, count: size))
+            // An inner loop for the small frames, so the measurement's own cost stays out of the figure.
+            let scaling: BenchmarkScalingFactor = size <= 4096 ? .kilo : .one
+            Benchmark("Encode.\(framing).\(sizeLabel(size))", configuration: .init(scalingFactor: scaling)) { benchmark in
+                for _ in benchmark.scaledIterations {
+                    blackHole(try encoder.encode(frame))
+                }
+            }
+
+            let bytes = try! encoder.encode(frame)
+            let reassembler = framing.makeReassembler(maximumPayloadLength: maximumPayload)
+            Benchmark("Decode.\(framing).\(sizeLabel(size))", configuration: .init(scalingFactor: scaling)) { benchmark in
+                for _ in benchmark.scaledIterations {
+                    bytes.withUnsafeBytes { reassembler.append($0) }
+                    guard let decoded = try reassembler.nextFrame(), decoded.payload.count == size else {
+                        fatalError("\(framing) decoder did not return the \(size)-byte frame")
+                    }
+                    blackHole(decoded)
+                }
+            }
+        }
+    }
+}
+
+/// Names hold no space or slash: package-benchmark 1.38.1 writes a threshold file under the
+/// name with those replaced by underscores, but looks it up under the name as it is.
+func sizeLabel(_ bytes: Int) -> String {
+    bytes >= 1 << 20 ? "\(bytes >> 20)MiB" : bytes >= 1024 ? "\(bytes >> 10)KiB" : "\(bytes)B"
+}

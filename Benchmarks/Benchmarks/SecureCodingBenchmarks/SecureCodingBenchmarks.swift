@@ -1,0 +1,52 @@
+import Benchmark
+import IPCCore
+import IPCSecureCoding
+
+/// Secure decoding per codec, in process: the sample order (``Order/sample(approximateSize:)``,
+/// as ``OrderObject`` for the keyed archive) decoded against ``AllowList/orders`` (accepted), and
+/// the same bytes against an allow-list that names nothing (refused with `disallowedType`: what
+/// a receiver pays to say no). Time and allocations per message. The size in a benchmark's name
+/// is the order's size as JSON; the property list and the keyed archive of the same order are
+/// larger.
+let benchmarks: @Sendable () -> Void = {
+    Benchmark.defaultConfiguration = .init(
+        metrics: [.wallClock, .throughput, .mallocCountTotal],
+        timeUnits: .nanoseconds,
+        // Fixed units, so the Markdown tables read the same from run to run (and parse).
+        units: [.mallocCountTotal: .count, .throughput: .count],
+        warmupIterations: 10,
+        maxDuration: .seconds(1),
+        maxIterations: 100_000,
+        // Allocation counts only, with a little room: from run to run Foundation's decoders
+        // allocate up to two objects more or fewer for the same bytes. (An absolute tolerance
+        // alone: package-benchmark fails a check that exceeds either kind.)
+        thresholds: [.mallocCountTotal: .init(absolute: [.p90: 3])]
+    )
+    let codecs: [any PayloadCodec] = [.json, .propertyList, .keyedArchive]
+    let accepting = AllowList.orders
+    let refusing = AllowList()
+
+    for codec in codecs {
+        for approximateSize in [256, 4096, 65536] {
+            let order = Order.sample(approximateSize: approximateSize)
+            let payload = codec.name == "keyedArchive" ? try! codec.encode(OrderObject(order)) : try! codec.encode(order)
+            Benchmark("DecodeAccepted.\(codec.name).\(sizeLabel(approximateSize))") { benchmark in
+                blackHole(try codec.decode(payload, allowing: accepting))
+            }
+            Benchmark("DecodeRefused.\(codec.name).\(sizeLabel(approximateSize))") { benchmark in
+                do {
+                    _ = try codec.decode(payload, allowing: refusing)
+                    fatalError("\(codec.name) accepted a type outside the allow-list")
+                } catch let error as IPCError where error.code == .disallowedType {
+                    blackHole(error)
+                }
+            }
+        }
+    }
+}
+
+/// Names hold no space or slash: package-benchmark 1.38.1 writes a threshold file under the
+/// name with those replaced by underscores, but looks it up under the name as it is.
+func sizeLabel(_ bytes: Int) -> String {
+    bytes >= 1024 ? "\(bytes >> 10)KiB" : "\(bytes)B"
+}

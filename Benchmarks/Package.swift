@@ -1,0 +1,39 @@
+// swift-tools-version: 6.1
+// The benchmarks of ipcbench, as a package of their own (as swift-nio does) so that users of the
+// main package never build benchmark dependencies.
+//
+//   swift package benchmark                                   run every suite (from this folder)
+//   swift package benchmark thresholds check --path Thresholds/6.3 --metric mallocCountTotal
+//
+// The Google Benchmark cross-check of the native floor is in FloorCrossCheck/ (make), and
+// Scripts/benchmarks.sh at the top of the repository runs both.
+import PackageDescription
+
+let package = Package(
+    name: "benchmarks",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        .package(name: "ipcbench", path: "../"),
+        // The malloc interposer gives the malloc counts; naming the trait also leaves out the
+        // Swift 6.3 runtime interposer, which package-benchmark enables by default.
+        .package(url: "https://github.com/ordo-one/benchmark", from: "1.38.1", traits: ["MallocInterposer"]),
+    ],
+    targets: [
+        // Binary and HTTP/1.1 framing: encoding and reassembling frames of 64 B to 1 MiB.
+        suite("FramingBenchmarks", measuring: ["IPCCore", "IPCFraming"]),
+        // Secure decoding per codec, of accepted and refused payloads.
+        suite("SecureCodingBenchmarks", measuring: ["IPCCore", "IPCSecureCoding"]),
+    ],
+    swiftLanguageModes: [.v6]
+)
+
+/// A package-benchmark suite: an executable target in Benchmarks/<name>, which the benchmark
+/// plugin finds and runs, measuring the main package's `products`.
+func suite(_ name: String, measuring products: [String]) -> Target {
+    .executableTarget(
+        name: name,
+        dependencies: [.product(name: "Benchmark", package: "benchmark")] + products.map { .product(name: $0, package: "ipcbench") },
+        path: "Benchmarks/\(name)",
+        plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+    )
+}
