@@ -1,5 +1,4 @@
 import Foundation
-import Histogram
 import IPCCore
 import IPCFraming
 import IPCPosix
@@ -79,7 +78,7 @@ public struct LatencyRunner: Sendable {
         /// Makes `count` round trips of `size` bytes; returns each one's time in nanoseconds.
         let roundTrips: (_ size: Int, _ count: Int) async throws -> [UInt64]
         let close: () -> Void
-        var measurements: [Int: Measurement] = [:]
+        var measurements: [Int: LatencyAccumulator] = [:]
 
         init(name: String, framing: Framing?, placement: Placement, peerPID: Int32,
              roundTrips: @escaping (Int, Int) async throws -> [UInt64], close: @escaping () -> Void) {
@@ -92,14 +91,6 @@ public struct LatencyRunner: Sendable {
         }
 
         var label: String { [name, framing?.rawValue, placement.rawValue].compactMap { $0 }.joined(separator: " ") }
-    }
-
-    private struct Measurement {
-        var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-        var blockMedians: [UInt64] = []
-        var samples = 0
-        var localCPU: UInt64? = 0
-        var peerCPU: UInt64? = 0
     }
 
     /// Measures every combination in the plan.
@@ -197,41 +188,13 @@ public struct LatencyRunner: Sendable {
         let elapsedTimes = try await session.roundTrips(size, samples)
         guard record else { return }
         let cpuAfter = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
-        var measurement = session.measurements[size] ?? Measurement()
-        for elapsed in elapsedTimes { _ = measurement.histogram.record(elapsed) }
-        measurement.blockMedians.append(LatencyResult.median(elapsedTimes))
-        measurement.samples += samples
-        func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
-            guard let total, let before, let after else { return nil }
-            return total + (after - before)
-        }
-        measurement.localCPU = add(measurement.localCPU, cpuBefore.local, cpuAfter.local)
-        measurement.peerCPU = add(measurement.peerCPU, cpuBefore.peer, cpuAfter.peer)
-        session.measurements[size] = measurement
+        session.measurements[size, default: LatencyAccumulator()].record(block: elapsedTimes, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
     }
 
     private func result(_ session: Session, size: Int) -> LatencyResult {
-        let measurement = session.measurements[size] ?? Measurement()
-        let histogram = measurement.histogram
-        let samples = max(1, measurement.samples)
-        return LatencyResult(
-            transport: session.name,
-            framing: session.framing,
-            placement: session.placement,
-            payloadBytes: size,
-            warmup: max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions) * LatencyResult.repetitions,
-            samples: measurement.samples,
-            minimum: histogram.min,
-            p50: histogram.valueAtPercentile(50),
-            p90: histogram.valueAtPercentile(90),
-            p99: histogram.valueAtPercentile(99),
-            p999: histogram.valueAtPercentile(99.9),
-            maximum: histogram.max,
-            mean: histogram.mean,
-            standardDeviation: histogram.stdDeviation,
-            repetitionMedians: measurement.blockMedians,
-            localCPUPerRoundTrip: measurement.localCPU.map { Double($0) / Double(samples) },
-            peerCPUPerRoundTrip: measurement.peerCPU.map { Double($0) / Double(samples) }
+        (session.measurements[size] ?? LatencyAccumulator()).result(
+            transport: session.name, framing: session.framing, placement: session.placement, payloadBytes: size,
+            warmup: max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions) * LatencyResult.repetitions
         )
     }
 }
