@@ -82,30 +82,42 @@ struct NotifyTransportTests {
         // Two 256 MiB messages, 256 times the ring each. A thread of its own (not one of the
         // test's tasks, which can be starved) spins on the store's write index and kills the
         // sender once 2 MiB of message 1 are published, 254 MiB before it could finish.
-        let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, size))
-        let connection = try #require(try await accept(1, on: listener).first)
-        let probe = InvalidationProbe()
-        probe.attach(to: connection)
-        let store = try SharedMapping(path: group.directory.path + "/" + (try #require(try ringFiles(group).first)), length: 4096, create: false)
         let frame = UInt64(BinaryWireFormat.headerLength + size)
-        let killedAt = LockedValue<UInt64?>(nil)
+        let killed = LockedValue<(written: UInt64, pid: Int32)?>(nil)
+        let directory = group.directory.path
+        // Started before the sender exists, so it is watching when the burst begins.
         Thread.detachNewThread {
             let deadline = ContinuousClock.now + .seconds(60)
+            var store: (mapping: SharedMapping, writer: Int32)?
             while ContinuousClock.now < deadline {
-                let written = ipc_atomic_load_u64(store.word64(at: 64))
+                guard let (mapping, writer) = store else {
+                    // The store is `torn.<writer pid>-<serial>.ring`.
+                    let file = (try? FileManager.default.contentsOfDirectory(atPath: directory))?.first { $0.hasSuffix(".ring") }
+                    if let file, let pid = Int32(file.dropFirst("torn.".count).prefix { $0.isNumber }),
+                        let mapping = try? SharedMapping(path: directory + "/" + file, length: 4096, create: false) {
+                        store = (mapping, pid)
+                    }
+                    continue
+                }
+                let written = ipc_atomic_load_u64(mapping.word64(at: 64))
                 if written >= frame + (2 << 20) {
-                    victim.kill()
-                    killedAt.set(written)
+                    kill(writer, SIGKILL)
+                    killed.set((written, writer))
                     return
                 }
             }
         }
+        let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, size))
+        let connection = try #require(try await accept(1, on: listener).first)
+        let probe = InvalidationProbe()
+        probe.attach(to: connection)
         let delivered = try await withDeadline(seconds: 120, "the burst") { () -> [ReceivedMessage] in
             var delivered: [ReceivedMessage] = []
             for await message in connection.messages { delivered.append(message) }
             return delivered
         }
-        let written = try #require(killedAt.get(), "the sender never reached message 1")
+        let (written, killedPID) = try #require(killed.get(), "the sender never reached message 1")
+        #expect(killedPID == victim.pid)
         #expect(written < 2 * frame, "the kill did not land while message 1 was being written")
         #expect(await probe.wait(seconds: 10))
         #expect(probe.reason?.kind == .peerDied)
