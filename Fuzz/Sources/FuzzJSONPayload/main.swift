@@ -1,0 +1,7 @@
+import FuzzSupport
+
+/// The input is a payload handed to the .json codec.
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzzJSONPayload(_ data: UnsafePointer<UInt8>, _ count: Int) -> CInt {
+    PayloadReceiver.fuzz(.standard(for: .json), data, count)
+}

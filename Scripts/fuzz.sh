@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of Fuzz/ with coverage and AddressSanitizer, checks that the code
+# under test really is instrumented, and runs each target for SECONDS_PER_TARGET (default 60) with
+# its committed seed corpus and dictionary, then replays everything it kept with leak detection.
+#
+#   Scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+#
+# New corpus entries go to Fuzz/.build/fuzz-corpus/<target>/ (kept between runs, never into the
+# committed Fuzz/Corpus/); logs to Fuzz/.build/fuzz-logs/, the summary to Fuzz/.build/fuzz-report.txt.
+# A crash, leak, timeout or out-of-memory saves the input as Fuzz/Crashes/<target>-<kind>-<sha1>
+# and makes the script exit non-zero after the other targets ran. Replay one with
+# `Fuzz/.build/release/<target> <file>`; once understood, keep it under
+# Tests/Fixtures/fuzz-regressions/ so that the test suite replays it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-60}
+shift || true
+all_targets=(
+    FuzzBinaryFrameDecoder
+    FuzzHTTPFrameDecoder
+    FuzzReassemblyOracle
+    FuzzJSONPayload
+    FuzzPropertyListPayload
+    FuzzKeyedArchivePayload
+)
+targets=("${@:-${all_targets[@]}}")
+
+# Targets whose inputs mostly reach a known, suppressed leak (Fuzz/lsan-suppressions.txt). libFuzzer
+# runs LeakSanitizer after every input that leaks, which would slow these twentyfold, so they fuzz
+# without leak checks, in segments short enough that the known leak cannot reach the RSS limit;
+# the replay below still checks every input they kept for leaks.
+leaky_targets=" FuzzKeyedArchivePayload "
+segment_seconds=120
+
+fail() {
+    echo "fuzz.sh: $*" >&2
+    exit 1
+}
+
+# --sanitize=fuzzer alone links libFuzzer without instrumenting the Swift code; the -Xswiftc flag
+# adds the coverage counters libFuzzer is guided by, and AddressSanitizer.
+build=(swift build -c release --sanitize=fuzzer -Xswiftc -sanitize=fuzzer,address)
+(cd Fuzz && "${build[@]}")
+bin=$(cd Fuzz && "${build[@]}" --show-bin-path)
+
+# Every object file of the modules under test carries coverage counters and ASan checks. (grep -c
+# reads all its input: grep -q would close the pipe early, which pipefail reports as a failure.)
+for module in IPCCore IPCFraming IPCSecureCoding FuzzSupport; do
+    objects=("$bin/$module.build/"*.o)
+    [ -e "${objects[0]}" ] || fail "no object files for $module in $bin"
+    for object in "${objects[@]}"; do
+        objdump -h "$object" | grep -c __sancov_cntrs >/dev/null || fail "$object has no coverage counters (__sancov_cntrs): not built with -sanitize=fuzzer"
+    done
+    nm -u "${objects[@]}" | grep -c __asan_report >/dev/null || fail "$module calls no __asan_report_*: not built with -sanitize=address"
+done
+
+# Leaks outside this repository that the fuzzer found and that were reported; see the file.
+export LSAN_OPTIONS="suppressions=$PWD/Fuzz/lsan-suppressions.txt${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+
+mkdir -p Fuzz/Crashes Fuzz/.build/fuzz-logs
+report=Fuzz/.build/fuzz-report.txt
+: >"$report"
+failed=()
+
+# Runs libFuzzer on a target; appends its output to the target's log and returns its status.
+run() {
+    local target=$1 log=$2
+    shift 2
+    # The first corpus directory receives new entries; the committed one is only read.
+    "$bin/$target" "Fuzz/.build/fuzz-corpus/$target" "Fuzz/Corpus/$target" \
+        -dict="Fuzz/Dictionaries/$target.dict" -rss_limit_mb=2048 -timeout=10 -max_len=8192 \
+        -artifact_prefix="Fuzz/Crashes/$target-" -print_final_stats=1 "$@" >>"$log" 2>&1
+}
+
+for target in "${targets[@]}"; do
+    [ -x "$bin/$target" ] || fail "no fuzz target $target (targets: ${all_targets[*]})"
+    nm "$bin/$target" | grep -c __sanitizer_cov_8bit_counters_init >/dev/null || fail "$target does not link the coverage runtime"
+    mkdir -p "Fuzz/.build/fuzz-corpus/$target"
+    log=Fuzz/.build/fuzz-logs/$target.log
+    : >"$log"
+    echo "=== $target: $seconds s"
+
+    status=0
+    started=$SECONDS
+    if [[ $leaky_targets == *" $target "* ]]; then
+        left=$seconds
+        while [ "$left" -gt 0 ] && [ "$status" -eq 0 ]; do
+            segment=$((left < segment_seconds ? left : segment_seconds))
+            run "$target" "$log" -max_total_time="$segment" -detect_leaks=0 || status=$?
+            left=$((left - segment))
+        done
+    else
+        run "$target" "$log" -max_total_time="$seconds" || status=$?
+    fi
+    elapsed=$((SECONDS - started > 0 ? SECONDS - started : 1))
+
+    counters=$(sed -n 's/^INFO: Loaded [0-9]* modules *(\([0-9]*\) inline 8-bit counters).*/\1/p' "$log" | head -n 1)
+    [ "${counters:-0}" -gt 0 ] || fail "$target reported no inline 8-bit counters: the build is not coverage-instrumented (see $log)"
+    final=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1 || true)
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | awk '{ n += $1 } END { print n }')
+    rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | sort -n | tail -n 1)
+    cov=$(sed -n 's/.* cov: \([0-9]*\) .*/\1/p' <<<"$final")
+    ft=$(sed -n 's/.* ft: \([0-9]*\) .*/\1/p' <<<"$final")
+    corpus=$(sed -n 's/.* corp: \([0-9]*\/[0-9]*[a-zA-Z]*\) .*/\1/p' <<<"$final")
+
+    # Everything kept, replayed once with leak detection on.
+    if [ "$status" -eq 0 ]; then
+        echo "--- leak check: replaying the corpus" >>"$log"
+        run "$target" "$log" -runs=0 -detect_leaks=1 || status=$?
+    fi
+
+    printf '%-24s %5ss  execs %9s  exec/s %6s  cov %5s  ft %6s  corpus %-11s  counters %5s  peak rss %sMb\n' \
+        "$target" "$elapsed" "${runs:-0}" "$(( ${runs:-0} / elapsed ))" "${cov:-?}" "${ft:-?}" "${corpus:-?}" "$counters" "${rss:-?}" | tee -a "$report"
+
+    artifacts=$(ls Fuzz/Crashes/"$target"-* 2>/dev/null || true)
+    if [ "$status" -ne 0 ] || [ -n "$artifacts" ]; then
+        echo "$target FAILED (exit $status); log: $log; inputs: ${artifacts:-none}" | tee -a "$report"
+        grep -E '==ERROR|^SUMMARY|Fatal error|Precondition failed|deadly signal|timeout|out-of-memory' "$log" | head -n 5 || true
+        # A timeout is measured in wall time, so a stalled machine can cause one: say how long the
+        # input takes now, to tell a slow input from a stall. It still fails the run.
+        for input in Fuzz/Crashes/"$target"-timeout-*; do
+            [ -e "$input" ] || continue
+            "$bin/$target" -timeout=10 "$input" 2>&1 | grep -E '^Executed|ERROR' | sed "s|^|replay: |" || true
+        done
+        failed+=("$target")
+    fi
+done
+
+echo "report: $report"
+[ ${#failed[@]} -eq 0 ] || fail "failed targets: ${failed[*]}"
