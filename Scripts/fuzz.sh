@@ -55,6 +55,9 @@ for module in IPCCore IPCFraming IPCSecureCoding FuzzSupport; do
     nm -u "${objects[@]}" | grep -c __asan_report >/dev/null || fail "$module calls no __asan_report_*: not built with -sanitize=address"
 done
 
+# libFuzzer reports crashes itself; Swift's backtracer would run inside the crashing, ASan-checked
+# process, trip ASan and can outlive it.
+export SWIFT_BACKTRACE=enable=no
 # Leaks outside this repository that the fuzzer found and that were reported; see the file.
 export LSAN_OPTIONS="suppressions=$PWD/Fuzz/lsan-suppressions.txt${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 

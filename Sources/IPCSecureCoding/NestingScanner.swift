@@ -67,6 +67,11 @@ enum NestingScanner {
     ///   ``IPCError/Code/malformedPayload`` for the refused forms above or a closing tag without
     ///   an opening one.
     static func checkXMLPropertyList(_ bytes: [UInt8], maximumDepth: Int) throws {
+        // Foundation's XML property-list parser crashes on some invalid UTF-8 (found by the
+        // fuzzer: a lead byte 0xF8 inside <integer>), so only valid UTF-8 goes any further.
+        guard String(validating: bytes, as: UTF8.self) != nil else {
+            throw IPCError(code: .malformedPayload, message: "an XML property list must be valid UTF-8")
+        }
         try bytes.withUnsafeBufferPointer { buffer in
             var scanner = XMLScanner(bytes: buffer)
             try scanner.checkPrologue()

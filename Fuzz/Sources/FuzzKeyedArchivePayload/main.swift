@@ -7,5 +7,5 @@ import FuzzSupport
 public func fuzzKeyedArchivePayload(_ data: UnsafePointer<UInt8>, _ count: Int) -> CInt {
     let foundationClasses: [any (NSObject & NSSecureCoding).Type] = [NSMutableArray.self, NSDictionary.self, NSMutableDictionary.self, NSData.self, NSMutableData.self]
     let extended = PayloadReceiver.standard(for: .keyedArchive, extraClasses: foundationClasses)[0]
-    return PayloadReceiver.fuzz(.standard(for: .keyedArchive) + [extended], data, count)
+    return PayloadReceiver.fuzz(PayloadReceiver.standard(for: .keyedArchive) + [extended], data, count)
 }
