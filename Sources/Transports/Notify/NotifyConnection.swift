@@ -68,7 +68,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                 try core.checkValid()
                 try header.withUnsafeBytes { headerBytes in
                     try frame.payload.withUnsafeBytes { payloadBytes in
-                        try outbound.write([headerBytes, payloadBytes], deadline: deadline, written: &written) {
+                        try outbound.write(header: headerBytes, payload: payloadBytes, deadline: deadline, written: &written) {
                             core.latch.isValid && store.state != .closed
                         }
                     }

@@ -121,13 +121,11 @@ final class NotifyStore: @unchecked Sendable {
 }
 
 extension NotifyStore.Ring {
-    /// Copies `parts` into the ring as they fit, publishing after each copy, waiting for space
+    /// Copies `header` then `payload` into the ring as they fit, publishing after each copy, waiting for space
     /// until `deadline` (monotonic nanoseconds). `written` counts published bytes, so a caller
     /// can tell a clean failure from a torn frame. `isOpen` is checked while waiting.
-    func write(_ parts: [UnsafeRawBufferPointer], deadline: UInt64, written: inout Int, isOpen: () -> Bool) throws {
-        let total = parts.reduce(0) { $0 + $1.count }
-        var part = 0
-        var offsetInPart = 0
+    func write(header: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer, deadline: UInt64, written: inout Int, isOpen: () -> Bool) throws {
+        let total = header.count + payload.count
         while written < total {
             let write = ipc_atomic_load_u64(writeIndex)
             let read = ipc_atomic_load_u64(readIndex)
@@ -150,19 +148,14 @@ extension NotifyStore.Ring {
             }
             var position = Int(write % UInt64(capacity))
             var copied = 0
-            while copied < free, part < parts.count {
-                let source = parts[part]
-                let count = min(source.count - offsetInPart, free - copied, capacity - position)
-                if count > 0 {
-                    (bytes + position).copyMemory(from: source.baseAddress! + offsetInPart, byteCount: count)
-                }
+            while copied < free, written + copied < total {
+                // The next bytes come from the header until it is all in, then from the payload.
+                let offset = written + copied
+                let (source, start) = offset < header.count ? (header, offset) : (payload, offset - header.count)
+                let count = min(source.count - start, free - copied, capacity - position)
+                (bytes + position).copyMemory(from: source.baseAddress! + start, byteCount: count)
                 copied += count
-                offsetInPart += count
                 position = (position + count) % capacity
-                if offsetInPart == source.count {
-                    part += 1
-                    offsetInPart = 0
-                }
             }
             ipc_atomic_store_u64(writeIndex, write + UInt64(copied))
             written += copied
