@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "floor_internal.h"
 
+#include <time.h>
+
 #include <mqueue.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +34,7 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
 }
 
 static nf_channel *channel_new(nf_mechanism mechanism, const char *directory, size_t max_payload, pid_t responder_pid, bool responder) {
-    if (operations_for(mechanism) == NULL || max_payload >= NF_GOODBYE || responder_pid <= 0) {
+    if (operations_for(mechanism) == NULL || max_payload >= NF_STREAM || responder_pid <= 0) {
         errno = EINVAL;
         return NULL;
     }
@@ -83,6 +85,33 @@ nf_channel *nf_initiator_open(nf_mechanism mechanism, const char *directory, siz
     return establish(channel, operations_for(mechanism)->open);
 }
 
+/// Responder: the rest of a stream after its NF_STREAM header: an empty acknowledgement (a
+/// stream's reader may have read ahead only as far as the header), the stream's parameters, its
+/// messages, then an empty acknowledgement again.
+static int sink_stream(nf_channel *channel, const struct nf_operations *operations) {
+    uint32_t parameters[2];
+    uint32_t length;
+    if (operations->send(channel, 0, NULL) != 0) return -1;
+    if (operations->receive(channel, &length, parameters, sizeof(parameters)) != 0) return -1;
+    if (length != sizeof(parameters) || parameters[1] > channel->max_payload) {
+        errno = EPROTO;
+        return -1;
+    }
+    size_t count = parameters[0], payload = parameters[1];
+    if (operations->sink != NULL) {
+        if (operations->sink(channel, count, payload) != 0) return -1;
+    } else {
+        for (size_t index = 0; index < count; index++) {
+            if (operations->receive(channel, &length, channel->buffer, channel->max_payload) != 0) return -1;
+            if (length != payload) {
+                errno = EPROTO;
+                return -1;
+            }
+        }
+    }
+    return operations->send(channel, 0, NULL);
+}
+
 int nf_responder_serve(nf_channel *channel) {
     const struct nf_operations *operations = operations_for(channel->mechanism);
     if (!channel->responder) {
@@ -94,6 +123,10 @@ int nf_responder_serve(nf_channel *channel) {
         uint32_t length;
         if (operations->receive(channel, &length, channel->buffer, channel->max_payload) != 0) return -1;
         if (length == NF_GOODBYE) return 0;
+        if (length == NF_STREAM) {
+            if (sink_stream(channel, operations) != 0) return -1;
+            continue;
+        }
         if (operations->send(channel, length, channel->buffer) != 0) return -1;
     }
 }
@@ -112,6 +145,40 @@ int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t 
         errno = reply_length == NF_GOODBYE ? ECONNRESET : EPROTO;
         return -1;
     }
+    return 0;
+}
+
+static int receive_acknowledgement(nf_channel *channel, const struct nf_operations *operations) {
+    uint32_t acknowledgement;
+    if (operations->receive(channel, &acknowledgement, NULL, 0) != 0) return -1;
+    if (acknowledgement != 0) {
+        errno = acknowledgement == NF_GOODBYE ? ECONNRESET : EPROTO;
+        return -1;
+    }
+    return 0;
+}
+
+static uint64_t monotonic_nanoseconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds) {
+    const struct nf_operations *operations = operations_for(channel->mechanism);
+    if (channel->responder || !operations->buffered || length > channel->max_payload || count > UINT32_MAX) {
+        errno = channel->responder ? EINVAL : !operations->buffered ? ENOTSUP : EMSGSIZE;
+        return -1;
+    }
+    uint32_t parameters[2] = {(uint32_t)count, (uint32_t)length};
+    if (operations->send(channel, NF_STREAM, NULL) != 0 || receive_acknowledgement(channel, operations) != 0) return -1;
+    uint64_t start = monotonic_nanoseconds();
+    if (operations->send(channel, sizeof(parameters), parameters) != 0) return -1;
+    for (size_t index = 0; index < count; index++) {
+        if (operations->send(channel, (uint32_t)length, payload) != 0) return -1;
+    }
+    if (receive_acknowledgement(channel, operations) != 0) return -1;
+    *nanoseconds = monotonic_nanoseconds() - start;
     return 0;
 }
 
@@ -228,11 +295,11 @@ int nf_read_message(int fd, bool file, uint32_t *length, void *payload, size_t c
         received += (size_t)count_read;
         if (!header_known && received >= NF_HEADER_LENGTH) {
             header_known = true;
-            if (header != NF_GOODBYE && header > capacity) {
+            if (!NF_IS_CONTROL(header) && header > capacity) {
                 errno = EMSGSIZE;
                 return -1;
             }
-            needed = NF_HEADER_LENGTH + (header == NF_GOODBYE ? 0 : header);
+            needed = NF_HEADER_LENGTH + (NF_IS_CONTROL(header) ? 0 : header);
             if (!file && received > needed) {
                 // The other end sent a second message before this one was answered.
                 errno = EPROTO;

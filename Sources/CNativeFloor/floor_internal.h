@@ -13,6 +13,12 @@
 #define NF_HEADER_LENGTH 4
 /// A header holding this value instead of a length says goodbye.
 #define NF_GOODBYE UINT32_MAX
+/// A header holding this value starts a one-way stream (nf_stream): the next message carries
+/// the stream's message count and payload length (two uint32_t), then come the messages, which
+/// the responder reads without echoing; it answers with one empty message once it has them all.
+#define NF_STREAM (UINT32_MAX - 1)
+/// Whether a header holds a control value (no payload follows) rather than a length.
+#define NF_IS_CONTROL(header) ((header) >= NF_STREAM)
 /// How long the initiator waits for a reply before checking that the responder is alive.
 #define NF_LIVENESS_PERIOD_SECONDS 1
 
@@ -81,6 +87,12 @@ struct nf_operations {
     /// Whether closing the initiator's end is seen by the responder (a stream's end), so that
     /// no goodbye is sent: a write to a FIFO whose reader died would raise SIGPIPE.
     bool closing_is_goodbye;
+    /// Whether the kernel buffers messages, so that a sender can run ahead of the receiver
+    /// (nf_stream works only then).
+    bool buffered;
+    /// Responder: reads a stream's `count` messages of `length` bytes without echoing them;
+    /// NULL to receive them one by one with `receive`.
+    int (*sink)(nf_channel *channel, size_t count, size_t length);
 };
 
 extern const struct nf_operations nf_unix_stream_operations;

@@ -110,7 +110,7 @@ static int futex_open(nf_channel *channel) {
 
 static int futex_send(nf_channel *channel, uint32_t length, const void *payload) {
     struct lane *lane = &header_of(channel)->lanes[outgoing(channel)];
-    if (length != NF_GOODBYE && length > 0) memcpy(area(channel, outgoing(channel)), payload, length);
+    if (!NF_IS_CONTROL(length) && length > 0) memcpy(area(channel, outgoing(channel)), payload, length);
     lane->length = length;
     // Release: the payload and length are visible before the new sequence number is.
     atomic_store_explicit(&lane->sequence, ++channel->sent, memory_order_release);
@@ -133,7 +133,7 @@ static int futex_receive(nf_channel *channel, uint32_t *length, void *payload, s
     }
     channel->seen = sequence;
     uint32_t header = lane->length;
-    if (header != NF_GOODBYE) {
+    if (!NF_IS_CONTROL(header)) {
         if (header > capacity) {
             errno = EMSGSIZE;
             return -1;

@@ -64,7 +64,7 @@ static int inotify_send(nf_channel *channel, uint32_t length, const void *payloa
     int fd = NF_RETRY(open(channel->names[written_name(channel)], O_WRONLY | O_CLOEXEC));
     if (fd < 0) return -1;
     uint32_t header = length;
-    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, length == NF_GOODBYE ? 0 : length}};
+    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, NF_IS_CONTROL(length) ? 0 : length}};
     int result = nf_write_all(fd, vector, 2, false);
     // The close is the signal: it raises IN_CLOSE_WRITE at the reader.
     nf_close_fd(&fd);

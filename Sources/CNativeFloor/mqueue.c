@@ -122,7 +122,7 @@ static int send_fragment(nf_channel *channel, const void *bytes, size_t length) 
 
 static int mqueue_send(nf_channel *channel, uint32_t length, const void *payload) {
     size_t size = (size_t)channel->message_size;
-    size_t payload_length = length == NF_GOODBYE ? 0 : length;
+    size_t payload_length = NF_IS_CONTROL(length) ? 0 : length;
     size_t first = payload_length < size - NF_HEADER_LENGTH ? payload_length : size - NF_HEADER_LENGTH;
     memcpy(channel->scratch, &length, NF_HEADER_LENGTH);
     if (first > 0) memcpy(channel->scratch + NF_HEADER_LENGTH, payload, first);
@@ -155,7 +155,7 @@ static int mqueue_receive(nf_channel *channel, uint32_t *length, void *payload, 
     }
     uint32_t header;
     memcpy(&header, channel->scratch, NF_HEADER_LENGTH);
-    size_t payload_length = header == NF_GOODBYE ? 0 : header;
+    size_t payload_length = NF_IS_CONTROL(header) ? 0 : header;
     if (payload_length > capacity) {
         errno = EMSGSIZE;
         return -1;
@@ -189,4 +189,5 @@ const struct nf_operations nf_mqueue_operations = {
     .open = mqueue_open,
     .send = mqueue_send,
     .receive = mqueue_receive,
+    .buffered = true,
 };

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,12 +15,32 @@
 
 static int stream_send(nf_channel *channel, uint32_t length, const void *payload, bool socket) {
     uint32_t header = length;
-    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, length == NF_GOODBYE ? 0 : length}};
+    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, NF_IS_CONTROL(length) ? 0 : length}};
     return nf_write_all(channel->out_fd, vector, 2, socket);
 }
 
 static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
     return nf_read_message(channel->in_fd, false, length, payload, capacity);
+}
+
+/// A stream's messages, read as the bytes they are (headers included) in reads of up to 1 MiB:
+/// what a receiver that only drains the stream costs.
+static int stream_sink(nf_channel *channel, size_t count, size_t length) {
+    size_t remaining = count * (NF_HEADER_LENGTH + length);
+    size_t capacity = 1 << 20;
+    unsigned char *buffer = malloc(capacity);
+    if (buffer == NULL) return -1;
+    while (remaining > 0) {
+        ssize_t received = NF_RETRY(read(channel->in_fd, buffer, remaining < capacity ? remaining : capacity));
+        if (received <= 0) {
+            if (received == 0) errno = EPROTO;
+            free(buffer);
+            return -1;
+        }
+        remaining -= (size_t)received;
+    }
+    free(buffer);
+    return 0;
 }
 
 // MARK: AF_UNIX stream socket
@@ -76,6 +97,8 @@ const struct nf_operations nf_unix_stream_operations = {
     .send = unix_send,
     .receive = stream_receive,
     .closing_is_goodbye = true,
+    .buffered = true,
+    .sink = stream_sink,
 };
 
 // MARK: FIFOs
@@ -118,4 +141,6 @@ const struct nf_operations nf_pipe_operations = {
     .send = pipe_send,
     .receive = stream_receive,
     .closing_is_goodbye = true,
+    .buffered = true,
+    .sink = stream_sink,
 };

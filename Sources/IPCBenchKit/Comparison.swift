@@ -31,18 +31,18 @@ public struct Comparison: Sendable {
     ///   - alpha: the significance level of the U test.
     ///   - minimumChange: the smallest relative change of the median that can count (0.2 = 20 %).
     public init(baseline: RunResults, current: RunResults, alpha: Double, minimumChange: Double) {
-        let before = Dictionary(baseline.latency.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
-        let after = Dictionary(current.latency.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
-        unmatched = Set(before.keys).symmetricDifference(after.keys).sorted()
-        rows = current.latency.compactMap { now in
-            guard let then = before[now.name] else { return nil }
-            let baselineMedian = Self.median(then.repetitionMedians.map { Double($0) })
-            let currentMedian = Self.median(now.repetitionMedians.map { Double($0) })
+        let before = Dictionary(Self.measurements(baseline), uniquingKeysWith: { first, _ in first })
+        let now = Self.measurements(current)
+        unmatched = Set(before.keys).symmetricDifference(now.map(\.name)).sorted()
+        rows = now.compactMap { name, currentValues in
+            guard let baselineValues = before[name] else { return nil }
+            let baselineMedian = Self.median(baselineValues)
+            let currentMedian = Self.median(currentValues)
             let change = baselineMedian > 0 ? currentMedian / baselineMedian - 1 : 0
-            let pValue = Self.mannWhitneyU(then.repetitionMedians.map { Double($0) }, now.repetitionMedians.map { Double($0) })
+            let pValue = Self.mannWhitneyU(baselineValues, currentValues)
             let verdict: Verdict
-            let (thenLow, thenHigh) = Self.quartiles(then.repetitionMedians.map { Double($0) })
-            let (nowLow, nowHigh) = Self.quartiles(now.repetitionMedians.map { Double($0) })
+            let (thenLow, thenHigh) = Self.quartiles(baselineValues)
+            let (nowLow, nowHigh) = Self.quartiles(currentValues)
             if let pValue {
                 if pValue < alpha, change > minimumChange, nowLow > thenHigh {
                     verdict = .regression
@@ -54,8 +54,15 @@ public struct Comparison: Sendable {
             } else {
                 verdict = .inconclusive
             }
-            return Row(name: now.name, baselineMedian: baselineMedian, currentMedian: currentMedian, change: change, pValue: pValue, verdict: verdict)
+            return Row(name: name, baselineMedian: baselineMedian, currentMedian: currentMedian, change: change, pValue: pValue, verdict: verdict)
         }
+    }
+
+    /// Every measurement's repetitions as nanoseconds, where more is worse: round-trip medians
+    /// for latency, nanoseconds per message (the inverse of the rate) for throughput.
+    static func measurements(_ results: RunResults) -> [(name: String, values: [Double])] {
+        results.latency.map { ($0.name, $0.repetitionMedians.map { Double($0) }) }
+            + (results.throughput ?? []).map { ($0.name, $0.repetitionMessagesPerSecond.map { $0 > 0 ? 1e9 / $0 : .infinity }) }
     }
 
     static func median(_ values: [Double]) -> Double {

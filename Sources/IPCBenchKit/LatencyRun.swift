@@ -1,9 +1,10 @@
 import Foundation
 import IPCCore
 import IPCFraming
+import IPCConformance
 import IPCPosix
 
-/// What a latency run measures.
+/// What a cross-process run measures: round-trip latency and one-way throughput.
 public struct LatencyPlan: Sendable {
     public var transports: [String]
     public var framings: [Framing]
@@ -14,6 +15,12 @@ public struct LatencyPlan: Sendable {
     /// Also measure the native floor (``FloorMechanism``) under each transport, in the same run
     /// and placements, so each transport can be reported as a multiple of its floor.
     public var includeFloors: Bool
+    /// Wait strategies to measure. Spin-then-block is measured only where it can pay: with the
+    /// processes on different cores, for transports that support it
+    /// (``IPCCore/TransportCapabilities/supportsSpinning``). Never with both on one core.
+    public var waitStrategies: [WaitStrategy]
+    /// Also measure one-way throughput for each payload size.
+    public var includeThroughput: Bool
 
     public init(
         transports: [String] = TransportCatalog.names,
@@ -21,7 +28,9 @@ public struct LatencyPlan: Sendable {
         placements: [Placement] = [.sameCore, .splitCores],
         payloadSizes: [Int] = [0, 64, 4096, 65536, 1 << 20],
         sampleScale: Double = 1,
-        includeFloors: Bool = true
+        includeFloors: Bool = true,
+        waitStrategies: [WaitStrategy] = [.blocking, .spinThenBlock()],
+        includeThroughput: Bool = true
     ) {
         self.transports = transports
         self.framings = framings
@@ -29,6 +38,15 @@ public struct LatencyPlan: Sendable {
         self.payloadSizes = payloadSizes
         self.sampleScale = sampleScale
         self.includeFloors = includeFloors
+        self.waitStrategies = waitStrategies
+        self.includeThroughput = includeThroughput
+    }
+
+    /// Messages per throughput repetition: about 16 MiB of payload, between 50 and 5,000
+    /// messages (scaled like the samples, at least 10).
+    public func throughputMessages(forPayload bytes: Int) -> Int {
+        let count = min(5_000, max(50, (16 << 20) / max(1, bytes)))
+        return max(10, Int(Double(count) * min(1, sampleScale)))
     }
 
     /// Enough round trips that the p99.9 rests on at least 20 samples for payloads up to 4 KiB;
@@ -50,10 +68,16 @@ public struct LatencyPlan: Sendable {
     }
 }
 
-/// Runs round-trip latency measurements against peer processes.
+/// What a cross-process run found.
+public struct CrossProcessResults: Sendable {
+    public var latency: [LatencyResult]
+    public var throughput: [ThroughputResult]
+}
+
+/// Runs round-trip latency and one-way throughput measurements against peer processes.
 ///
-/// Every combination (transport, framing, placement) gets its own peer process and connection,
-/// all started up front. The samples are then taken in ``LatencyResult/repetitions``
+/// Every combination (transport, framing, placement, wait strategy) gets its own peer process
+/// and connection, all started up front. The samples are then taken in ``LatencyResult/repetitions``
 /// repetitions that sweep the whole matrix each, so a measurement's repetitions are spread over
 /// the run: drift on a shared machine shows up as spread between repetitions instead of
 /// silently biasing whichever measurement ran during it. `ipcbench compare` tests those
@@ -74,60 +98,102 @@ public struct LatencyRunner: Sendable {
         let name: String
         let framing: Framing?
         let placement: Placement
+        let waitStrategy: WaitStrategy
         let peerPID: Int32
         /// Makes `count` round trips of `size` bytes; returns each one's time in nanoseconds.
         let roundTrips: (_ size: Int, _ count: Int) async throws -> [UInt64]
+        /// Sends `count` one-way messages of `size` bytes; returns the nanoseconds until the
+        /// peer had them all. `nil` where one-way throughput means nothing.
+        let stream: ((_ size: Int, _ count: Int) async throws -> UInt64)?
         let close: () -> Void
         var measurements: [Int: LatencyAccumulator] = [:]
+        var throughput: [Int: ThroughputAccumulator] = [:]
 
-        init(name: String, framing: Framing?, placement: Placement, peerPID: Int32,
-             roundTrips: @escaping (Int, Int) async throws -> [UInt64], close: @escaping () -> Void) {
+        init(name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, peerPID: Int32,
+             roundTrips: @escaping (Int, Int) async throws -> [UInt64],
+             stream: ((Int, Int) async throws -> UInt64)?, close: @escaping () -> Void) {
             self.name = name
             self.framing = framing
             self.placement = placement
+            self.waitStrategy = waitStrategy
             self.peerPID = peerPID
             self.roundTrips = roundTrips
+            self.stream = stream
             self.close = close
         }
 
-        var label: String { [name, framing?.rawValue, placement.rawValue].compactMap { $0 }.joined(separator: " ") }
+        var label: String {
+            [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil].compactMap { $0 }.joined(separator: " ")
+        }
     }
 
     /// Measures every combination in the plan.
     /// - Throws: ``IPCError`` if a peer cannot be started or a request fails.
-    public func run() async throws -> [LatencyResult] {
+    public func run() async throws -> CrossProcessResults {
         let group = try TemporaryGroup()
         defer { group.remove() }
-        let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
-        let combinations = plan.transports.flatMap { name in
-            (TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil]).map { (name, $0) }
-        }
         let originalAffinity = CPUAffinity.current()
         defer { try? CPUAffinity.pinCurrentProcess(to: originalAffinity) }
-        var sessions: [Session] = []
-        defer {
-            for session in sessions { session.close() }
+        var measured: [Session] = []
+        // One phase per wait strategy, each with its own peers, started when the phase starts and
+        // stopped when it ends: all of them at once would hold more POSIX message queues than a
+        // user's RLIMIT_MSGQUEUE (800 KiB by default) allows. The floors run in the first phase.
+        for (index, strategy) in plan.waitStrategies.enumerated() {
+            var sessions: [Session] = []
+            defer {
+                for session in sessions { session.close() }
+            }
+            try startSessions(strategy, floors: index == 0 && plan.includeFloors, group: group.directory, into: &sessions)
+            guard !sessions.isEmpty else { continue }
+            progress.note("\(strategy.name): started \(sessions.count) peer processes")
+            try await sweep(sessions, phase: strategy.name, originalAffinity: originalAffinity)
+            measured += sessions
         }
-        let floors = plan.includeFloors ? orderedUnique(plan.transports.compactMap(FloorMechanism.init(transport:))) : []
-        progress.note("starting \((combinations.count + floors.count) * placements.count) peer processes")
-        for (transportName, framing) in combinations {
-            for placement in placements {
-                sessions.append(try transportSession(transportName, framing: framing, placement: placement, group: group.directory))
+        let latency = measured.flatMap { session in
+            plan.payloadSizes.map { size in result(session, size: size) }
+        }
+        let throughput = measured.flatMap { session in
+            plan.payloadSizes.compactMap { size in
+                session.throughput[size]?.result(
+                    transport: session.name, framing: session.framing, placement: session.placement,
+                    waitStrategy: session.waitStrategy.name, payloadBytes: size
+                )
             }
         }
-        for mechanism in floors {
+        return CrossProcessResults(latency: latency, throughput: throughput)
+    }
+
+    /// Starts a session for every transport, framing and placement that `strategy` applies to
+    /// (spinning only where the processes are on different cores and the transport can poll),
+    /// and the native floors under the transports if `floors` is set.
+    private func startSessions(_ strategy: WaitStrategy, floors: Bool, group: GroupDirectory, into sessions: inout [Session]) throws {
+        let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
+        for name in plan.transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
+            for framing in TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil] {
+                for placement in placements where !strategy.spins || placement.spreadsProcesses {
+                    sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, group: group))
+                }
+            }
+        }
+        guard floors else { return }
+        for mechanism in orderedUnique(plan.transports.compactMap(FloorMechanism.init(transport:))) {
             for placement in placements {
-                let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group.directory, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))
+                let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))
                 sessions.append(Session(
                     name: mechanism.resultName, framing: nil, placement: placement, peerPID: floor.peerPID,
                     roundTrips: { size, count in try await floor.roundTripTimes(payloadSize: size, count: count) },
+                    stream: mechanism.streams ? { size, count in try await floor.streamTime(payloadSize: size, count: count) } : nil,
                     close: { floor.close() }
                 ))
             }
         }
+    }
+
+    /// Takes the samples of `sessions` in ``LatencyResult/repetitions`` sweeps.
+    private func sweep(_ sessions: [Session], phase: String, originalAffinity: [Int]) async throws {
         let repetitions = LatencyResult.repetitions
         for repetition in 1...repetitions {
-            let label = "repetition \(repetition)/\(repetitions)"
+            let label = "\(phase): repetition \(repetition)/\(repetitions)"
             progress.begin(step: repetition, of: repetitions, label: label)
             for (index, session) in sessions.enumerated() {
                 try CPUAffinity.pinCurrentProcess(to: session.placement.cpus.map { [$0.local] } ?? originalAffinity)
@@ -136,31 +202,32 @@ public struct LatencyRunner: Sendable {
                     // Warm up before each block: the connection may have been idle while others ran.
                     try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
                     try await measureBlock(session, size: size, samples: blockSamples, record: true)
+                    if plan.includeThroughput, session.stream != nil {
+                        try await measureThroughput(session, size: size)
+                    }
                 }
                 progress.update(label: label, fraction: Double(index + 1) / Double(sessions.count))
             }
             progress.end(label: label, summary: "\(sessions.count * plan.payloadSizes.count) measurements")
         }
-        return sessions.flatMap { session in
-            plan.payloadSizes.map { size in result(session, size: size) }
-        }
     }
 
-    private func transportSession(_ name: String, framing: Framing?, placement: Placement, group: GroupDirectory) throws -> Session {
+    private func transportSession(_ name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy, group: GroupDirectory) throws -> Session {
         let transport = try TransportCatalog.transport(named: name, framing: framing ?? .binary)
-        let variant = [name, framing?.rawValue].compactMap { $0 }.joined(separator: "-")
+        let variant = [name, framing?.rawValue, waitStrategy.spins ? "spin" : nil].compactMap { $0 }.joined(separator: "-")
         let endpoint = try Endpoint(group: group, name: "\(group.identifier).bench-\(variant)-\(placement)")
-        let peer = try PeerProcess(transport: name, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer)
+        let peer = try PeerProcess(transport: name, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer, waitStrategy: waitStrategy)
         let connection: any MessageConnection
         do {
-            connection = try transport.connect(to: endpoint, options: .defaults)
+            connection = try transport.connect(to: endpoint, options: .defaults { $0.waitStrategy = waitStrategy })
         } catch {
             peer.stop()
             throw error
         }
-        let label = [name, framing?.rawValue, placement.rawValue].compactMap { $0 }.joined(separator: " ")
+        let label = [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil].compactMap { $0 }.joined(separator: " ")
+        let sinkReports = SinkReports(connection.messages)
         return Session(
-            name: name, framing: framing, placement: placement, peerPID: peer.pid,
+            name: name, framing: framing, placement: placement, waitStrategy: waitStrategy, peerPID: peer.pid,
             roundTrips: { size, count in
                 let payload = [UInt8](repeating: 0xA5, count: size)
                 let timeout = Duration.seconds(30)
@@ -175,6 +242,21 @@ public struct LatencyRunner: Sendable {
                     }
                 }
                 return times
+            },
+            stream: { size, count in
+                let payload = [UInt8](repeating: 0x5A, count: size)
+                let timeout = Duration.seconds(30)
+                let start = monotonicNanoseconds()
+                for _ in 0..<count {
+                    try connection.send(payload, msgid: ConformancePeer.Sink.message, timeout: timeout)
+                }
+                try connection.send([], msgid: ConformancePeer.Sink.end, timeout: timeout)
+                let report = try await sinkReports.next(orInvalidate: connection, after: .seconds(60))
+                let elapsed = monotonicNanoseconds() - start
+                guard report.messages == count, report.bytes == UInt64(count * size) else {
+                    throw IPCError(code: .malformedPayload, message: "\(label): the peer received \(report.messages) messages (\(report.bytes) bytes) of \(count) (\(count * size) bytes)")
+                }
+                return elapsed
             },
             close: {
                 connection.invalidate()
@@ -191,11 +273,49 @@ public struct LatencyRunner: Sendable {
         session.measurements[size, default: LatencyAccumulator()].record(block: elapsedTimes, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
     }
 
+    private func measureThroughput(_ session: Session, size: Int) async throws {
+        guard let stream = session.stream else { return }
+        let count = plan.throughputMessages(forPayload: size)
+        // A short warm-up run first: buffers fault in, and the receiver is awake.
+        _ = try await stream(size, max(2, count / 20))
+        let cpuBefore = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+        let elapsed = try await stream(size, count)
+        let cpuAfter = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+        session.throughput[size, default: ThroughputAccumulator()].record(count: count, nanoseconds: elapsed, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
+    }
+
     private func result(_ session: Session, size: Int) -> LatencyResult {
         (session.measurements[size] ?? LatencyAccumulator()).result(
-            transport: session.name, framing: session.framing, placement: session.placement, payloadBytes: size,
+            transport: session.name, framing: session.framing, placement: session.placement, waitStrategy: session.waitStrategy, payloadBytes: size,
             warmup: max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions) * LatencyResult.repetitions
         )
+    }
+}
+
+/// The sink reports (``ConformancePeer/Sink/report``) arriving on a harness connection.
+private final class SinkReports {
+    private var iterator: AsyncStream<ReceivedMessage>.Iterator
+
+    init(_ messages: AsyncStream<ReceivedMessage>) {
+        iterator = messages.makeAsyncIterator()
+    }
+
+    /// The next report. If none comes within `limit`, the connection is invalidated (its message
+    /// stream ends) and this throws: a lost message must not hang the run.
+    func next(orInvalidate connection: any MessageConnection, after limit: Duration) async throws -> (messages: UInt64, bytes: UInt64) {
+        let watchdog = Task {
+            try await Task.sleep(for: limit)
+            connection.invalidate()
+        }
+        defer { watchdog.cancel() }
+        while let message = await iterator.next() {
+            guard message.msgid == ConformancePeer.Sink.report else { continue }
+            guard let report = ConformancePeer.Sink.parseReport(message.payload) else {
+                throw IPCError(code: .malformedPayload, message: "a sink report of \(message.payload.count) bytes")
+            }
+            return report
+        }
+        throw IPCError(code: .peerInvalidated, message: "no sink report within \(limit): the connection ended (\(connection.invalidationReason.map { "\($0)" } ?? "invalidated"))")
     }
 }
 

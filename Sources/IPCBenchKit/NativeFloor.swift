@@ -118,6 +118,20 @@ public final class FloorSession: Sendable {
         }
     }
 
+    /// Sends `count` one-way messages of `payloadSize` bytes back to back and returns how long it
+    /// took until the peer had read them all, in nanoseconds: the one-way throughput floor.
+    /// - Throws: ``IPCError/Code/unsupportedOperation`` for a mechanism that does not buffer
+    ///   (``FloorMechanism/streams``); otherwise as ``roundTripTimes(payloadSize:count:)``.
+    public func streamTime(payloadSize: Int, count: Int) async throws -> UInt64 {
+        try checkPayloadSize(payloadSize)
+        return try await onMeasuringThread {
+            let payload = [UInt8](repeating: 0x5A, count: payloadSize)
+            return try self.withInitiator { initiator in
+                try payload.withUnsafeBytes { try initiator.stream($0, count: count) }
+            }
+        }
+    }
+
     /// Says goodbye, waits for the peer to exit, and leaves no name behind. Later round trips
     /// fail; closing again does nothing.
     public func close() {

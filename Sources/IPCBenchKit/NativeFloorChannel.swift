@@ -71,9 +71,28 @@ final class FloorInitiator: @unchecked Sendable {
         // An empty buffer has no base address; the C side touches no byte of a zero-length payload.
         guard nf_round_trip(channel, request.baseAddress, reply.baseAddress, request.count) == 0 else { throw IPCError.floor("a round trip", mechanism: mechanism, errno: errno) }
     }
+
+    /// Sends `count` one-way messages carrying `payload` and returns once the responder has
+    /// read them all: the nanoseconds from the first send until then.
+    /// - Throws: ``IPCError/Code/unsupportedOperation`` for a mechanism that cannot stream
+    ///   (``FloorMechanism/streams``); otherwise as ``roundTrip(_:reply:)``.
+    func stream(_ payload: UnsafeRawBufferPointer, count: Int) throws -> UInt64 {
+        var nanoseconds: UInt64 = 0
+        guard nf_stream(channel, payload.baseAddress, payload.count, count, &nanoseconds) == 0 else { throw IPCError.floor("a stream", mechanism: mechanism, errno: errno) }
+        return nanoseconds
+    }
 }
 
 extension FloorMechanism {
+    /// Whether the kernel buffers this mechanism's messages, so that one-way throughput means
+    /// something (a sender can run ahead of its receiver).
+    public var streams: Bool {
+        switch self {
+        case .unixStream, .mqueue, .pipe: true
+        case .futex, .inotify: false
+        }
+    }
+
     var cValue: nf_mechanism {
         switch self {
         case .unixStream: NF_UNIX_STREAM
@@ -94,6 +113,7 @@ extension IPCError {
         case EMSGSIZE: kind = .payloadTooLarge
         case EPROTO: kind = .malformedFrame
         case ENAMETOOLONG: kind = .invalidEndpoint
+        case ENOTSUP: kind = .unsupportedOperation
         default: kind = .transportFailure
         }
         return IPCError(code: kind, message: "native floor \(mechanism): \(operation) failed: \(String(cString: strerror(code))) (errno \(code))")

@@ -1,4 +1,5 @@
 import Histogram
+import IPCCore
 import IPCFraming
 import IPCPosix
 
@@ -64,12 +65,13 @@ struct LatencyAccumulator {
         peerCPU = add(peerCPU, cpuBefore.peer, cpuAfter.peer)
     }
 
-    func result(transport: String, framing: Framing?, placement: Placement, payloadBytes: Int, warmup: Int) -> LatencyResult {
+    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, payloadBytes: Int, warmup: Int) -> LatencyResult {
         let perRoundTrip = Double(max(1, samples))
         return LatencyResult(
             transport: transport,
             framing: framing,
             placement: placement,
+            waitStrategy: waitStrategy.name,
             payloadBytes: payloadBytes,
             warmup: warmup,
             samples: samples,

@@ -50,6 +50,7 @@ public final class PeerProcess: Sendable {
         role: PeerRole,
         cpu: Int? = nil,
         burst: (count: Int, size: Int)? = nil,
+        waitStrategy: WaitStrategy = .blocking,
         timeout: Duration = .seconds(20)
     ) throws {
         var arguments = [
@@ -58,6 +59,7 @@ public final class PeerProcess: Sendable {
         ]
         if let cpu { arguments += ["--cpu", String(cpu)] }
         if let burst { arguments += ["--burst-count", String(burst.count), "--burst-size", String(burst.size)] }
+        if waitStrategy.spins { arguments += ["--spin-microseconds", String(waitStrategy.spinNanoseconds / 1000)] }
         try self.init(arguments: arguments, timeout: timeout)
     }
 

@@ -33,6 +33,8 @@ public struct PeerService: Sendable {
     public var burstSize: Int
     /// A process to start before announcing readiness, which outlives this one when it is killed.
     public var grandchild: ConformancePeer.Grandchild?
+    /// How the peer's connections wait for messages.
+    public var waitStrategy: WaitStrategy
 
     public init(
         transport: any MessageTransport,
@@ -40,7 +42,8 @@ public struct PeerService: Sendable {
         role: PeerRole,
         burstCount: Int = 0,
         burstSize: Int = 4,
-        grandchild: ConformancePeer.Grandchild? = nil
+        grandchild: ConformancePeer.Grandchild? = nil,
+        waitStrategy: WaitStrategy = .blocking
     ) {
         self.transport = transport
         self.endpoint = endpoint
@@ -48,6 +51,7 @@ public struct PeerService: Sendable {
         self.burstCount = burstCount
         self.burstSize = burstSize
         self.grandchild = grandchild
+        self.waitStrategy = waitStrategy
     }
 
     /// The payload of message `index` of a burst.
@@ -63,7 +67,8 @@ public struct PeerService: Sendable {
                 role: role == .server ? .server : .client,
                 burstCount: burstCount,
                 burstSize: burstSize,
-                grandchild: grandchild
+                grandchild: grandchild,
+                waitStrategy: waitStrategy
             )
             try await ConformancePeer(transport: transport, configuration: configuration).run()
         case .coordinator:

@@ -20,6 +20,10 @@ public enum Placement: String, Sendable, Hashable, Codable, CaseIterable, Custom
         }
     }
 
+    /// Whether the two processes are kept on different cores: the only placement where a
+    /// spinning wait can pay (with one core, a spinner delays the peer it waits for).
+    public var spreadsProcesses: Bool { self == .splitCores }
+
     /// CPUs this placement needs.
     public var requiredCPUCount: Int { self == .splitCores ? 2 : 1 }
 }

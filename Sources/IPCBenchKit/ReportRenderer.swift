@@ -2,21 +2,49 @@ import Foundation
 
 /// Renders results as a plain-text table (for the terminal) and as Markdown (for `Reports/`).
 public enum ReportRenderer {
-    static let latencyColumns = ["transport", "framing", "placement", "payload", "samples", "p50", "p90", "p99", "p99.9", "max"]
+    static let latencyColumns = ["transport", "framing", "placement", "wait", "payload", "samples", "p50", "p90", "p99", "p99.9", "max", "p50 ÷ floor", "CPU/rt"]
 
     static func latencyRows(_ results: [LatencyResult]) -> [[String]] {
         results.map { result in
-            [
-                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, formatBytes(result.payloadBytes),
-                String(result.samples), formatMicroseconds(result.p50), formatMicroseconds(result.p90),
+            let floor = FloorMechanism(transport: result.transport).flatMap { mechanism in
+                results.first { $0.transport == mechanism.resultName && $0.placement == result.placement && $0.payloadBytes == result.payloadBytes && !$0.spins }
+            }
+            let cpu = result.localCPUPerRoundTrip.flatMap { local in result.peerCPUPerRoundTrip.map { UInt64(local + $0) } }
+            return [
+                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitStrategy ?? "blocking",
+                formatBytes(result.payloadBytes), String(result.samples), formatMicroseconds(result.p50), formatMicroseconds(result.p90),
                 formatMicroseconds(result.p99), formatMicroseconds(result.p999), formatMicroseconds(result.maximum),
+                floor.map { String(format: "%.2f×", Double(result.p50) / Double(max(1, $0.p50))) } ?? "-",
+                cpu.map(formatMicroseconds) ?? "-",
             ]
         }
     }
 
     /// A fixed-width table; numeric columns are right-aligned.
     public static func table(_ results: [LatencyResult]) -> String {
-        fixedWidth([latencyColumns] + latencyRows(results), leftAligned: 4)
+        fixedWidth([latencyColumns] + latencyRows(results), leftAligned: 5)
+    }
+
+    static let throughputColumns = ["transport", "framing", "placement", "wait", "payload", "messages/s", "MB/s", "÷ floor", "CPU/msg"]
+
+    static func throughputRows(_ results: [ThroughputResult]) -> [[String]] {
+        results.map { result in
+            let floor = FloorMechanism(transport: result.transport).flatMap { mechanism in
+                results.first { $0.transport == mechanism.resultName && $0.placement == result.placement && $0.payloadBytes == result.payloadBytes && $0.waitStrategy == "blocking" }
+            }
+            let cpu = result.localCPUPerMessage.flatMap { local in result.peerCPUPerMessage.map { UInt64(local + $0) } }
+            return [
+                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitStrategy, formatBytes(result.payloadBytes),
+                String(format: "%.0f", result.messagesPerSecond), String(format: "%.1f", result.bytesPerSecond / 1e6),
+                floor.map { String(format: "%.0f%%", 100 * result.messagesPerSecond / max(1, $0.messagesPerSecond)) } ?? "-",
+                cpu.map(formatMicroseconds) ?? "-",
+            ]
+        }
+    }
+
+    /// One-way throughput, as a fixed-width table.
+    public static func throughputTable(_ results: [ThroughputResult]) -> String {
+        fixedWidth([throughputColumns] + throughputRows(results), leftAligned: 5)
     }
 
     static let invalidationColumns = ["transport", "trials", "median", "max"]
@@ -74,13 +102,25 @@ public enum ReportRenderer {
         Cross-process request/reply: the peer is a separate `ipcbench peer` process that echoes
         the payload. Times from an HDR histogram (3 significant digits). `same-core` pins both
         processes to CPU 0; `split-cores` pins this process to CPU 0 and the peer to CPU 1.
+        `wait` is the wait strategy of both ends: `blocking` sleeps in the kernel at once;
+        `spin-then-block` polls for a bounded time first (only ever with split cores).
+        `p50 ÷ floor` divides by the native floor's p50 (same mechanism, placement and payload,
+        blocking). CPU/rt is both processes' CPU time per round trip.
 
 
         """
         text += "| " + latencyColumns.joined(separator: " | ") + " |\n"
-        text += "|" + latencyColumns.indices.map { $0 < 4 ? "---" : "---:" }.joined(separator: "|") + "|\n"
+        text += "|" + latencyColumns.indices.map { $0 < 5 ? "---" : "---:" }.joined(separator: "|") + "|\n"
         for row in latencyRows(results.latency) {
             text += "| " + row.joined(separator: " | ") + " |\n"
+        }
+        if let throughput = results.throughput, !throughput.isEmpty {
+            text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. CPU/msg is both processes' CPU time per message.\n\n"
+            text += "| " + throughputColumns.joined(separator: " | ") + " |\n"
+            text += "|" + throughputColumns.indices.map { $0 < 5 ? "---" : "---:" }.joined(separator: "|") + "|\n"
+            for row in throughputRows(throughput) {
+                text += "| " + row.joined(separator: " | ") + " |\n"
+            }
         }
         if !results.inProcess.isEmpty {
             text += "\n## In-process framing and secure decoding\n\nMedian of 5 repetitions. Frame decoding runs through the reassembler over back-to-back frames arriving in 64 KiB reads; `bytes` is the payload. Codec rows decode an `Order` of about that encoded size, accepted (allow-listed) or refused (empty allow-list). Allocations per operation: see the package-benchmark suites in `Benchmarks/`.\n\n"

@@ -8,6 +8,8 @@ public struct RunResults: Codable, Sendable {
     public var schema: String
     public var context: RunContext
     public var latency: [LatencyResult]
+    /// One-way throughput; absent in files from before it was measured.
+    public var throughput: [ThroughputResult]?
     /// Time from SIGKILL of the peer to the invalidation handler, per transport.
     public var invalidation: [InvalidationResult]
     /// Framing and secure decoding measured in this process.
@@ -16,13 +18,15 @@ public struct RunResults: Codable, Sendable {
     /// repetition block, then a `median` aggregate), so its `compare.py` can read this file.
     public var benchmarks: [BenchmarkEntry]
 
-    public init(context: RunContext, latency: [LatencyResult], invalidation: [InvalidationResult] = [], inProcess: [InProcessResult] = []) {
+    public init(context: RunContext, latency: [LatencyResult], throughput: [ThroughputResult] = [], invalidation: [InvalidationResult] = [], inProcess: [InProcessResult] = []) {
         self.schema = Self.currentSchema
         self.context = context
         self.latency = latency
+        self.throughput = throughput
         self.invalidation = invalidation
         self.inProcess = inProcess
-        self.benchmarks = latency.flatMap(BenchmarkEntry.entries(for:)) + inProcess.flatMap(BenchmarkEntry.entries(for:))
+        self.benchmarks = latency.flatMap(BenchmarkEntry.entries(for:)) + throughput.flatMap(BenchmarkEntry.entries(for:))
+            + inProcess.flatMap(BenchmarkEntry.entries(for:))
     }
 }
 
@@ -45,9 +49,14 @@ public struct BenchmarkEntry: Codable, Sendable {
     public var p50: UInt64?
     public var p99: UInt64?
     public var p999: UInt64?
+    /// Throughput entries: messages and payload bytes per second, as Google Benchmark's
+    /// `items_per_second` and `bytes_per_second` counters.
+    public var itemsPerSecond: Double?
+    public var bytesPerSecond: Double?
 
     enum CodingKeys: String, CodingKey {
         case name, repetitions, threads, iterations, placement, p50, p99, p999
+        case itemsPerSecond = "items_per_second", bytesPerSecond = "bytes_per_second"
         case runName = "run_name", runType = "run_type", aggregateName = "aggregate_name"
         case repetitionIndex = "repetition_index", realTime = "real_time", cpuTime = "cpu_time"
         case timeUnit = "time_unit", payloadBytes = "payload_bytes"
@@ -68,6 +77,25 @@ public struct BenchmarkEntry: Codable, Sendable {
             )
         }
         return blocks.enumerated().map { entry($1, index: $0, aggregate: nil) } + [entry(result.p50, index: nil, aggregate: "median")]
+    }
+
+    /// Real time is nanoseconds per message, so that lower is better as for every other entry.
+    static func entries(for result: ThroughputResult) -> [BenchmarkEntry] {
+        let cpu = (result.localCPUPerMessage ?? 0) + (result.peerCPUPerMessage ?? 0)
+        let rates = result.repetitionMessagesPerSecond
+        func entry(_ rate: Double, index: Int?, aggregate: String?) -> BenchmarkEntry {
+            BenchmarkEntry(
+                name: result.name + (aggregate.map { "_" + $0 } ?? ""), runName: result.name,
+                runType: aggregate == nil ? "iteration" : "aggregate", aggregateName: aggregate,
+                repetitions: rates.count, repetitionIndex: index, threads: 1,
+                iterations: aggregate == nil ? result.messagesPerRepetition : rates.count,
+                realTime: rate > 0 ? 1e9 / rate : 0, cpuTime: cpu, timeUnit: "ns",
+                placement: result.placement, payloadBytes: result.payloadBytes,
+                p50: nil, p99: nil, p999: nil,
+                itemsPerSecond: rate, bytesPerSecond: rate * Double(result.payloadBytes)
+            )
+        }
+        return rates.enumerated().map { entry($1, index: $0, aggregate: nil) } + [entry(result.messagesPerSecond, index: nil, aggregate: "median")]
     }
 
     static func entries(for result: InProcessResult) -> [BenchmarkEntry] {
@@ -143,6 +171,9 @@ public struct LatencyResult: Codable, Sendable {
     /// The framing, for transports that carry a selectable one; `nil` for the others.
     public var framing: Framing?
     public var placement: Placement
+    /// `blocking` or `spin-then-block` (``IPCCore/WaitStrategy/name``); absent in files from
+    /// before wait strategies were measured, which were all blocking.
+    public var waitStrategy: String?
     public var payloadBytes: Int
     public var warmup: Int
     public var samples: Int
@@ -170,8 +201,13 @@ public struct LatencyResult: Codable, Sendable {
         return sorted[sorted.count / 2]
     }
 
-    /// A stable name for this measurement: `latency/<transport>[/<framing>]/<placement>/<bytes>`.
+    /// Whether both ends spun before blocking.
+    public var spins: Bool { (waitStrategy ?? "blocking") != "blocking" }
+
+    /// A stable name for this measurement:
+    /// `latency/<transport>[/<framing>]/<placement>[/spin-then-block]/<bytes>`.
     public var name: String {
-        (["latency", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue, String(payloadBytes)]).joined(separator: "/")
+        (["latency", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
+            + (spins ? [waitStrategy ?? ""] : []) + [String(payloadBytes)]).joined(separator: "/")
     }
 }

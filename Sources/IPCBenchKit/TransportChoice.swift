@@ -16,6 +16,11 @@ public enum TransportCatalog {
         name == "unix-socket"
     }
 
+    /// Whether the transport called `name` honours a spinning wait strategy.
+    public static func supportsSpinning(_ name: String) -> Bool {
+        (try? transport(named: name, framing: .binary))?.capabilities.supportsSpinning ?? false
+    }
+
     /// The transport called `name`, with the given framing where the transport uses one.
     /// - Throws: ``IPCError/Code/unsupportedOperation`` for an unknown name.
     public static func transport(named name: String, framing: Framing) throws -> any MessageTransport {

@@ -25,7 +25,7 @@ extension ConformancePeer {
 
     /// What a peer process does, and the command-line arguments that say it:
     /// `--group DIR --endpoint NAME --role server|client [--burst-count N --burst-size BYTES]
-    /// [--grandchild spawn|fork|spawn-leaking-descriptors]`.
+    /// [--grandchild spawn|fork|spawn-leaking-descriptors] [--spin-microseconds N]`.
     public struct Configuration: Sendable, Hashable {
         public var endpoint: Endpoint
         public var role: Role
@@ -35,13 +35,16 @@ extension ConformancePeer {
         /// Bytes per burst message (at least 4).
         public var burstSize: Int
         public var grandchild: Grandchild?
+        /// How the peer's connections wait (``ConnectionOptions/waitStrategy``).
+        public var waitStrategy: WaitStrategy
 
-        public init(endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil) {
+        public init(endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil, waitStrategy: WaitStrategy = .blocking) {
             self.endpoint = endpoint
             self.role = role
             self.burstCount = burstCount
             self.burstSize = burstSize
             self.grandchild = grandchild
+            self.waitStrategy = waitStrategy
         }
 
         /// The arguments that describe this configuration, for a peer executable's command line.
@@ -49,6 +52,7 @@ extension ConformancePeer {
             var arguments = ["--group", endpoint.group.path, "--endpoint", endpoint.name, "--role", role.rawValue]
             if burstCount > 0 { arguments += ["--burst-count", String(burstCount), "--burst-size", String(burstSize)] }
             if let grandchild { arguments += ["--grandchild", grandchild.rawValue] }
+            if waitStrategy.spins { arguments += ["--spin-microseconds", String(waitStrategy.spinNanoseconds / 1000)] }
             return arguments
         }
 
@@ -59,7 +63,7 @@ extension ConformancePeer {
             var values: [String: String] = [:]
             var iterator = arguments.makeIterator()
             while let option = iterator.next() {
-                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild"]
+                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds"]
                 guard known.contains(option), let value = iterator.next() else {
                     throw IPCError(code: .unsupportedOperation, message: "unexpected peer argument \(option.debugDescription); expected \(known.joined(separator: ", ")), each with a value")
                 }
@@ -80,7 +84,8 @@ extension ConformancePeer {
                 role: try value("--role", Role.init(rawValue:)) ?? .server,
                 burstCount: try value("--burst-count") { Int($0) } ?? 0,
                 burstSize: try value("--burst-size") { Int($0) } ?? 4,
-                grandchild: try value("--grandchild", Grandchild.init(rawValue:))
+                grandchild: try value("--grandchild", Grandchild.init(rawValue:)),
+                waitStrategy: WaitStrategy(spinNanoseconds: 1000 * (try value("--spin-microseconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } } ?? 0))
             )
         }
     }

@@ -4,7 +4,8 @@ import IPCCore
 /// The peer side of the suite: what the process at the other end of every case does.
 ///
 /// Requests are answered by msgid (``Request``); one-way messages are echoed back as one-way
-/// messages with the same msgid, which lets a case check delivery end to end. A peer runs until
+/// messages with the same msgid, which lets a case check delivery end to end, except the
+/// ``Sink`` msgids, which count one-way messages for throughput measurements. A peer runs until
 /// its connection ends (client role) or its standard input closes: standard input is a pipe from
 /// the process that started it, so a peer never outlives the suite.
 ///
@@ -28,6 +29,30 @@ public struct ConformancePeer: Sendable {
         /// Reply with the payload after a delay: the payload's first 4 bytes (big-endian) give
         /// the delay in milliseconds.
         public static let delayedEcho: UInt32 = 4
+    }
+
+    /// The msgids of one-way messages a peer does not echo: the receiving end of a one-way
+    /// throughput measurement.
+    public enum Sink {
+        /// Counted and dropped.
+        public static let message: UInt32 = 0xFFFF_FF00
+        /// Ends a run of ``message``s: the peer answers with one ``report`` message once its
+        /// consumer has taken everything sent before.
+        public static let end: UInt32 = 0xFFFF_FF01
+        /// The peer's answer to ``end``: the number of ``message``s and of their payload bytes
+        /// since the previous report, two 8-byte big-endian integers.
+        public static let report: UInt32 = 0xFFFF_FF02
+
+        /// Reads a ``report`` payload.
+        public static func parseReport(_ payload: [UInt8]) -> (messages: UInt64, bytes: UInt64)? {
+            guard payload.count == 16 else { return nil }
+            let values = stride(from: 0, to: 16, by: 8).map { start in payload[start..<start + 8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
+            return (values[0], values[1])
+        }
+
+        static func makeReport(messages: UInt64, bytes: UInt64) -> [UInt8] {
+            withUnsafeBytes(of: messages.bigEndian, Array.init) + withUnsafeBytes(of: bytes.bigEndian, Array.init)
+        }
     }
 
     public var transport: any MessageTransport
@@ -84,6 +109,7 @@ public struct ConformancePeer: Sendable {
         let options = ConnectionOptions.defaults {
             $0.requestHandler = Self.requestHandler
             $0.maximumPayloadLength = 1 << 30
+            $0.waitStrategy = configuration.waitStrategy
         }
         try await run(transport, options: options)
     }
@@ -126,8 +152,18 @@ public struct ConformancePeer: Sendable {
     }
 
     private static func echoMessages(on connection: some MessageConnection) async {
+        var sunk: (messages: UInt64, bytes: UInt64) = (0, 0)
         for await message in connection.messages {
-            try? connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
+            switch message.msgid {
+            case Sink.message:
+                sunk.messages += 1
+                sunk.bytes += UInt64(message.payload.count)
+            case Sink.end:
+                try? connection.send(Sink.makeReport(messages: sunk.messages, bytes: sunk.bytes), msgid: Sink.report, timeout: .seconds(5))
+                sunk = (0, 0)
+            default:
+                try? connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
+            }
         }
     }
 

@@ -69,10 +69,14 @@ public struct ConnectionOptions: Sendable {
     /// Answers requests on the receive path. When `nil`, requests are delivered through
     /// ``MessageConnection/messages`` and answered with ``ReceivedMessage/reply(_:)``.
     public var requestHandler: RequestHandler?
+    /// How the receive path and a waiting requester wait for the peer: block at once (the
+    /// default), or spin for a bounded time first. See ``WaitStrategy``.
+    public var waitStrategy: WaitStrategy
 
-    public init(maximumPayloadLength: Int = 64 << 20, requestHandler: RequestHandler? = nil) {
+    public init(maximumPayloadLength: Int = 64 << 20, requestHandler: RequestHandler? = nil, waitStrategy: WaitStrategy = .blocking) {
         self.maximumPayloadLength = maximumPayloadLength
         self.requestHandler = requestHandler
+        self.waitStrategy = waitStrategy
     }
 
     public static var defaults: ConnectionOptions { ConnectionOptions() }

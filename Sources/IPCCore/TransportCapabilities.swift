@@ -23,6 +23,9 @@ public struct TransportCapabilities: Sendable, Hashable, Codable {
     /// A listener can be given an accept filter that sees kernel-verified peer credentials.
     public var supportsAcceptFilter: Bool
     public var peerDeathDetection: PeerDeathDetection
+    /// The connection honours ``ConnectionOptions/waitStrategy``: it can poll for the peer's
+    /// messages without sleeping. A transport without this ignores the strategy and blocks.
+    public var supportsSpinning: Bool
 
     public init(
         maximumPayloadLength: Int,
@@ -30,7 +33,8 @@ public struct TransportCapabilities: Sendable, Hashable, Codable {
         supportsRequestReply: Bool,
         supportsBroadcast: Bool,
         supportsAcceptFilter: Bool,
-        peerDeathDetection: PeerDeathDetection
+        peerDeathDetection: PeerDeathDetection,
+        supportsSpinning: Bool = false
     ) {
         self.maximumPayloadLength = maximumPayloadLength
         self.preservesOrder = preservesOrder
@@ -38,5 +42,6 @@ public struct TransportCapabilities: Sendable, Hashable, Codable {
         self.supportsBroadcast = supportsBroadcast
         self.supportsAcceptFilter = supportsAcceptFilter
         self.peerDeathDetection = peerDeathDetection
+        self.supportsSpinning = supportsSpinning
     }
 }

@@ -37,7 +37,7 @@ public final class ConnectionCore: Sendable {
             requests.cancel(correlation)
             throw error
         }
-        return try await requests.reply(to: correlation, timeout: receiveTimeout)
+        return try await requests.reply(to: correlation, timeout: receiveTimeout, strategy: options.waitStrategy)
     }
 
     /// Acts on one incoming frame. `reply` sends a frame back to the peer; it is called on the

@@ -121,6 +121,12 @@ public struct MessageQueue: Sendable {
         }
     }
 
+    /// Takes one message if the queue holds one, without waiting: its length, or `nil`.
+    public func receiveIfReady(into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
+        // A deadline in the past: the call returns at once when the queue is empty.
+        try receive(into: buffer, deadline: timespec(tv_sec: 0, tv_nsec: 0))
+    }
+
     public func close() {
         closeDescriptor(descriptor)
     }

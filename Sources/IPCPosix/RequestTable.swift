@@ -55,10 +55,14 @@ public final class RequestTable: Sendable {
         }
     }
 
-    /// Waits for the reply to a registered request.
+    /// Waits for the reply to a registered request. Under a spinning `strategy` the calling
+    /// thread first polls for the reply (the receive path completes it) without suspending.
     /// - Throws: ``IPCError/Code/receiveTimeout`` after `timeout`; the invalidation error if
     ///   the connection becomes invalid first; `CancellationError` if the task is cancelled.
-    public func reply(to correlation: UInt64, timeout: Duration) async throws -> [UInt8] {
+    public func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
+        if let finished = SpinWait.poll(strategy, { takeFinished(correlation) }) {
+            return try finished.get()
+        }
         let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(timeout)
         let arm: Bool = state.withLock { state in
             guard state.slots[correlation] != nil else { return false }
@@ -89,6 +93,16 @@ public final class RequestTable: Sendable {
             if let continuation = takeContinuation(correlation) {
                 continuation.resume(throwing: CancellationError())
             }
+        }
+    }
+
+    /// The outcome of a request that has one, which is then forgotten.
+    private func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
+        state.withLock { state in
+            guard case .finished(let result) = state.slots[correlation] else { return nil }
+            state.slots[correlation] = nil
+            state.deadlines[correlation] = nil
+            return result
         }
     }
 

@@ -137,6 +137,20 @@ public enum UnixSocket {
         }
     }
 
+    /// Reads what is there without blocking: `nil` if nothing is, 0 at end of stream.
+    public static func readIfReady(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
+        while true {
+            let count = recv(fd, buffer.baseAddress, buffer.count, CInt(MSG_DONTWAIT))
+            if count >= 0 { return count }
+            switch Errno(rawValue: errno) {
+            case .interrupted: continue
+            case .wouldBlock: return nil
+            case .connectionReset: return 0
+            case let error: throw IPCError.syscall("recv", error)
+            }
+        }
+    }
+
     /// Writes `header` then `payload` with gathering writes, never raising SIGPIPE, waiting at
     /// most until `deadline` for buffer space. `written` counts the bytes the kernel took, so a
     /// caller can tell a clean failure (0) from a torn frame.

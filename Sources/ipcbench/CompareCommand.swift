@@ -6,7 +6,8 @@ struct CompareCommand: ParsableCommand {
         commandName: "compare",
         abstract: "Compare two result files; exit 1 if a measurement regressed.",
         discussion: """
-        Each measurement's samples are recorded as 10 consecutive blocks; a change is a \
+        Latency and throughput are compared (throughput as time per message, so that up is worse \
+        for both). Each measurement's samples are recorded as 10 repetition blocks; a change is a \
         regression only if the median moved by more than --minimum-change AND a two-sided \
         Mann-Whitney U test over the blocks gives p < --alpha. Re-runs on a noisy machine differ \
         by a few percent; the defaults are chosen so that a build compared with a re-run of itself \

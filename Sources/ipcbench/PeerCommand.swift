@@ -43,6 +43,13 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Start a child that outlives this process before announcing READY: spawn, fork or spawn-leaking-descriptors.")
     var grandchild: ConformancePeer.Grandchild?
 
+    @Option(help: "Spin this long (microseconds) polling for messages before blocking; 0 blocks at once.")
+    var spinMicroseconds: Int64 = 0
+
+    func validate() throws {
+        guard spinMicroseconds >= 0 else { throw ValidationError("--spin-microseconds cannot be negative") }
+    }
+
     func run() async throws {
         if let cpu { try CPUAffinity.pinCurrentProcess(to: [cpu]) }
         let service = PeerService(
@@ -51,7 +58,8 @@ struct PeerCommand: AsyncParsableCommand {
             role: role,
             burstCount: burstCount,
             burstSize: burstSize,
-            grandchild: grandchild
+            grandchild: grandchild,
+            waitStrategy: WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)
         )
         try await service.run()
     }

@@ -1,12 +1,22 @@
 import ArgumentParser
 import Foundation
 import IPCBenchKit
+import IPCCore
 import IPCFraming
 
 struct RunCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "run",
-        abstract: "Measure round-trip latency against a peer process (the default command)."
+        abstract: "Measure latency and throughput against peer processes (the default command).",
+        discussion: """
+        For every transport, framing and core placement: round-trip latency (HDR percentiles, CPU \
+        time per round trip on both sides) and one-way throughput (messages and bytes per second, \
+        timed until the receiving process has consumed everything), beside the native floor of \
+        each kernel mechanism, measured the same way in the same run. With split-cores, the \
+        transports that support it are measured again with a spin-then-block wait strategy; \
+        spinning is never used with both processes on one core. Then invalidation latency after \
+        SIGKILL and in-process framing and secure-decoding speed.
+        """
     )
 
     @Option(name: .customLong("transport"), help: "Transport to measure; repeat for several. Known: \(TransportCatalog.names.joined(separator: ", ")). Default: all.")
@@ -36,6 +46,12 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(help: "Skip measuring the time from SIGKILL of a peer to invalidation.")
     var skipInvalidation = false
 
+    @Flag(help: "Skip one-way throughput.")
+    var skipThroughput = false
+
+    @Option(help: "Spin time of the spin-then-block wait strategy, in microseconds; 0 measures blocking waits only.")
+    var spinMicroseconds: Int64 = 50
+
     @Flag(help: "Skip the in-process framing and secure-decoding measurements.")
     var skipInProcess = false
 
@@ -48,6 +64,7 @@ struct RunCommand: AsyncParsableCommand {
         }
         _ = try parsedSizes()
         guard sampleScale > 0 else { throw ValidationError("--sample-scale must be positive") }
+        guard (0...1_000_000).contains(spinMicroseconds) else { throw ValidationError("--spin-microseconds takes 0 to 1000000") }
     }
 
     func parsedSizes() throws -> [Int] {
@@ -66,15 +83,18 @@ struct RunCommand: AsyncParsableCommand {
             placements: placements.isEmpty ? [.sameCore, .splitCores] : placements,
             payloadSizes: try parsedSizes(),
             sampleScale: quick ? 0.05 : sampleScale,
-            includeFloors: !skipFloor
+            includeFloors: !skipFloor,
+            waitStrategies: spinMicroseconds > 0 ? [.blocking, WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)] : [.blocking],
+            includeThroughput: !skipThroughput
         )
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
-        let latency = try await LatencyRunner(plan: plan, progress: progress).run()
+        let crossProcess = try await LatencyRunner(plan: plan, progress: progress).run()
         let invalidation = skipInvalidation ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
         let inProcess = skipInProcess ? [] : try InProcessRunner(repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress).run()
-        let results = RunResults(context: .current(command: command), latency: latency, invalidation: invalidation, inProcess: inProcess)
-        print(ReportRenderer.table(latency), terminator: "")
+        let results = RunResults(context: .current(command: command), latency: crossProcess.latency, throughput: crossProcess.throughput, invalidation: invalidation, inProcess: inProcess)
+        print(ReportRenderer.table(crossProcess.latency), terminator: "")
+        if !crossProcess.throughput.isEmpty { print("\n" + ReportRenderer.throughputTable(crossProcess.throughput), terminator: "") }
         if !invalidation.isEmpty { print("\n" + ReportRenderer.invalidationTable(invalidation), terminator: "") }
         if !inProcess.isEmpty { print("\n" + ReportRenderer.inProcessTable(inProcess), terminator: "") }
         let directory = output ?? "Reports/runs/" + Self.timestamp()

@@ -1,6 +1,7 @@
 import Foundation
 @testable import IPCBenchKit
 import IPCFraming
+import IPCPosix
 import IPCTestSupport
 import Testing
 
@@ -42,9 +43,35 @@ struct CommandLineTests {
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
         #expect(results.inProcess.isEmpty)
-        #expect(results.benchmarks.count == 4 * (LatencyResult.repetitions + 1))
+        // One-way throughput for the transport and its floor; with one core, nothing spins.
+        let throughput = try #require(results.throughput)
+        #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream"])
+        #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
+        #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
+        #expect(results.benchmarks.count == 8 * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
+    }
+
+    @Test("with split cores, spinning transports are measured again spinning; never on one core",
+          .enabled(if: CPUAffinity.onlineCount >= 2, "needs two CPUs"))
+    func spinThenBlock() throws {
+        let group = try TestGroup()
+        let output = group.directory.path + "/out"
+        let (status, _) = try PeerProcess.runToCompletion([
+            "run", "--transport", "message-port", "--transport", "file-presenter", "--placement", "same-core", "--placement", "split-cores",
+            "--sizes", "64", "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--no-progress", "--output", output,
+        ])
+        #expect(status == 0)
+        let results = try ResultStore.read(output + "/results.json")
+        let spinning = results.latency.filter(\.spins)
+        // file-presenter cannot poll, and same-core never spins: one spinning measurement.
+        #expect(spinning.map { "\($0.transport) \($0.placement)" } == ["message-port split-cores"])
+        #expect(spinning.first?.name == "latency/message-port/split-cores/spin-then-block/64")
+        #expect((spinning.first?.localCPUPerRoundTrip ?? 0) > 0)
+        #expect(results.throughput?.filter { $0.waitStrategy != "blocking" }.map(\.transport) == ["message-port"])
+        #expect(results.latency.count == 5)
     }
 
     @Test("compare: a file against itself passes; against a doubling, fails with status 1")
@@ -84,7 +111,20 @@ enum ReportFixtures {
                 }
             }
         }
+        var throughput: [ThroughputResult] = []
+        for transport in ["unix-socket", "floor:unix-stream"] {
+            for placement in [Placement.sameCore, .splitCores] {
+                for size in [64, 65536, 1 << 20] {
+                    let rate = (transport.hasPrefix("floor") ? 200_000.0 : 100_000.0) / Double(max(1, size / 4096)) / scale
+                    throughput.append(ThroughputResult(
+                        transport: transport, framing: transport == "unix-socket" ? .binary : nil, placement: placement, waitStrategy: "blocking",
+                        payloadBytes: size, messagesPerRepetition: 1000, repetitionMessagesPerSecond: (0..<LatencyResult.repetitions).map { rate * (1 + Double($0 % 3) * 0.01) },
+                        messagesPerSecond: rate, bytesPerSecond: rate * Double(size), localCPUPerMessage: 1000, peerCPUPerMessage: 1000
+                    ))
+                }
+            }
+        }
         let invalidation = [InvalidationResult(transport: "unix-socket", trials: [90_000, 100_000, 110_000]), InvalidationResult(transport: "notify", trials: [300_000, 310_000, 320_000])]
-        return RunResults(context: .current(command: "fixture"), latency: latency, invalidation: invalidation)
+        return RunResults(context: .current(command: "fixture"), latency: latency, throughput: throughput, invalidation: invalidation)
     }
 }

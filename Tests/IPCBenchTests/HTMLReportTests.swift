@@ -46,7 +46,7 @@ struct HTMLReportTests {
         }
         let charts = try #require(attribute("data-charts"), "the page did not run its probe; chromium said: \(dom.prefix(300))")
         // Two placements × (p50, p99, ratio to floor) + invalidation.
-        #expect(charts == 7)
+        #expect(charts == 9)
         #expect(attribute("data-drawn") == charts)
         #expect((attribute("data-marks") ?? 0) > 50)
     }

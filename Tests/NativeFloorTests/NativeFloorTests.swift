@@ -41,6 +41,26 @@ struct NativeFloorTests {
         #expect(queues.filter { $0.hasPrefix(group.directory.identifier) } == [])
     }
 
+    @Test("streams one-way messages where the kernel buffers them; refuses where it does not", arguments: FloorMechanism.allCases)
+    func stream(mechanism: FloorMechanism) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
+        defer { session.close() }
+        guard mechanism.streams else {
+            let error = await #expect(throws: IPCError.self) { _ = try await session.streamTime(payloadSize: 64, count: 10) }
+            #expect(error?.code == .unsupportedOperation)
+            return
+        }
+        for size in [0, 64, 8189, 1 << 20] {
+            let nanoseconds = try await withDeadline(seconds: 30, "\(mechanism) stream of \(size) bytes") {
+                try await session.streamTime(payloadSize: size, count: size > 65536 ? 8 : 200)
+            }
+            #expect(nanoseconds > 0)
+        }
+        // The stream leaves the channel in step: round trips still work.
+        #expect(try await session.echo([9, 8, 7]) == [9, 8, 7])
+    }
+
     @Test("refuses a payload over the session's maximum")
     func oversizedPayload() async throws {
         let group = try TestGroup()

@@ -27,6 +27,7 @@
  */
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -78,6 +79,14 @@ nf_channel *nf_initiator_open(nf_mechanism mechanism, const char *directory, siz
 /// For NF_PIPE a responder that died raises SIGPIPE in the calling thread, as any pipe write does;
 /// block or ignore SIGPIPE in that thread to get EPIPE instead.
 int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t length);
+
+/// Initiator: sends `count` one-way messages of `length` bytes from `payload` back to back and
+/// returns once the responder has read them all (it acknowledges the last): one-way throughput.
+/// `*nanoseconds` gets the time from the first send to the acknowledgement (CLOCK_MONOTONIC),
+/// after a handshake that is not timed.
+/// Only for mechanisms whose kernel buffers messages (unix-stream, mqueue, pipe); ENOTSUP for
+/// the others, EMSGSIZE above max_payload, ECONNRESET if the responder went away.
+int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds);
 
 /// Unlinks the channel's names. Safe to call while another thread is in nf_responder_serve
 /// (a peer process that is told to stop does this before it exits).

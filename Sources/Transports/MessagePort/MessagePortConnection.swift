@@ -118,7 +118,8 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         while core.latch.isValid {
             let count: Int
             do {
-                count = try replyQueue.receive(into: buffer)
+                count = try SpinWait.poll(core.options.waitStrategy) { try replyQueue.receiveIfReady(into: buffer) }
+                    ?? replyQueue.receive(into: buffer)
             } catch {
                 reason = InvalidationReason(.transportFailure, error: error as? IPCError)
                 break

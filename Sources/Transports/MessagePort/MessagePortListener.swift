@@ -88,7 +88,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: messageSize, alignment: 8)
         defer { buffer.deallocate() }
         while !state.withLock({ $0.closed }) {
-            guard let count = try? queue.receive(into: buffer) else { break }
+            guard let count = try? SpinWait.poll(options.waitStrategy, { try queue.receiveIfReady(into: buffer) }) ?? queue.receive(into: buffer) else { break }
             let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<count])
             // Anyone who can open the queue can write to it; a message that does not parse, or
             // names no client, is dropped rather than taken out on a client.

@@ -42,7 +42,8 @@ public struct MessagePortTransport: MessageTransport {
             supportsBroadcast: true,
             // Queues carry no kernel-verified sender identity.
             supportsAcceptFilter: false,
-            peerDeathDetection: .processWatch
+            peerDeathDetection: .processWatch,
+            supportsSpinning: true
         )
     }
 

@@ -103,9 +103,12 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                     reason = core.latch.reason ?? InvalidationReason(.peerClosed)
                     break
                 }
-                // Sleep only if nothing was published since `seen` was read: a post in between
-                // changes the counter, and the wait returns at once.
-                inbound.data.wait(whileEqualTo: seen)
+                // Poll the counter for a while under a spinning strategy; then sleep, only if
+                // nothing was published since `seen` was read: a post in between changes the
+                // counter, and the wait returns at once.
+                if SpinWait.poll(core.options.waitStrategy, { inbound.data.value != seen ? true : nil }) == nil {
+                    inbound.data.wait(whileEqualTo: seen)
+                }
                 continue
             }
             do {

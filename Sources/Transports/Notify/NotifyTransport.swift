@@ -37,7 +37,8 @@ public struct NotifyTransport: MessageTransport {
             supportsRequestReply: true,
             supportsBroadcast: true,
             supportsAcceptFilter: false,
-            peerDeathDetection: .processWatch
+            peerDeathDetection: .processWatch,
+            supportsSpinning: true
         )
     }
 

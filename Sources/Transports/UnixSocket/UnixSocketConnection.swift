@@ -6,7 +6,8 @@ import Synchronization
 /// One `AF_UNIX` stream connection, on either side.
 ///
 /// Sends write the frame on the calling thread (one gathering write of header and payload, under
-/// a lock so concurrent senders never interleave frames). A dedicated thread blocks in `read`,
+/// a lock so concurrent senders never interleave frames). A dedicated thread blocks in `read`
+/// (after polling with non-blocking reads for a while under a spinning ``WaitStrategy``),
 /// reassembles frames and dispatches them: replies complete their requests, requests go to the
 /// request handler (whose reply is written from that thread), and messages go to ``messages``.
 /// That thread is also the only one that closes the descriptor, so no read ever lands on a
@@ -79,11 +80,14 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
     private func readLoop() {
         let reassembler = framing.makeReassembler(maximumPayloadLength: core.options.maximumPayloadLength)
         let reply = replySender(timeout: replySendTimeout)
+        let strategy = core.options.waitStrategy
         var reason: InvalidationReason
         reading: while true {
             let count: Int
             do {
-                count = try reassembler.receive { try UnixSocket.read(fd, into: $0) }
+                count = try reassembler.receive { buffer in
+                    try SpinWait.poll(strategy) { try UnixSocket.readIfReady(fd, into: buffer) } ?? UnixSocket.read(fd, into: buffer)
+                }
             } catch {
                 reason = InvalidationReason(.transportFailure, error: error as? IPCError)
                 break reading

@@ -24,7 +24,8 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
             supportsRequestReply: true,
             supportsBroadcast: true,
             supportsAcceptFilter: true,
-            peerDeathDetection: .connectionClosed
+            peerDeathDetection: .connectionClosed,
+            supportsSpinning: true
         )
     }
 

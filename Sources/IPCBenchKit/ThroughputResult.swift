@@ -1,0 +1,59 @@
+import IPCFraming
+
+/// One-way throughput of one transport (or native floor), framing, placement, wait strategy and
+/// payload size: messages sent back to back, timed from the first send until the receiving
+/// process reports that its consumer has taken every one of them (``IPCConformance/ConformancePeer/Sink``).
+public struct ThroughputResult: Codable, Sendable {
+    public var transport: String
+    public var framing: Framing?
+    public var placement: Placement
+    /// `blocking` or `spin-then-block`.
+    public var waitStrategy: String
+    public var payloadBytes: Int
+    /// Messages per repetition, and the repetitions' rates (messages per second), in run order.
+    public var messagesPerRepetition: Int
+    public var repetitionMessagesPerSecond: [Double]
+    /// The median repetition's rate, and the payload bytes per second it carried.
+    public var messagesPerSecond: Double
+    public var bytesPerSecond: Double
+    /// CPU time this process and the receiver used per message, in nanoseconds.
+    public var localCPUPerMessage: Double?
+    public var peerCPUPerMessage: Double?
+
+    /// A stable name: `throughput/<transport>[/<framing>]/<placement>[/spin-then-block]/<bytes>`.
+    public var name: String {
+        (["throughput", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
+            + (waitStrategy == "blocking" ? [] : [waitStrategy]) + [String(payloadBytes)]).joined(separator: "/")
+    }
+}
+
+/// Collects the repetitions of one throughput measurement.
+struct ThroughputAccumulator {
+    private var rates: [Double] = []
+    private var messages = 0
+    private var localCPU: UInt64? = 0
+    private var peerCPU: UInt64? = 0
+
+    /// Adds a repetition: `count` messages in `nanoseconds`, and the CPU times read around it.
+    mutating func record(count: Int, nanoseconds: UInt64, cpuBefore: (local: UInt64?, peer: UInt64?), cpuAfter: (local: UInt64?, peer: UInt64?)) {
+        rates.append(Double(count) / (Double(max(1, nanoseconds)) / 1e9))
+        messages += count
+        func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
+            guard let total, let before, let after else { return nil }
+            return total + (after - before)
+        }
+        localCPU = add(localCPU, cpuBefore.local, cpuAfter.local)
+        peerCPU = add(peerCPU, cpuBefore.peer, cpuAfter.peer)
+    }
+
+    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, payloadBytes: Int) -> ThroughputResult {
+        let median = rates.isEmpty ? 0 : rates.sorted()[rates.count / 2]
+        let perMessage = Double(max(1, messages))
+        return ThroughputResult(
+            transport: transport, framing: framing, placement: placement, waitStrategy: waitStrategy,
+            payloadBytes: payloadBytes, messagesPerRepetition: messages / max(1, rates.count),
+            repetitionMessagesPerSecond: rates, messagesPerSecond: median, bytesPerSecond: median * Double(payloadBytes),
+            localCPUPerMessage: localCPU.map { Double($0) / perMessage }, peerCPUPerMessage: peerCPU.map { Double($0) / perMessage }
+        )
+    }
+}

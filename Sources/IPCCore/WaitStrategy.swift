@@ -1,0 +1,38 @@
+/// How a connection waits for its peer.
+///
+/// Blocking puts the waiting thread to sleep in the kernel at once; the peer's message then costs
+/// a wake-up, which dominates a small round trip when the two processes run on different cores.
+/// Spin-then-block polls without sleeping for at most ``spinNanoseconds`` first (each poll is a
+/// non-blocking system call or a load from shared memory, followed by `sched_yield`, so a thread
+/// that shares the core still runs), and blocks only if nothing arrived by then.
+///
+/// Spinning buys latency with CPU time: a spinning receiver burns its core for up to the spin
+/// time after every message. It pays only when the peer runs on another core; when both
+/// processes share one core, the spinner delays the very peer it waits for. The harness never
+/// spins with both processes on one core, and a transport that has no way to poll ignores the
+/// strategy (``TransportCapabilities/supportsSpinning``).
+public struct WaitStrategy: Sendable, Hashable, Codable, CustomStringConvertible {
+    /// How long to poll before blocking, in nanoseconds; 0 blocks at once.
+    public var spinNanoseconds: Int64
+
+    public init(spinNanoseconds: Int64) {
+        precondition(spinNanoseconds >= 0, "a spin time cannot be negative")
+        self.spinNanoseconds = spinNanoseconds
+    }
+
+    /// Block at once.
+    public static let blocking = WaitStrategy(spinNanoseconds: 0)
+
+    /// Poll for `spin` (50 µs by default) before blocking.
+    public static func spinThenBlock(_ spin: Duration = .microseconds(50)) -> WaitStrategy {
+        let (seconds, attoseconds) = spin.components
+        return WaitStrategy(spinNanoseconds: max(0, seconds * 1_000_000_000 + attoseconds / 1_000_000_000))
+    }
+
+    public var spins: Bool { spinNanoseconds > 0 }
+
+    /// `blocking`, or `spin-then-block` (a name for reports and result files).
+    public var name: String { spins ? "spin-then-block" : "blocking" }
+
+    public var description: String { spins ? "spin-then-block (\(spinNanoseconds / 1000) µs)" : "blocking" }
+}

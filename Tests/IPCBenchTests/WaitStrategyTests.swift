@@ -1,0 +1,69 @@
+import Foundation
+import IPCBenchKit
+import IPCConformance
+import IPCCore
+import IPCPosix
+import IPCTestSupport
+import Testing
+
+/// The spin-then-block wait strategy against a real peer process that spins too: requests and
+/// one-way messages arrive exactly as with blocking waits, also after the spin time has run out
+/// and both ends have gone to sleep. No timing is asserted.
+@Suite("Wait strategies")
+struct WaitStrategyTests {
+    static let spinning = TransportCatalog.names.filter(TransportCatalog.supportsSpinning)
+    static let strategy = WaitStrategy.spinThenBlock(.microseconds(200))
+
+    /// A peer process serving with ``strategy``, and a connection to it that spins too.
+    static func connectSpinning(_ transportName: String, group: borrowing TestGroup) throws -> (PeerProcess, any MessageConnection) {
+        let endpoint = try group.endpoint("\(group.directory.identifier).spin-\(transportName)")
+        let peer = try PeerProcess(transport: transportName, framing: .binary, endpoint: endpoint, role: .server, waitStrategy: strategy)
+        do {
+            let connection = try TransportCatalog.transport(named: transportName, framing: .binary)
+                .connect(to: endpoint, options: .defaults { $0.waitStrategy = strategy })
+            return (peer, connection)
+        } catch {
+            peer.stop()
+            throw error
+        }
+    }
+
+    @Test("the transports that can poll say so; file-presenter cannot")
+    func capabilities() {
+        #expect(Self.spinning == ["unix-socket", "message-port", "notify"])
+        #expect(!TransportCatalog.supportsSpinning("file-presenter"))
+        #expect(WaitStrategy.blocking.name == "blocking" && !WaitStrategy.blocking.spins)
+        #expect(Self.strategy.spinNanoseconds == 200_000 && Self.strategy.name == "spin-then-block")
+    }
+
+    @Test("requests and replies, spinning and after falling asleep", arguments: spinning)
+    func requestReply(transportName: String) async throws {
+        let group = try TestGroup()
+        let (peer, connection) = try Self.connectSpinning(transportName, group: group)
+        defer { connection.invalidate(); peer.stop() }
+        for index in 0..<300 {
+            // Every 50th request after a pause far longer than the spin time: both ends block.
+            if index % 50 == 49 { try await Task.sleep(for: .milliseconds(20)) }
+            let payload = ConformancePeer.burstPayload(index, size: [4, 64, 4096, 70_000][index % 4])
+            let reply = try await withDeadline(seconds: 30, "\(transportName) request \(index)") {
+                try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+            }
+            #expect(reply == payload, "\(transportName): reply \(index) differs")
+        }
+    }
+
+    @Test("one-way messages reach the peer's consumer, counted by its sink", arguments: spinning)
+    func sink(transportName: String) async throws {
+        let group = try TestGroup()
+        let (peer, connection) = try Self.connectSpinning(transportName, group: group)
+        defer { connection.invalidate(); peer.stop() }
+        for _ in 0..<500 {
+            try connection.send([UInt8](repeating: 1, count: 100), msgid: ConformancePeer.Sink.message, timeout: .seconds(10))
+        }
+        try connection.send([], msgid: ConformancePeer.Sink.end, timeout: .seconds(10))
+        let reply = try #require(try await collect(1, from: connection).first)
+        #expect(reply.msgid == ConformancePeer.Sink.report)
+        let report = try #require(ConformancePeer.Sink.parseReport(reply.payload))
+        #expect(report.messages == 500 && report.bytes == 50_000)
+    }
+}
