@@ -7,6 +7,10 @@ public final class ConnectionCore: Sendable {
     public let options: ConnectionOptions
     public let latch = InvalidationLatch()
     public let requests = RequestTable()
+    /// Whether a requester may read its own reply (see ``ReceiveOwnership``). Used by transports
+    /// whose receive thread calls ``ReceiveOwnership/parkIfRequested()``; for the others it
+    /// never lets a requester read.
+    public let ownership = ReceiveOwnership()
     public let messages: AsyncStream<ReceivedMessage>
     private let sink: AsyncStream<ReceivedMessage>.Continuation
 
@@ -23,21 +27,44 @@ public final class ConnectionCore: Sendable {
     }
 
     /// The request/reply flow: register, send with `send`, wait for the reply.
+    ///
+    /// With `readDirectly`, a transport lets the requester read its own reply when
+    /// ``ownership`` allows: `readDirectly(correlation, deadline)` reads and dispatches until
+    /// that request is finished, the deadline (monotonic nanoseconds) passes or reading fails,
+    /// and ends the direct read with ``endDirectRead(for:failed:)``. Whatever it leaves
+    /// unfinished is waited for the usual way.
     public func request(
         _ payload: [UInt8],
         msgid: UInt32,
         receiveTimeout: Duration,
-        send: (Frame) throws -> Void
+        send: (Frame) throws -> Void,
+        readDirectly: ((_ correlation: UInt64, _ deadline: UInt64) -> Void)? = nil
     ) async throws -> [UInt8] {
         try checkValid()
         let correlation = try requests.register()
+        let direct = readDirectly != nil && ownership.beginDirectRead()
         do {
             try send(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload))
         } catch {
+            if direct { ownership.endDirectRead(handBack: false) }
             requests.cancel(correlation)
             throw error
         }
-        return try await requests.reply(to: correlation, timeout: receiveTimeout, strategy: options.waitStrategy)
+        var timeout = receiveTimeout
+        if direct, let readDirectly {
+            let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(receiveTimeout)
+            readDirectly(correlation, deadline)
+            if let finished = requests.takeFinished(correlation) { return try finished.get() }
+            let now = monotonicNanoseconds()
+            timeout = .nanoseconds(deadline > now ? Int64(clamping: deadline - now) : 0)
+        }
+        return try await requests.reply(to: correlation, timeout: timeout, strategy: options.waitStrategy)
+    }
+
+    /// Ends a direct read for request `correlation`, handing reading back to the receive thread
+    /// if the read failed or other requests are waiting.
+    public func endDirectRead(for correlation: UInt64, failed: Bool) {
+        ownership.endDirectRead(handBack: failed || requests.othersWaiting(than: correlation))
     }
 
     /// Acts on one incoming frame. `reply` sends a frame back to the peer; it is called on the
@@ -75,6 +102,7 @@ public final class ConnectionCore: Sendable {
     /// requests, and runs the invalidation handler last.
     public func finish(_ reason: InvalidationReason, releasingResources release: () -> Void) {
         _ = latch.invalidate(reason)
+        ownership.stop()
         let final = latch.reason ?? reason
         release()
         sink.finish()

@@ -96,8 +96,27 @@ public final class RequestTable: Sendable {
         }
     }
 
+    /// Whether the request's outcome is in (and not yet taken).
+    public func isFinished(_ correlation: UInt64) -> Bool {
+        state.withLock { state in
+            if case .finished = state.slots[correlation] { return true }
+            return false
+        }
+    }
+
+    /// Whether a request other than `correlation` is still waiting for its outcome.
+    public func othersWaiting(than correlation: UInt64) -> Bool {
+        state.withLock { state in
+            state.slots.contains { key, slot in
+                if key == correlation { return false }
+                if case .waiting = slot { return true }
+                return false
+            }
+        }
+    }
+
     /// The outcome of a request that has one, which is then forgotten.
-    private func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
+    public func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
         state.withLock { state in
             guard case .finished(let result) = state.slots[correlation] else { return nil }
             state.slots[correlation] = nil

@@ -137,6 +137,31 @@ public enum UnixSocket {
         }
     }
 
+    /// Reads into `buffer`, blocking until data arrives, end of stream (0), or the socket's
+    /// receive timeout (`SO_RCVTIMEO`, see ``setReceiveTimeout(_:_:)``) passes (`nil`).
+    public static func readWaiting(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
+        while true {
+            let count = Glibc.read(fd, buffer.baseAddress, buffer.count)
+            if count >= 0 { return count }
+            switch Errno(rawValue: errno) {
+            case .interrupted: continue
+            case .wouldBlock: return nil
+            case .connectionReset: return 0
+            case let error: throw IPCError.syscall("read", error)
+            }
+        }
+    }
+
+    /// Sets how long a blocking read waits before giving up (`SO_RCVTIMEO`; zero waits forever).
+    public static func setReceiveTimeout(_ fd: CInt, _ timeout: Duration) throws {
+        let (seconds, attoseconds) = timeout.components
+        var value = timeval(tv_sec: Int(clamping: seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
+        if seconds == 0, value.tv_usec == 0, attoseconds > 0 { value.tv_usec = 1 }
+        guard setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size)) == 0 else {
+            throw IPCError.syscall("setsockopt(SO_RCVTIMEO)", Errno(rawValue: errno))
+        }
+    }
+
     /// Reads what is there without blocking: `nil` if nothing is, 0 at end of stream.
     public static func readIfReady(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
         while true {

@@ -12,6 +12,10 @@ import Synchronization
 /// request handler (whose reply is written from that thread), and messages go to ``messages``.
 /// That thread is also the only one that closes the descriptor, so no read ever lands on a
 /// descriptor number that was closed and reused.
+///
+/// Requests made back to back read their own replies on the requesting thread while the reader
+/// thread parks (``ReceiveOwnership``): a round trip then costs what a plain blocking client's
+/// does, without handing each reply from one thread to another.
 public final class UnixSocketConnection: FrameConnection, Sendable {
     public let peer: PeerCredentials?
 
@@ -24,6 +28,21 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
     /// How long the reader thread waits to write a reply before giving up on it.
     private let replySendTimeout: Duration = .seconds(5)
     private let onInvalidated: (@Sendable (UnixSocketConnection) -> Void)?
+    /// What only the thread that currently reads may touch.
+    private let reading: ReadingState
+
+    /// The reassembler and the socket's receive timeout. Used by one thread at a time: the
+    /// reader thread, or a requester reading directly, as ``ReceiveOwnership`` decides; its lock
+    /// orders every hand-over.
+    private final class ReadingState: @unchecked Sendable {
+        let reassembler: any FrameReassembling
+        /// `SO_RCVTIMEO` as last set; zero is none.
+        var receiveTimeout: Duration = .zero
+
+        init(_ reassembler: any FrameReassembling) {
+            self.reassembler = reassembler
+        }
+    }
 
     init(fd: CInt, peer: PeerCredentials?, framing: Framing, options: ConnectionOptions, onInvalidated: (@Sendable (UnixSocketConnection) -> Void)? = nil) {
         self.fd = fd
@@ -32,6 +51,7 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
         self.core = ConnectionCore(options: options)
         self.encoder = framing.makeEncoder(maximumPayloadLength: options.maximumPayloadLength)
         self.onInvalidated = onInvalidated
+        self.reading = ReadingState(framing.makeReassembler(maximumPayloadLength: options.maximumPayloadLength))
     }
 
     /// Starts the reader thread. If it cannot start, the connection is closed and the error thrown.
@@ -46,8 +66,57 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
 
     public func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
-        // Wake the reader thread; it releases everything and reports the invalidation.
+        // Wake the reader thread, parked or reading; it releases everything and reports the
+        // invalidation. A requester reading directly meets the end of the stream and hands back.
+        core.ownership.stop()
         UnixSocket.shutdown(fd)
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) {
+            try sendFrame($0, timeout: sendTimeout)
+        } readDirectly: { correlation, deadline in
+            self.readDirectly(until: correlation, deadline: deadline, timeout: receiveTimeout)
+        }
+    }
+
+    /// A requester's direct read (see ``ReceiveOwnership``): reads and dispatches until request
+    /// `correlation` is finished. Anything else (the deadline, the end of the stream, an error)
+    /// hands reading back to the reader thread, which acts on it as it always does.
+    private func readDirectly(until correlation: UInt64, deadline: UInt64, timeout: Duration) {
+        var failed = true
+        defer { core.endDirectRead(for: correlation, failed: failed) }
+        let reassembler = reading.reassembler
+        let reply = replySender(timeout: replySendTimeout)
+        let strategy = core.options.waitStrategy
+        while !core.requests.isFinished(correlation) {
+            let count: Int
+            do {
+                count = try reassembler.receive { buffer in
+                    if let count = try SpinWait.poll(strategy, { try UnixSocket.readIfReady(fd, into: buffer) }) { return count }
+                    if reading.receiveTimeout != timeout {
+                        try UnixSocket.setReceiveTimeout(fd, timeout)
+                        reading.receiveTimeout = timeout
+                    }
+                    while true {
+                        if let count = try UnixSocket.readWaiting(fd, into: buffer) { return count }
+                        if monotonicNanoseconds() >= deadline { throw IPCError(code: .receiveTimeout, message: "no reply in time") }
+                    }
+                }
+            } catch {
+                return
+            }
+            if count == 0 { return }
+            do {
+                while let frame = try reassembler.nextFrame() {
+                    core.dispatch(frame, reply: reply)
+                }
+            } catch {
+                invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
+                return
+            }
+        }
+        failed = false
     }
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
@@ -78,7 +147,7 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
     }
 
     private func readLoop() {
-        let reassembler = framing.makeReassembler(maximumPayloadLength: core.options.maximumPayloadLength)
+        let reassembler = reading.reassembler
         let reply = replySender(timeout: replySendTimeout)
         let strategy = core.options.waitStrategy
         var reason: InvalidationReason
@@ -86,7 +155,11 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
             let count: Int
             do {
                 count = try reassembler.receive { buffer in
-                    try SpinWait.poll(strategy) { try UnixSocket.readIfReady(fd, into: buffer) } ?? UnixSocket.read(fd, into: buffer)
+                    if let count = try SpinWait.poll(strategy, { try UnixSocket.readIfReady(fd, into: buffer) }) { return count }
+                    // A receive timeout set for a direct read only makes this wait again.
+                    while true {
+                        if let count = try UnixSocket.readWaiting(fd, into: buffer) { return count }
+                    }
                 }
             } catch {
                 reason = InvalidationReason(.transportFailure, error: error as? IPCError)
@@ -109,6 +182,8 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
                 reason = InvalidationReason(.protocolError, error: error as? IPCError)
                 break reading
             }
+            // Requests are following one another: let them read their own replies for a while.
+            core.ownership.parkIfRequested()
         }
         finish(reason)
     }

@@ -1,0 +1,138 @@
+import Glibc
+
+/// Who reads a connection's incoming messages: the connection's own receive thread, or a
+/// requester waiting for its reply, on the requester's thread.
+///
+/// A reply that the receive thread reads must be handed to the waiting task, which costs a
+/// wake-up and, when the processes share a core, one more context switch per round trip than a
+/// plain blocking client pays. A requester that reads its own reply saves both. So when requests
+/// follow one another, the receive thread hands reading over and parks:
+///
+/// 1. A request that finds the receive thread reading goes the usual way (its reply is handed
+///    over) and asks the thread to step aside; after dispatching what it read, the thread parks.
+/// 2. While the thread is parked, one requester at a time reads directly until its reply is in,
+///    dispatching everything else it reads in arrival order, exactly as the thread would.
+///    Other requesters meanwhile wait the usual way.
+/// 3. The thread takes reading back when a parking period (``parkPeriodNanoseconds``) passes
+///    with no direct read, when a requester leaves with other requests still waiting or hits
+///    anything but its reply (end of stream, an error), or when the connection is invalidated.
+///
+/// So a connection that is busy making requests reads messages only while a request is in
+/// flight; a one-way message that arrives between requests waits for the next request or the
+/// end of the parking period, at most about one period. Reading is never done by two threads
+/// at once, and the lock orders every hand-over, so the reading state (a reassembler, say) moves
+/// between threads safely.
+public final class ReceiveOwnership: @unchecked Sendable {
+    private struct State {
+        /// The receive thread has handed reading over.
+        var parked = false
+        /// A requester is reading (only while `parked`).
+        var requesterReading = false
+        /// A request found the thread reading and asked it to step aside.
+        var handOverRequested = false
+        /// Direct reads begun since the parked thread last looked.
+        var directReadsSinceCheck = 0
+        /// The connection is ending: no more direct reads.
+        var stopped = false
+    }
+
+    /// How long the parked thread waits between checks for direct reads.
+    public static let parkPeriodNanoseconds: Int64 = 1_000_000
+
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    /// Guarded by `mutex`.
+    private var state = State()
+
+    public init() {
+        mutex = .allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+        condition = .allocate(capacity: 1)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        pthread_mutex_destroy(mutex)
+        condition.deallocate()
+        mutex.deallocate()
+    }
+
+    private func locked<T>(_ body: (inout State) -> T) -> T {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return body(&state)
+    }
+
+    // MARK: Requester side
+
+    /// Whether the caller may read now. If it may, it must call ``endDirectRead(handBack:)``
+    /// when it stops. If not, the request waits the usual way, and the receive thread is asked
+    /// to step aside for the next one.
+    public func beginDirectRead() -> Bool {
+        locked { state in
+            if state.parked, !state.requesterReading, !state.stopped {
+                state.requesterReading = true
+                state.directReadsSinceCheck += 1
+                return true
+            }
+            if !state.parked { state.handOverRequested = true }
+            return false
+        }
+    }
+
+    /// Ends a direct read. `handBack` gives reading back to the receive thread at once: other
+    /// requests are waiting for replies, or the read met the end of the stream or an error that
+    /// the thread must act on.
+    public func endDirectRead(handBack: Bool) {
+        locked { state in
+            state.requesterReading = false
+            if handBack || state.stopped {
+                state.parked = false
+                pthread_cond_signal(condition)
+            }
+        }
+    }
+
+    // MARK: Receive-thread side
+
+    /// Called by the receive thread between reads: parks if a request asked it to, and returns
+    /// once the thread owns reading again.
+    public func parkIfRequested() {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        guard state.handOverRequested, !state.stopped else { return }
+        state.handOverRequested = false
+        state.parked = true
+        state.directReadsSinceCheck = 0
+        while state.parked {
+            var deadline = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &deadline)
+            let nanoseconds = Int64(deadline.tv_nsec) + Self.parkPeriodNanoseconds
+            deadline.tv_sec += Int(nanoseconds / 1_000_000_000)
+            deadline.tv_nsec = Int(nanoseconds % 1_000_000_000)
+            pthread_cond_timedwait(condition, mutex, &deadline)
+            guard state.parked else { break }
+            // Take reading back if nobody read directly for a period, or the connection is ending,
+            // but never from under a requester that is reading.
+            if !state.requesterReading, state.stopped || state.directReadsSinceCheck == 0 {
+                state.parked = false
+            }
+            state.directReadsSinceCheck = 0
+        }
+    }
+
+    /// The connection is ending: refuse direct reads from now on, and wake a parked thread (it
+    /// takes reading back once no requester reads).
+    public func stop() {
+        locked { state in
+            state.stopped = true
+            if !state.requesterReading { state.parked = false }
+            pthread_cond_signal(condition)
+        }
+    }
+}
