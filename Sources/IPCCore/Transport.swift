@@ -69,6 +69,12 @@ public struct ConnectionOptions: Sendable {
     /// Answers requests on the receive path. When `nil`, requests are delivered through
     /// ``MessageConnection/messages`` and answered with ``ReceivedMessage/reply(_:)``.
     public var requestHandler: RequestHandler?
+    /// On stream transports: how long the receiver waits for the next byte of a frame it has
+    /// started to receive. A peer that sends part of a frame and then nothing for this long is
+    /// dropped with ``IPCError/Code/truncatedFrame`` (a protocol error), so a stalled or hostile
+    /// peer cannot hold a half-received frame forever. An idle connection (between frames) is
+    /// never timed out. `nil` waits forever.
+    public var stalledFrameTimeout: Duration? = .seconds(30)
 
     public init(maximumPayloadLength: Int = 64 << 20, requestHandler: RequestHandler? = nil) {
         self.maximumPayloadLength = maximumPayloadLength

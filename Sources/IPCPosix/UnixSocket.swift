@@ -137,6 +137,31 @@ public enum UnixSocket {
         }
     }
 
+    /// Makes a blocking `read` on `fd` give up after `timeout` (`SO_RCVTIMEO`); see
+    /// ``read(_:into:timingOut:)``.
+    public static func setReceiveTimeout(_ fd: CInt, _ timeout: Duration) throws {
+        let (seconds, attoseconds) = timeout.components
+        var value = timeval(tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
+        if value.tv_sec == 0, value.tv_usec == 0 { value.tv_usec = 1 }
+        do {
+            _ = try syscallRetryingInterrupts { setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size)) }
+        } catch {
+            throw IPCError.syscall("setsockopt(SO_RCVTIMEO)", error)
+        }
+    }
+
+    /// Reads into `buffer`, blocking at most for the descriptor's receive timeout. Returns 0 at
+    /// end of stream, `nil` when the timeout passed with nothing to read.
+    public static func read(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer, timingOut: Bool) throws -> Int? {
+        do {
+            return try syscallRetryingInterrupts { Glibc.read(fd, buffer.baseAddress, buffer.count) }
+        } catch {
+            if error == .connectionReset { return 0 }
+            if error == .wouldBlock { return nil }
+            throw IPCError.syscall("read", error)
+        }
+    }
+
     /// Writes `header` then `payload` with gathering writes, never raising SIGPIPE, waiting at
     /// most until `deadline` for buffer space. `written` counts the bytes the kernel took, so a
     /// caller can tell a clean failure (0) from a torn frame.

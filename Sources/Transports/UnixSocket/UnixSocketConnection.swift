@@ -80,10 +80,31 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
         let reassembler = framing.makeReassembler(maximumPayloadLength: core.options.maximumPayloadLength)
         let reply = replySender(timeout: replySendTimeout)
         var reason: InvalidationReason
+        let stallTimeout = core.options.stalledFrameTimeout
+        if let stallTimeout {
+            do {
+                try UnixSocket.setReceiveTimeout(fd, stallTimeout)
+            } catch {
+                finish(InvalidationReason(.transportFailure, error: error as? IPCError))
+                return
+            }
+        }
         reading: while true {
             let count: Int
             do {
-                count = try reassembler.receive { try UnixSocket.read(fd, into: $0) }
+                let buffered = reassembler.bufferedByteCount
+                count = try reassembler.receive { buffer in
+                    while true {
+                        if let count = try UnixSocket.read(fd, into: buffer, timingOut: stallTimeout != nil) { return count }
+                        // The receive timeout passed: fine between frames, a stall inside one.
+                        if buffered > 0, let stallTimeout {
+                            throw IPCError(code: .truncatedFrame, message: "the peer sent \(buffered) bytes of a frame and then nothing for \(stallTimeout)")
+                        }
+                    }
+                }
+            } catch let error as IPCError where error.code == .truncatedFrame {
+                reason = InvalidationReason(.protocolError, error: error)
+                break reading
             } catch {
                 reason = InvalidationReason(.transportFailure, error: error as? IPCError)
                 break reading
