@@ -35,7 +35,7 @@ enum HostilePeer {
     /// words at `post`.
     static func write(into file: String, _ changes: [(offset: Int, bytes: [UInt8])], post: [Int] = []) throws {
         var arguments = ["write", "--file", file]
-        for (offset, bytes) in changes { arguments += ["--at", "\(offset):\(hex(bytes))"] }
+        for (offset, bytes) in changes where !bytes.isEmpty { arguments += ["--at", "\(offset):\(hex(bytes))"] }
         for offset in post { arguments += ["--post", String(offset)] }
         let status = try run(arguments)
         #expect(status == 0, "ipcbench hostile write exited with \(status)")
