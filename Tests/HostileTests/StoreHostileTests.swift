@@ -75,6 +75,14 @@ struct StoreHostileTests {
         return HostilePeer.hex(bytes + body)
     }
 
+    /// Stops a message port client process and removes its reply queue if the listener, closed
+    /// right after, had no time to see it exit (queues outlive processes and count against the
+    /// user's queue memory).
+    static func stop(_ client: PeerProcess, _ endpoint: Endpoint) {
+        client.stop()
+        MessageQueue.unlink(name: PortNames.replyQueue(endpoint, pid: client.pid, serial: 1))
+    }
+
     @Test("garbage in a message port's queue: unparseable messages are dropped, a client's broken fragments end only that client")
     func messagePortQueue() async throws {
         let group = try TestGroup()
@@ -82,7 +90,7 @@ struct StoreHostileTests {
         let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength }, acceptFilter: nil)
         defer { listener.close() }
         let good = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
-        defer { good.stop() }
+        defer { Self.stop(good, endpoint) }
         _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let goodConnection = try #require(listener.activeConnections.first)
         let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
@@ -105,7 +113,7 @@ struct StoreHostileTests {
             ("a continuation with no message in progress", Self.fragment(sender: 3, total: 100, offset: 50, body: [1]), .malformedFrame),
         ] {
             let victim = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
-            defer { victim.stop() }
+            defer { Self.stop(victim, endpoint) }
             let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
             let probe = InvalidationProbe()
             probe.attach(to: victimConnection)
@@ -125,7 +133,7 @@ struct StoreHostileTests {
         let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
         let good = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
-        defer { good.stop() }
+        defer { Self.stop(good, endpoint) }
         _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let goodConnection = try #require(listener.activeConnections.first)
         let goodQueue = PortNames.replyQueue(endpoint, pid: good.pid, serial: 1)
