@@ -84,7 +84,7 @@ let package = Package(
         .executableTarget(
             name: "ipcbench",
             dependencies: [
-                "IPCBenchKit", "NotifyTransport", "IPCConformance",
+                "IPCBenchKit", "NotifyTransport", "IPCConformance", "IPCPosix", "CIPCShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -113,6 +113,14 @@ let package = Package(
             dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "ipcbench"]
         ),
         .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "ipcbench"]),
+        // Hostile peers against every transport's listening side, and the security guarantees.
+        .testTarget(
+            name: "HostileTests",
+            dependencies: [
+                "IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
+                "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench",
+            ]
+        ),
         .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCTestSupport", "ipcbench"]),
     ],
     swiftLanguageModes: [.v6]

@@ -72,6 +72,12 @@ public struct ConnectionOptions: Sendable {
     /// How the receive path and a waiting requester wait for the peer: block at once (the
     /// default), or spin for a bounded time first. See ``WaitStrategy``.
     public var waitStrategy: WaitStrategy
+    /// On stream transports: how long the receiver waits for the next byte of a frame it has
+    /// started to receive. A peer that sends part of a frame and then nothing for this long is
+    /// dropped with ``IPCError/Code/truncatedFrame`` (a protocol error), so a stalled or hostile
+    /// peer cannot hold a half-received frame forever. An idle connection (between frames) is
+    /// never timed out. `nil` waits forever.
+    public var stalledFrameTimeout: Duration? = .seconds(30)
 
     public init(maximumPayloadLength: Int = 64 << 20, requestHandler: RequestHandler? = nil, waitStrategy: WaitStrategy = .blocking) {
         self.maximumPayloadLength = maximumPayloadLength

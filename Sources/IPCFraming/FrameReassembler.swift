@@ -41,6 +41,9 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     /// The free space offered to a reader when nothing larger is known to be needed.
     public static var chunkSize: Int { 64 * 1024 }
 
+    /// The most room reserved for an announced payload before any of it has arrived.
+    public static var upfrontReservation: Int { 1 << 20 }
+
     public init(decoder: Decoder) {
         self.decoder = decoder
         self.capacity = Self.chunkSize
@@ -63,7 +66,10 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     public func receive(_ read: (UnsafeMutableRawBufferPointer) throws -> Int) rethrows -> Int {
         // Offer room for the rest of the frame being assembled, so a large payload arrives in as
         // few reads as possible, and otherwise fill a buffer of one chunk so small frames batch up.
-        let stillNeeded = pendingFrameLength - bufferedByteCount
+        // The room offered for an announced payload grows with the bytes that actually arrived
+        // (up to `upfrontReservation` at once, then doubling), so a peer that announces a large
+        // frame and sends little of it costs little memory.
+        let stillNeeded = min(pendingFrameLength - bufferedByteCount, max(Self.upfrontReservation, bufferedByteCount))
         reserveFreeSpace(max(stillNeeded, Self.chunkSize - bufferedByteCount, 1))
         let count = try read(UnsafeMutableRawBufferPointer(start: storage + writeIndex, count: capacity - writeIndex))
         if count > 0 { writeIndex += count }

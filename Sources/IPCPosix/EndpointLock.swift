@@ -72,8 +72,10 @@ public final class EndpointLock: Sendable {
 
 /// Creating and checking group directories.
 public enum GroupDirectories {
-    /// Creates the directory (mode 0700) if it does not exist, and refuses one that other users
-    /// can write to, since anyone who can write there could replace an endpoint.
+    /// Creates the directory (mode 0700) if it does not exist, and refuses one that every user
+    /// can write to (even with the sticky bit, which stops others removing files but not creating
+    /// an endpoint's files first) or that another user owns (its owner can replace anything in
+    /// it), since whoever can do that could replace or squat on an endpoint.
     /// - Throws: ``IPCError/Code/invalidEndpoint``.
     public static func prepare(_ group: GroupDirectory) throws {
         if mkdir(group.path, 0o700) != 0, errno != EEXIST {
@@ -86,8 +88,11 @@ public enum GroupDirectories {
         guard (status.st_mode & S_IFMT) == S_IFDIR else {
             throw IPCError(code: .invalidEndpoint, message: "\(group.path) is not a directory")
         }
-        if status.st_mode & 0o002 != 0, status.st_mode & UInt32(S_ISVTX) == 0 {
+        if status.st_mode & 0o002 != 0 {
             throw IPCError(code: .invalidEndpoint, message: "group directory \(group.path) is writable by every user; use a directory only its owner can write")
+        }
+        if status.st_uid != geteuid(), status.st_uid != 0 {
+            throw IPCError(code: .invalidEndpoint, message: "group directory \(group.path) belongs to user \(status.st_uid), not to this process's user \(geteuid())")
         }
     }
 }

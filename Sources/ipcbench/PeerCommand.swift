@@ -1,4 +1,5 @@
 import ArgumentParser
+import Glibc
 import IPCBenchKit
 import IPCConformance
 import IPCCore
@@ -43,6 +44,9 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Start a child that outlives this process before announcing READY: spawn, fork or spawn-leaking-descriptors.")
     var grandchild: ConformancePeer.Grandchild?
 
+    @Option(help: ArgumentHelp("Set this file mode creation mask (octal) first, as a careless parent might.", visibility: .hidden))
+    var umask: String?
+
     @Option(help: "Spin this long (microseconds) polling for messages before blocking; 0 blocks at once.")
     var spinMicroseconds: Int64 = 0
 
@@ -51,6 +55,10 @@ struct PeerCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        if let umask {
+            guard let mask = mode_t(umask, radix: 8) else { throw ValidationError("--umask takes an octal mask, got \(umask)") }
+            _ = Glibc.umask(mask)
+        }
         if let cpu { try CPUAffinity.pinCurrentProcess(to: [cpu]) }
         let service = PeerService(
             transport: try TransportCatalog.transport(named: transport, framing: framing),

@@ -57,6 +57,12 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         return nil
     }
 
+    /// On the server's side, the client's reply queue.
+    var clientQueueName: String? {
+        if case .server(let name, _) = role { return name }
+        return nil
+    }
+
     public func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
         switch role {

@@ -107,12 +107,27 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         wakeWriter.close()
     }
 
+    /// Whether `pid` names a running process whose owner is this process's user.
+    private static func isLiveProcessOfThisUser(_ pid: Int32) -> Bool {
+        var status = stat()
+        return stat("/proc/\(pid)", &status) == 0 && status.st_uid == geteuid()
+    }
+
     /// Registers a client from its hello: its pid and the name of its reply queue.
     private func admit(_ body: UnsafeRawBufferPointer) {
         guard body.count > 4 else { return }
         let pid = Int32(bitPattern: body.loadUnaligned(as: UInt32.self).bigEndian)
         let replyName = String(decoding: body[4...], as: UTF8.self)
-        guard replyName.hasPrefix(queue.name + ".r"), let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true) else { return }
+        // A queue message carries no kernel-verified sender, so check what a hello claims as far
+        // as it can be checked: the reply queue is named for the pid (`<server queue>.r<pid>.<serial>`),
+        // that pid is a live process of this user, and no client already uses that queue (a
+        // hello naming another client's queue would otherwise send to it, and remove it later).
+        let serial = replyName.dropFirst((queue.name + ".r\(pid).").count)
+        guard pid > 0, replyName.hasPrefix(queue.name + ".r\(pid)."), !serial.isEmpty, serial.allSatisfy(\.isASCII), serial.allSatisfy(\.isNumber),
+            Self.isLiveProcessOfThisUser(pid),
+            !state.withLock({ $0.clients.values.contains { $0.clientQueueName == replyName } }),
+            let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true)
+        else { return }
         let id: UInt32? = state.withLock { state in
             guard !state.closed else { return nil }
             defer { state.nextClientID &+= 1 }

@@ -151,16 +151,32 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
         let reply = replySender(timeout: replySendTimeout)
         let strategy = core.options.waitStrategy
         var reason: InvalidationReason
+        let stallTimeout = core.options.stalledFrameTimeout
         reading: while true {
             let count: Int
             do {
+                let buffered = reassembler.bufferedByteCount
+                let started = monotonicNanoseconds()
                 count = try reassembler.receive { buffer in
                     if let count = try SpinWait.poll(strategy, { try UnixSocket.readIfReady(fd, into: buffer) }) { return count }
-                    // A receive timeout set for a direct read only makes this wait again.
+                    // The receive timeout bounds a stall inside a frame; a direct read may have
+                    // set another one, so it is set again when it differs.
+                    let timeout = stallTimeout ?? .zero
+                    if reading.receiveTimeout != timeout {
+                        try UnixSocket.setReceiveTimeout(fd, timeout)
+                        reading.receiveTimeout = timeout
+                    }
                     while true {
                         if let count = try UnixSocket.readWaiting(fd, into: buffer) { return count }
+                        // The timeout passed: fine between frames, a stall inside one.
+                        if buffered > 0, let stallTimeout, monotonicNanoseconds() - started >= DeadlineScheduler.nanoseconds(stallTimeout) {
+                            throw IPCError(code: .truncatedFrame, message: "the peer sent \(buffered) bytes of a frame and then nothing for \(stallTimeout)")
+                        }
                     }
                 }
+            } catch let error as IPCError where error.code == .truncatedFrame {
+                reason = InvalidationReason(.protocolError, error: error)
+                break reading
             } catch {
                 reason = InvalidationReason(.transportFailure, error: error as? IPCError)
                 break reading

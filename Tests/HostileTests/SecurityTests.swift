@@ -1,0 +1,106 @@
+import FilePresenterTransport
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCPosix
+import IPCTestSupport
+@testable import MessagePortTransport
+import NotifyTransport
+import Testing
+import UnixSocketTransport
+
+/// Endpoints, queues and shared files are owner-only inside a group directory that is not
+/// world-writable, whatever the umask of the processes that create them.
+@Suite("Security", .serialized)
+struct SecurityTests {
+    static let transports = TransportCatalog.names
+
+    private func mode(_ path: String) throws -> mode_t {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { throw IPCError(code: .endpointNotFound, message: "no \(path)") }
+        return status.st_mode & 0o7777
+    }
+
+    private func endpoint(_ group: borrowing TestGroup, _ transport: String) throws -> Endpoint {
+        transport == "message-port" ? try group.scopedEndpoint("private") : try group.endpoint("private")
+    }
+
+    @Test("every file and queue a listener and a client create is mode 0600, and a group directory they create is 0700, even with umask 0", arguments: transports)
+    func ownerOnlyModes(_ transport: String) async throws {
+        let parent = try TestGroup()
+        // A group directory that does not exist yet: the listener process creates it.
+        let group = try TestGroup()
+        let directory = GroupDirectory(path: parent.directory.path + "/" + group.directory.identifier)
+        let endpoint = transport == "message-port"
+            ? try Endpoint(group: directory, name: directory.identifier + ".private") : try Endpoint(group: directory, name: "private")
+        let umask = ["--umask", "0"]
+        let common = ["peer", "--transport", transport, "--group", directory.path, "--endpoint", endpoint.name]
+        let server = try PeerProcess(arguments: common + ["--role", "server"] + umask)
+        defer { server.stop() }
+        let client = try PeerProcess(arguments: common + ["--role", "client"] + umask)
+        defer {
+            client.stop()
+            if transport == "message-port" { MessageQueue.unlink(name: PortNames.replyQueue(endpoint, pid: client.pid, serial: 1)) }
+        }
+        // The client is connected (READY), so everything both sides create exists now.
+        #expect(try mode(directory.path) == 0o700)
+        let files = try FileManager.default.contentsOfDirectory(atPath: directory.path)
+        #expect(files.contains(endpoint.name + ".lock"))
+        #expect(files.count >= (transport == "message-port" ? 1 : 2), "only \(files) in the group directory")
+        for file in files {
+            let fileMode = try mode(directory.path + "/" + file)
+            #expect(fileMode == 0o600, "\(file) is mode \(String(fileMode, radix: 8))")
+        }
+        if transport == "message-port" {
+            for name in [PortNames.serverQueue(endpoint), PortNames.replyQueue(endpoint, pid: client.pid, serial: 1)] {
+                let queue = try MessageQueue.open(name: name, forWriting: true)
+                defer { queue.close() }
+                var status = stat()
+                #expect(fstat(queue.descriptor, &status) == 0)
+                #expect(status.st_mode & 0o7777 == 0o600, "queue \(name) is mode \(String(status.st_mode & 0o7777, radix: 8))")
+            }
+        }
+    }
+
+    @Test("a group directory every user can write to is refused, even with the sticky bit; so is one owned by another user", arguments: transports)
+    func unsafeGroupDirectoriesAreRefused(_ transport: String) async throws {
+        let chosen = try TransportCatalog.transport(named: transport, framing: .binary)
+        for (what, setUp) in [
+            ("world-writable", { (path: String) in chmod(path, 0o777) }),
+            ("world-writable and sticky", { (path: String) in chmod(path, 0o1777) }),
+            ("owned by another user", { (path: String) in chown(path, 65534, 65534) }),
+        ] {
+            let group = try TestGroup()
+            #expect(setUp(group.directory.path) == 0, "could not make the directory \(what)")
+            let endpoint = try endpoint(group, transport)
+            do {
+                let listener = try chosen.listen(at: endpoint, options: .defaults, acceptFilter: nil)
+                listener.close()
+                Issue.record("a \(what) group directory was accepted by \(transport)")
+            } catch let error as IPCError {
+                #expect(error.code == .invalidEndpoint, "\(what): \(error)")
+            }
+            #expect(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).isEmpty, "\(what): files were created")
+        }
+    }
+
+    @Test("the accept filter sees the connecting process's kernel-verified credentials, whatever it claims")
+    func acceptFilterSeesKernelCredentials() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("filtered")
+        let seen = LockedValue<[PeerCredentials]>([])
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults) { credentials in
+            seen.set(seen.get() + [credentials])
+            return false
+        }
+        defer { listener.close() }
+        // A raw client process: it says nothing about itself, and is refused (dropped at once).
+        let refused = try HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: Array("I am pid 1, uid 0".utf8))
+        try await expectDropped(refused, "the refused client")
+        let credentials = try #require(seen.get().first)
+        #expect(credentials.pid == refused.pid)
+        #expect(credentials.uid == geteuid())
+        #expect(credentials.gid == getegid())
+        #expect(listener.activeConnections.isEmpty)
+    }
+}

@@ -1,0 +1,196 @@
+import FilePresenterTransport
+import Foundation
+import IPCBenchKit
+import IPCCore
+import IPCPosix
+import IPCTestSupport
+@testable import MessagePortTransport
+import NotifyTransport
+import Testing
+
+/// Garbage written by another process (`ipcbench hostile write|queue`) into the shared objects
+/// of a live connection: the victim connection ends with a typed protocol error, nothing
+/// crashes, and a well-behaved client process of the same listener keeps being served.
+@Suite("Hostile peers: store-based transports", .serialized)
+struct StoreHostileTests {
+    static let maximumPayloadLength = 1 << 20
+
+    static func binaryHeader(magic: UInt8 = 0x49, length: UInt32) -> [UInt8] {
+        [magic, 0x50, 1, 1, 0, 0, 0, 7] + [UInt8](repeating: 0, count: 8) + withUnsafeBytes(of: length.bigEndian, Array.init)
+    }
+
+    static func littleEndian(_ value: UInt64) -> [UInt8] { withUnsafeBytes(of: value.littleEndian, Array.init) }
+
+    // MARK: Notify rings
+
+    struct RingGarbage: Sendable, CustomTestStringConvertible {
+        var name: String
+        /// Bytes written at the start of the client-to-server ring's data.
+        var data: [UInt8]
+        /// The write index then published (the read index is 0).
+        var writeIndex: UInt64
+        var code: IPCError.Code
+        var testDescription: String { name }
+    }
+
+    static let ringGarbage: [RingGarbage] = [
+        RingGarbage(name: "garbage magic", data: binaryHeader(magic: 0x00, length: 0), writeIndex: 20, code: .malformedFrame),
+        RingGarbage(name: "a frame announcing 4 GiB", data: binaryHeader(length: .max), writeIndex: 20, code: .frameTooLarge),
+        RingGarbage(name: "a write index past the ring's capacity", data: [], writeIndex: 1 << 40, code: .malformedFrame),
+        RingGarbage(name: "a write index of 2^64 - 1", data: [], writeIndex: .max, code: .malformedFrame),
+    ]
+
+    @Test("garbage in a notify ring ends only that connection", arguments: ringGarbage)
+    func notifyRing(_ garbage: RingGarbage) async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("ring")
+        let listener = try NotifyTransport().listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength }, acceptFilter: nil)
+        defer { listener.close() }
+        let good = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client)
+        defer { good.stop() }
+        let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client)
+        defer { victim.stop() }
+        let goodConnection = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
+        let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
+        let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
+        let probe = InvalidationProbe()
+        probe.attach(to: victimConnection)
+
+        let ring = try #require(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).first { $0.hasPrefix("ring.\(victim.pid)-") && $0.hasSuffix(".ring") })
+        // Client-to-server ring: header at 64 (write index, read index, data counter), data at 4096.
+        try HostilePeer.write(into: group.directory.path + "/" + ring, [(4096, garbage.data), (64, Self.littleEndian(garbage.writeIndex))], post: [80])
+        #expect(await probe.wait(seconds: 30), "the victim's connection was not invalidated")
+        #expect(probe.reason?.kind == .protocolError, "invalidated with \(String(describing: probe.reason))")
+        #expect(probe.reason?.error?.code == garbage.code, "invalidated with \(String(describing: probe.reason))")
+        await loop.stop()
+        #expect(goodConnection.invalidationReason == nil)
+    }
+
+    // MARK: Message port queues
+
+    /// One hostile queue message to the server's queue, in hex, made from fragment header fields.
+    static func fragment(magic: UInt8 = 0x4D, kind: UInt8 = 1, sender: UInt32, total: UInt32, offset: UInt32, body: [UInt8] = []) -> String {
+        var bytes: [UInt8] = [magic, 0x50, 1, kind, 0, 0, 0, 9] + [UInt8](repeating: 0, count: 8)
+        for field in [sender, total, offset] { bytes += withUnsafeBytes(of: field.bigEndian, Array.init) }
+        return HostilePeer.hex(bytes + body)
+    }
+
+    /// Stops a message port client process and removes its reply queue if the listener, closed
+    /// right after, had no time to see it exit (queues outlive processes and count against the
+    /// user's queue memory).
+    static func stop(_ client: PeerProcess, _ endpoint: Endpoint) {
+        client.stop()
+        MessageQueue.unlink(name: PortNames.replyQueue(endpoint, pid: client.pid, serial: 1))
+    }
+
+    @Test("garbage in a message port's queue: unparseable messages are dropped, a client's broken fragments end only that client")
+    func messagePortQueue() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("port")
+        let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength }, acceptFilter: nil)
+        defer { listener.close() }
+        let good = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+        defer { Self.stop(good, endpoint) }
+        _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
+        let goodConnection = try #require(listener.activeConnections.first)
+        let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
+        let queue = PortNames.serverQueue(endpoint)
+
+        // Messages that name no client, or do not parse: dropped, nobody is hurt.
+        let status = try HostilePeer.run(["queue", "--name", queue,
+            "--hex", "00", "--hex", HostilePeer.hex([UInt8](repeating: 0xFF, count: 100)),
+            "--hex", Self.fragment(magic: 0, sender: 1, total: 0, offset: 0),
+            "--hex", Self.fragment(kind: 99, sender: 1, total: 0, offset: 0),
+            "--hex", Self.fragment(sender: 77, total: 10, offset: 0, body: [1]),
+            "--hex", Self.fragment(sender: 1, total: 4, offset: 2, body: [1, 2, 3]),  // overruns its message: does not parse
+            "--hex", Self.fragment(kind: 16, sender: 0, total: 4, offset: 0, body: [0, 0, 0, 1]),  // a hello with no queue
+        ])
+        #expect(status == 0)
+
+        // Fragments in the name of a live client: that client's connection ends with a protocol error.
+        for (name, hostile, code) in [
+            ("a message above the maximum", Self.fragment(sender: 2, total: UInt32.max, offset: 0, body: [1]), IPCError.Code.frameTooLarge),
+            ("a continuation with no message in progress", Self.fragment(sender: 3, total: 100, offset: 50, body: [1]), .malformedFrame),
+        ] {
+            let victim = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+            defer { Self.stop(victim, endpoint) }
+            let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
+            let probe = InvalidationProbe()
+            probe.attach(to: victimConnection)
+            #expect(try HostilePeer.run(["queue", "--name", queue, "--hex", hostile]) == 0)
+            #expect(await probe.wait(seconds: 30), "\(name): the victim was not invalidated")
+            #expect(probe.reason?.kind == .protocolError, "\(name): \(String(describing: probe.reason))")
+            #expect(probe.reason?.error?.code == code, "\(name): \(String(describing: probe.reason))")
+        }
+        await loop.stop()
+        #expect(goodConnection.invalidationReason == nil)
+    }
+
+    @Test("a hello that claims another client's reply queue, or a pid that is not its queue's, is refused")
+    func messagePortForgedHello() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("hello")
+        let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let good = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+        defer { Self.stop(good, endpoint) }
+        _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
+        let goodConnection = try #require(listener.activeConnections.first)
+        let goodQueue = PortNames.replyQueue(endpoint, pid: good.pid, serial: 1)
+        #expect(MessageQueue.exists(name: goodQueue))
+
+        func hello(pid: Int32, queue: String) -> String {
+            HostilePeer.hex(withUnsafeBytes(of: UInt32(bitPattern: pid).bigEndian, Array.init) + Array(queue.utf8))
+        }
+        let forged = [
+            hello(pid: good.pid, queue: goodQueue),  // the live client's own queue, again
+            hello(pid: 1, queue: goodQueue),  // a queue named for another pid
+            hello(pid: 1, queue: PortNames.replyQueue(endpoint, pid: 1, serial: 1)),  // a pid of another user (or none)
+        ].map { Self.fragment(kind: 16, sender: 0, total: UInt32($0.count / 2), offset: 0, body: []) + $0 }
+        #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint)] + forged.flatMap { ["--hex", $0] }) == 0)
+        // A hello the listener takes is answered at once; give it time to answer, then check
+        // that no connection was admitted and the good client's queue is still there and served.
+        #expect(try await goodConnection.request([4], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [4])
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(listener.activeConnections.count == 1)
+        #expect(MessageQueue.exists(name: goodQueue))
+        #expect(try await goodConnection.request([5], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [5])
+    }
+
+    // MARK: File presenter journals
+
+    @Test("garbage committed into a client's journal ends that client's connection; the listener serves others")
+    func filePresenterJournal() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("journal")
+        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        let transport = FilePresenterTransport()
+        let good = try transport.connect(to: endpoint, options: .defaults)
+        defer { good.invalidate() }
+        let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
+        for (name, record, code) in [
+            ("a record with bad magic", [0x00, 0x00, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0] as [UInt8], IPCError.Code.malformedFrame),
+            ("a record of unknown kind", [0x46, 0x52, 9, 0, 0, 0, 0, 1, 0, 0, 0, 0], .malformedFrame),
+            // The committed end says the frame is whole, and it is not.
+            ("a frame announcing 4 GiB that runs past the committed end", [0x46, 0x52, 1, 0] + withUnsafeBytes(of: UInt32(bitPattern: server.pid).bigEndian, Array.init) + [0, 0, 0, 0] + Self.binaryHeader(length: .max), .truncatedFrame),
+        ] {
+            let victim = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength })
+            defer { victim.invalidate() }
+            let probe = InvalidationProbe()
+            probe.attach(to: victim)
+            #expect(try await victim.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+            let journals = try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") }.sorted()
+            let path = group.directory.path + "/" + (try #require(journals.last, "no client journal"))
+            // The committed end (offset 16, big-endian), then the record written there and committed.
+            let header = try #require(FileHandle(forReadingAtPath: path)).readData(ofLength: 24)
+            let end = header[16..<24].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+            try HostilePeer.write(into: path, [(Int(end), record), (16, withUnsafeBytes(of: (end + UInt64(record.count)).bigEndian, Array.init))])
+            #expect(await probe.wait(seconds: 30), "\(name): the victim was not invalidated")
+            #expect(probe.reason?.kind == .protocolError, "\(name): \(String(describing: probe.reason))")
+            #expect(probe.reason?.error?.code == code, "\(name): \(String(describing: probe.reason))")
+        }
+        await loop.stop()
+        #expect(good.invalidationReason == nil)
+    }
+}
