@@ -10,6 +10,9 @@ import Synchronization
 /// client's connection. Either way, sends write fragments on the calling thread, under a lock so
 /// that one sender's fragments stay contiguous, and the other side's death is seen through its
 /// process (a pidfd), since a message queue has no connection to break.
+///
+/// A client's requests made back to back read their own replies from the reply queue while the
+/// reader thread parks (``ReceiveOwnership``), so no reply is handed from thread to thread.
 public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
@@ -22,8 +25,11 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     private let replySendTimeout: Duration = .seconds(5)
     private let role: Role
     private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
-    /// Touched only by the thread that reads for this connection.
+    /// Touched only by the thread that reads for this connection (on a client, the reader thread
+    /// or a requester reading directly, as ``ReceiveOwnership`` decides).
     private var assembler: FragmentAssembler
+    /// A client's receive buffer, one queue message long; touched like ``assembler``.
+    private let readBuffer: UnsafeMutableRawBufferPointer
 
     enum Role {
         /// The client: its own reply queue (read by its reader thread, and a write descriptor to
@@ -41,6 +47,11 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         self.senderID = senderID
         self.role = role
         self.assembler = FragmentAssembler(maximumPayloadLength: options.maximumPayloadLength)
+        self.readBuffer = .allocate(byteCount: messageSize, alignment: 8)
+    }
+
+    deinit {
+        readBuffer.deallocate()
     }
 
     /// Watches the peer's process; its death invalidates the connection.
@@ -67,12 +78,65 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         guard core.latch.invalidate(reason) else { return }
         switch role {
         case .client(_, let wakeWriter, _):
-            // The reader thread releases everything; wake it with a message in its own queue.
+            // The reader thread releases everything; wake it, parked or reading (with a message
+            // in its own queue). A requester reading directly sees the invalidation and hands back.
+            core.ownership.stop()
             try? FragmentWriter(queue: wakeWriter, messageSize: writer.messageSize)
                 .sendControl(PortFragmentHeader(kind: .wake), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
         case .server:
             finish(reason)
         }
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        guard case .client(let replyQueue, _, _) = role else {
+            return try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
+        }
+        return try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) {
+            try sendFrame($0, timeout: sendTimeout)
+        } readDirectly: { correlation, deadline in
+            self.readDirectly(replyQueue, until: correlation, deadline: deadline)
+        }
+    }
+
+    /// A client requester's direct read (see ``ReceiveOwnership``): takes queue messages and
+    /// handles them until request `correlation` is finished. Anything else (the deadline, an
+    /// invalidation, a queue failure) hands reading back to the reader thread.
+    private func readDirectly(_ replyQueue: MessageQueue, until correlation: UInt64, deadline: UInt64) {
+        var failed = true
+        defer { core.endDirectRead(for: correlation, failed: failed) }
+        let strategy = core.options.waitStrategy
+        while !core.requests.isFinished(correlation) {
+            guard core.latch.isValid else { return }
+            let count: Int
+            do {
+                if let ready = try SpinWait.poll(strategy, { try replyQueue.receiveIfReady(into: readBuffer) }) {
+                    count = ready
+                } else {
+                    let now = monotonicNanoseconds()
+                    guard now < deadline,
+                        let received = try replyQueue.receive(into: readBuffer, deadline: MessageQueue.realtimeDeadline(after: .nanoseconds(Int64(clamping: deadline - now))))
+                    else { return }
+                    count = received
+                }
+            } catch {
+                return
+            }
+            guard handleQueueMessage(count) else { return }
+        }
+        failed = false
+    }
+
+    /// Parses and handles one message of `count` bytes in ``readBuffer``; `false` (after
+    /// invalidating the connection) if it is malformed.
+    private func handleQueueMessage(_ count: Int) -> Bool {
+        let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
+        guard let header = try? PortFragmentHeader(parsing: bytes) else {
+            invalidate(InvalidationReason(.protocolError, error: IPCError(code: .malformedFrame, message: "malformed message in the reply queue")))
+            return false
+        }
+        receive(header, UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...]))
+        return true
     }
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
@@ -118,24 +182,22 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
 
     /// The client's reader thread: runs until a wake after invalidation, or a queue failure.
     func clientReadLoop(replyQueue: MessageQueue) {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: writer.messageSize, alignment: 8)
-        defer { buffer.deallocate() }
         var reason = InvalidationReason(.invalidatedLocally)
         while core.latch.isValid {
             let count: Int
             do {
-                count = try SpinWait.poll(core.options.waitStrategy) { try replyQueue.receiveIfReady(into: buffer) }
-                    ?? replyQueue.receive(into: buffer)
+                count = try SpinWait.poll(core.options.waitStrategy) { try replyQueue.receiveIfReady(into: readBuffer) }
+                    ?? replyQueue.receive(into: readBuffer)
             } catch {
                 reason = InvalidationReason(.transportFailure, error: error as? IPCError)
                 break
             }
-            let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<count])
-            guard let header = try? PortFragmentHeader(parsing: bytes) else {
-                reason = InvalidationReason(.protocolError, error: IPCError(code: .malformedFrame, message: "malformed message in the reply queue"))
+            guard handleQueueMessage(count) else {
+                reason = core.latch.reason ?? InvalidationReason(.protocolError)
                 break
             }
-            receive(header, UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...]))
+            // Requests are following one another: let them read their own replies for a while.
+            core.ownership.parkIfRequested()
         }
         finish(reason)
     }

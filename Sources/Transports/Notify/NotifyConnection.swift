@@ -8,6 +8,9 @@ import Synchronization
 /// store, and a reader thread waits on the inbound ring's data counter, drains every published
 /// byte, and reassembles frames. The other side's death is seen through its process (a pidfd);
 /// a frame it left half-written dies with the connection, undelivered.
+///
+/// Requests made back to back read their own replies from the ring while the reader thread
+/// parks (``ReceiveOwnership``), so no reply is handed from thread to thread.
 public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
@@ -22,6 +25,9 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     private let replySendTimeout: Duration = .seconds(5)
     private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
     private let onInvalidated: (@Sendable (NotifyConnection) -> Void)?
+    /// Used by the thread that currently reads: the reader thread, or a requester reading
+    /// directly, as ``ReceiveOwnership`` decides (its lock orders every hand-over).
+    private let reassembler: FrameReassembler<BinaryFrameDecoder>
 
     init(store: NotifyStore, isClient: Bool, peerPID: Int32, options: ConnectionOptions, onInvalidated: (@Sendable (NotifyConnection) -> Void)? = nil) {
         self.store = store
@@ -32,6 +38,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
         self.core = ConnectionCore(options: options)
         self.encoder = BinaryFrameEncoder(maximumPayloadLength: options.maximumPayloadLength)
         self.onInvalidated = onInvalidated
+        self.reassembler = FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: options.maximumPayloadLength))
     }
 
     /// Starts the reader thread and the watch on the peer's process.
@@ -51,8 +58,48 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
 
     public func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
-        // Wake our reader (it finishes the invalidation) and tell the other side.
+        // Wake our reader, parked or waiting (it finishes the invalidation), and tell the other side.
+        core.ownership.stop()
         store.close()
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) {
+            try sendFrame($0, timeout: sendTimeout)
+        } readDirectly: { correlation, deadline in
+            self.readDirectly(until: correlation, deadline: deadline)
+        }
+    }
+
+    /// A requester's direct read (see ``ReceiveOwnership``): drains the inbound ring and
+    /// dispatches until request `correlation` is finished. Anything else (the deadline, the end
+    /// of the connection, a malformed frame) hands reading back to the reader thread.
+    private func readDirectly(until correlation: UInt64, deadline: UInt64) {
+        var failed = true
+        defer { core.endDirectRead(for: correlation, failed: failed) }
+        let reply = replySender(timeout: replySendTimeout)
+        let strategy = core.options.waitStrategy
+        while !core.requests.isFinished(correlation) {
+            guard core.latch.isValid, store.state != .closed else { return }
+            let seen = inbound.data.value
+            do {
+                if try reassembler.receive({ try inbound.read(into: $0) }) == 0 {
+                    if SpinWait.poll(strategy, { inbound.data.value != seen ? true : nil }) == nil {
+                        let now = monotonicNanoseconds()
+                        guard now < deadline else { return }
+                        _ = inbound.data.wait(whileEqualTo: seen, timeoutNanoseconds: Int64(clamping: deadline - now))
+                    }
+                    continue
+                }
+                while let frame = try reassembler.nextFrame() {
+                    core.dispatch(frame, reply: reply)
+                }
+            } catch {
+                invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
+                return
+            }
+        }
+        failed = false
     }
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
@@ -84,7 +131,6 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     }
 
     private func readLoop() {
-        let reassembler = FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: core.options.maximumPayloadLength))
         let reply = replySender(timeout: replySendTimeout)
         var reason = InvalidationReason(.invalidatedLocally)
         while true {
@@ -119,6 +165,8 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                 reason = InvalidationReason(.protocolError, error: error as? IPCError)
                 break
             }
+            // Requests are following one another: let them read their own replies for a while.
+            core.ownership.parkIfRequested()
         }
         finish(reason)
     }
