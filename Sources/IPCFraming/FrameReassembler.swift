@@ -53,9 +53,11 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     @exclusivity(unchecked) private var gatheringHeaderLength = 0
     @exclusivity(unchecked) private var gatheringPayload: [UInt8] = []
     @exclusivity(unchecked) private var gatheringFilled = 0
-    /// Frames gathered whole and not yet returned, with their length on the wire, oldest first.
-    /// They come before every buffered byte.
+    /// Frames gathered whole, with their length on the wire, oldest first; those from
+    /// ``readyIndex`` on are not yet returned. They come before every buffered byte. The array
+    /// keeps its capacity, so queueing a frame allocates nothing.
     @exclusivity(unchecked) private var ready: [(frame: Frame, wireLength: Int)] = []
+    @exclusivity(unchecked) private var readyIndex = 0
     /// Bytes of ``ready`` frames and of the frame being gathered.
     @exclusivity(unchecked) private var heldByteCount = 0
 
@@ -128,8 +130,13 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     }
 
     public func nextFrame() throws -> Frame? {
-        if !ready.isEmpty {
-            let (frame, wireLength) = ready.removeFirst()
+        if readyIndex < ready.count {
+            let (frame, wireLength) = ready[readyIndex]
+            readyIndex += 1
+            if readyIndex == ready.count {
+                ready.removeAll(keepingCapacity: true)
+                readyIndex = 0
+            }
             heldByteCount -= wireLength
             return frame
         }
@@ -188,10 +195,13 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
         let source = storage + readIndex + headerLength
         // Every byte of the array is written before the frame is returned: the bytes buffered so
         // far now, the rest as they arrive.
-        gatheringPayload = [UInt8](unsafeUninitializedCapacity: header.payloadLength) { payload, count in
+        // (Through ContiguousArray, whose storage is allocated by code specialized for UInt8 here,
+        // and which becomes an Array without a copy: Array's own uninitialized initializer calls
+        // into the runtime, which allocates a second time per call to look up generic metadata.)
+        gatheringPayload = Array(ContiguousArray<UInt8>(unsafeUninitializedCapacity: header.payloadLength) { payload, count in
             UnsafeMutableRawPointer(payload.baseAddress!).copyMemory(from: source, byteCount: prefix)
             count = header.payloadLength
-        }
+        })
         gatheringHeader = header
         gatheringHeaderLength = headerLength
         gatheringFilled = prefix
