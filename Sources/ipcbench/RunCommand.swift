@@ -1,4 +1,5 @@
 import ArgumentParser
+import CMallocCounter
 import Foundation
 import IPCBenchKit
 import IPCFraming
@@ -39,6 +40,9 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(help: "Skip the in-process framing and secure-decoding measurements.")
     var skipInProcess = false
 
+    @Flag(help: "Run only the in-process framing and secure-decoding measurements (no peer process).")
+    var inProcessOnly = false
+
     @Flag(help: "Do not show progress on standard error.")
     var noProgress = false
 
@@ -47,6 +51,7 @@ struct RunCommand: AsyncParsableCommand {
             throw ValidationError("unknown transport '\(transport)'; known: \(TransportCatalog.names.joined(separator: ", "))")
         }
         _ = try parsedSizes()
+        if inProcessOnly && skipInProcess { throw ValidationError("--in-process-only and --skip-in-process exclude each other") }
         guard sampleScale > 0 else { throw ValidationError("--sample-scale must be positive") }
     }
 
@@ -70,11 +75,14 @@ struct RunCommand: AsyncParsableCommand {
         )
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
-        let latency = try await LatencyRunner(plan: plan, progress: progress).run()
-        let invalidation = skipInvalidation ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
-        let inProcess = skipInProcess ? [] : try InProcessRunner(repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress).run()
+        let latency = inProcessOnly ? [] : try await LatencyRunner(plan: plan, progress: progress).run()
+        let invalidation = skipInvalidation || inProcessOnly ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
+        let inProcess = skipInProcess ? [] : try InProcessRunner(
+            repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress,
+            allocationCount: { ipc_thread_allocation_count() }
+        ).run()
         let results = RunResults(context: .current(command: command), latency: latency, invalidation: invalidation, inProcess: inProcess)
-        print(ReportRenderer.table(latency), terminator: "")
+        if !latency.isEmpty { print(ReportRenderer.table(latency), terminator: "") }
         if !invalidation.isEmpty { print("\n" + ReportRenderer.invalidationTable(invalidation), terminator: "") }
         if !inProcess.isEmpty { print("\n" + ReportRenderer.inProcessTable(inProcess), terminator: "") }
         let directory = output ?? "Reports/runs/" + Self.timestamp()
