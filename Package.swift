@@ -81,10 +81,13 @@ let package = Package(
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),
+        // Counting replacements of malloc and its kin, for the in-process allocation counts;
+        // linked into the ipcbench executable only.
+        .target(name: "CMallocCounter"),
         .executableTarget(
             name: "ipcbench",
             dependencies: [
-                "IPCBenchKit", "NotifyTransport", "IPCConformance", "IPCPosix", "CIPCShims",
+                "IPCBenchKit", "NotifyTransport", "IPCConformance", "IPCPosix", "CIPCShims", "CMallocCounter",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -65,6 +65,7 @@ int ipc_mq_open(const char *name, int flags, unsigned int mode, long max_message
 }
 
 #include <linux/futex.h>
+#include <stdint.h>
 #include <time.h>
 
 uint64_t ipc_atomic_load_u64(const uint64_t *address) {
@@ -104,6 +105,37 @@ int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns) {
 
 int ipc_futex_wake(uint32_t *address, int count) {
     return (int)syscall(SYS_futex, address, FUTEX_WAKE, count, NULL, NULL, 0);
+}
+
+uint32_t ipc_futex_counter_post(uint32_t *address) {
+    uint32_t old = __atomic_load_n(address, __ATOMIC_RELAXED);
+    uint32_t next;
+    do {
+        next = (old + 1) & ~IPC_FUTEX_COUNTER_WAITERS;
+    } while (!__atomic_compare_exchange_n(address, &old, next, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    // Only the post that clears the flag wakes; a waiter that arrives later sets it again
+    // against the new count. Every waiter sleeps on a flagged value, so none is left asleep.
+    if (old & IPC_FUTEX_COUNTER_WAITERS) {
+        ipc_futex_wake(address, INT32_MAX);
+    }
+    return next;
+}
+
+uint32_t ipc_futex_counter_wait(uint32_t *address, uint32_t seen, int64_t timeout_ns) {
+    uint32_t current = __atomic_load_n(address, __ATOMIC_SEQ_CST);
+    while ((current & ~IPC_FUTEX_COUNTER_WAITERS) == (seen & ~IPC_FUTEX_COUNTER_WAITERS)) {
+        if (!(current & IPC_FUTEX_COUNTER_WAITERS)) {
+            uint32_t flagged = current | IPC_FUTEX_COUNTER_WAITERS;
+            if (!__atomic_compare_exchange_n(address, &current, flagged, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+                continue; // current now holds the word as it changed: check it again
+            }
+            current = flagged;
+        }
+        // Returns at once (EAGAIN) if a post changed the word since it was read.
+        ipc_futex_wait(address, current, timeout_ns);
+        break;
+    }
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE) & ~IPC_FUTEX_COUNTER_WAITERS;
 }
 
 int ipc_ofd_lock(int fd, short type) {

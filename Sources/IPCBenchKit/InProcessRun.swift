@@ -19,26 +19,45 @@ public struct InProcessResult: Codable, Sendable {
     /// Median over repetitions of the time per operation, in nanoseconds.
     public var nanosecondsPerOperation: Double
     public var repetitionNanoseconds: [Double]
+    /// Heap allocations per operation (malloc and its kin, on the measuring thread), when the
+    /// process counts them (the `ipcbench` executable does).
+    public var allocationsPerOperation: Double?
 
     public var gigabytesPerSecond: Double { nanosecondsPerOperation > 0 ? Double(bytes) / nanosecondsPerOperation : 0 }
+
+    /// Operations (frames, messages) per second at the median time.
+    public var operationsPerSecond: Double { nanosecondsPerOperation > 0 ? 1e9 / nanosecondsPerOperation : 0 }
 
     public var name: String { "inprocess/\(subject)/\(operation)/\(bytes)" }
 }
 
-/// Framing encode/decode and secure decoding, timed in this process. Allocation counts per
-/// operation are measured by the package-benchmark suites in `Benchmarks/`, which interpose malloc.
+/// Framing encode/decode and secure decoding, timed in this process, with allocations per
+/// operation when given a counter (the package-benchmark suites in `Benchmarks/` count them too).
+///
+/// Secure decoding is compared with Foundation's own: `NSKeyedUnarchiver` with secure coding
+/// (`unarchivedObject(ofClasses:from:)`, the allowed classes only) decoding the same order as an
+/// `OrderObject` graph, from its default binary archive (subject `NSKeyedUnarchiver`) and from
+/// the XML archive that the keyed-archive codec carries (`NSKeyedUnarchiver-xml`). It is the
+/// unguarded decoder: the `keyedArchive` codec runs it after validating the archive, because on
+/// Linux it traps instead of throwing for a class outside the allowed set.
 public struct InProcessRunner: Sendable {
     public var frameSizes: [Int]
     public var messageSizes: [Int]
     /// Wall time each repetition aims for.
     public var repetitionBudget: Duration
     public var progress: ProgressReporter
+    /// Heap allocations made so far by the calling thread, if the process counts them.
+    public var allocationCount: (@Sendable () -> UInt64)?
 
-    public init(frameSizes: [Int] = [64, 4096, 65536, 1 << 20], messageSizes: [Int] = [1024, 16384], repetitionBudget: Duration = .milliseconds(20), progress: ProgressReporter) {
+    public init(
+        frameSizes: [Int] = [64, 4096, 65536, 1 << 20], messageSizes: [Int] = [1024, 16384], repetitionBudget: Duration = .milliseconds(20),
+        progress: ProgressReporter, allocationCount: (@Sendable () -> UInt64)? = nil
+    ) {
         self.frameSizes = frameSizes
         self.messageSizes = messageSizes
         self.repetitionBudget = repetitionBudget
         self.progress = progress
+        self.allocationCount = allocationCount
     }
 
     public func run() throws -> [InProcessResult] {
@@ -51,23 +70,58 @@ public struct InProcessRunner: Sendable {
             }
         }
         let codecs: [any PayloadCodec] = [JSONPayloadCodec.json, PropertyListPayloadCodec.propertyList, KeyedArchivePayloadCodec.keyedArchive]
+        // A receiver builds its allow-lists once, not per message.
+        let accepting = AllowList.orders
+        let refusing = AllowList()
+        let limits = DecodingLimits(maximumPayloadLength: 1 << 24, maximumDepth: 32)
         for codec in codecs {
             for size in messageSizes {
                 let order = Order.sample(approximateSize: size)
                 let bytes = codec is KeyedArchivePayloadCodec ? try codec.encode(OrderObject(order)) : try codec.encode(order)
-                let limits = DecodingLimits(maximumPayloadLength: 1 << 24, maximumDepth: 32)
                 results.append(try measure(operation: "decode-accepted", subject: codec.name, bytes: bytes.count, messageSize: size) {
-                    _ = try codec.decode(bytes, allowing: .orders, limits: limits)
+                    _ = try codec.decode(bytes, allowing: accepting, limits: limits)
                 })
                 results.append(try measure(operation: "decode-refused", subject: codec.name, bytes: bytes.count, messageSize: size) {
                     do {
-                        _ = try codec.decode(bytes, allowing: AllowList(), limits: limits)
+                        _ = try codec.decode(bytes, allowing: refusing, limits: limits)
                         throw IPCError(code: .malformedPayload, message: "\(codec.name) accepted a type outside an empty allow-list")
                     } catch let error as IPCError where error.code == .disallowedType {}
                 })
             }
         }
+        for size in messageSizes {
+            let object = OrderObject(Order.sample(approximateSize: size))
+            let archives = [
+                ("NSKeyedUnarchiver", try NSKeyedArchiver.archivedData(withRootObject: object, requiringSecureCoding: true)),
+                ("NSKeyedUnarchiver-xml", Data(try KeyedArchivePayloadCodec.keyedArchive.encode(object))),
+            ]
+            let classes: [AnyClass] = [OrderObject.self, LineItemObject.self, NSArray.self, NSDate.self]
+            for (subject, archive) in archives {
+                results.append(try measure(operation: "decode-accepted", subject: subject, bytes: archive.count, messageSize: size) {
+                    guard try NSKeyedUnarchiver.unarchivedObject(ofClasses: classes, from: archive) is OrderObject else {
+                        throw IPCError(code: .malformedPayload, message: "NSKeyedUnarchiver did not return the order")
+                    }
+                })
+            }
+        }
         return results
+    }
+
+    /// For each message size: the fastest allow-listed codec's accepted decode against
+    /// `NSKeyedUnarchiver` with secure coding on the same order, as "N× faster" lines.
+    public static func secureDecodingComparison(_ results: [InProcessResult]) -> [String] {
+        let sizes = Set(results.compactMap(\.messageSize)).sorted()
+        return sizes.flatMap { size -> [String] in
+            let accepted = results.filter { $0.messageSize == size && $0.operation == "decode-accepted" }
+            guard let fastest = accepted.filter({ !$0.subject.hasPrefix("NSKeyedUnarchiver") }).min(by: { $0.nanosecondsPerOperation < $1.nanosecondsPerOperation }) else { return [] }
+            return accepted.filter { $0.subject.hasPrefix("NSKeyedUnarchiver") }.map { reference in
+                String(
+                    format: "order of ~%d B: %@ decodes %.1f× faster than %@ (%.1f µs against %.1f µs)", size, fastest.subject,
+                    reference.nanosecondsPerOperation / fastest.nanosecondsPerOperation, reference.subject,
+                    fastest.nanosecondsPerOperation / 1000, reference.nanosecondsPerOperation / 1000
+                )
+            }
+        }
     }
 
     private func measureEncode(_ framing: Framing, size: Int) throws -> InProcessResult {
@@ -120,9 +174,17 @@ public struct InProcessRunner: Sendable {
             perOperation.append(Double(monotonicNanoseconds() - begin) / Double(calls * batch))
         }
         let sorted = perOperation.sorted()
+        var allocations: Double?
+        if let allocationCount {
+            // Apart from the timed repetitions, so the counting cannot slow them.
+            let counted = max(1, min(calls, 50))
+            let before = allocationCount()
+            for _ in 0..<counted { try body() }
+            allocations = Double(allocationCount() - before) / Double(counted * batch)
+        }
         return InProcessResult(
             operation: operation, subject: subject, bytes: bytes, messageSize: messageSize, operations: calls * batch * 5,
-            nanosecondsPerOperation: sorted[2], repetitionNanoseconds: perOperation
+            nanosecondsPerOperation: sorted[2], repetitionNanoseconds: perOperation, allocationsPerOperation: allocations
         )
     }
 }

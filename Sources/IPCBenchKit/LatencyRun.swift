@@ -72,6 +72,11 @@ public struct LatencyPlan: Sendable {
 public struct CrossProcessResults: Sendable {
     public var latency: [LatencyResult]
     public var throughput: [ThroughputResult]
+
+    public init(latency: [LatencyResult] = [], throughput: [ThroughputResult] = []) {
+        self.latency = latency
+        self.throughput = throughput
+    }
 }
 
 /// Runs round-trip latency and one-way throughput measurements against peer processes.

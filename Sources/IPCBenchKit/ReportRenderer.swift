@@ -58,17 +58,24 @@ public enum ReportRenderer {
         fixedWidth([invalidationColumns] + invalidationRows(results), leftAligned: 1)
     }
 
-    static let inProcessColumns = ["subject", "operation", "bytes", "ns/op", "GB/s"]
+    static let inProcessColumns = ["subject", "operation", "bytes", "ns/op", "M op/s", "GB/s", "allocs/op"]
 
     static func inProcessRows(_ results: [InProcessResult]) -> [[String]] {
         results.map {
-            [$0.subject, $0.operation, formatBytes($0.bytes), String(format: "%.0f", $0.nanosecondsPerOperation), String(format: "%.2f", $0.gigabytesPerSecond)]
+            [
+                $0.subject, $0.operation, formatBytes($0.bytes), String(format: "%.0f", $0.nanosecondsPerOperation),
+                String(format: $0.operationsPerSecond >= 1e5 ? "%.1f" : "%.4f", $0.operationsPerSecond / 1e6),
+                String(format: "%.2f", $0.gigabytesPerSecond), $0.allocationsPerOperation.map { String(format: "%.2f", $0) } ?? "-",
+            ]
         }
     }
 
-    /// In-process framing and decoding, as a fixed-width table.
+    /// In-process framing and decoding, as a fixed-width table, then how the fastest codec
+    /// compares with `NSKeyedUnarchiver`.
     public static func inProcessTable(_ results: [InProcessResult]) -> String {
-        fixedWidth([inProcessColumns] + inProcessRows(results), leftAligned: 2)
+        let comparison = InProcessRunner.secureDecodingComparison(results)
+        return fixedWidth([inProcessColumns] + inProcessRows(results), leftAligned: 2)
+            + (comparison.isEmpty ? "" : "\n" + comparison.joined(separator: "\n") + "\n")
     }
 
     static func fixedWidth(_ rows: [[String]], leftAligned: Int) -> String {
@@ -123,10 +130,14 @@ public enum ReportRenderer {
             }
         }
         if !results.inProcess.isEmpty {
-            text += "\n## In-process framing and secure decoding\n\nMedian of 5 repetitions. Frame decoding runs through the reassembler over back-to-back frames arriving in 64 KiB reads; `bytes` is the payload. Codec rows decode an `Order` of about that encoded size, accepted (allow-listed) or refused (empty allow-list). Allocations per operation: see the package-benchmark suites in `Benchmarks/`.\n\n"
-            text += "| " + inProcessColumns.joined(separator: " | ") + " |\n|---|---|---:|---:|---:|\n"
+            text += "\n## In-process framing and secure decoding\n\nMedian of 5 repetitions. Frame decoding runs through the reassembler over back-to-back frames arriving in 64 KiB reads; `bytes` is the payload. Codec rows decode an `Order` (`bytes` is its encoding in that codec), accepted (allow-listed) or refused (empty allow-list); `NSKeyedUnarchiver` rows decode the same order as an `OrderObject` graph with `unarchivedObject(ofClasses:from:)` (secure coding, the allowed classes), from its binary archive and from the codec's XML archive. `M op/s`: millions of frames or messages per second. `allocs/op`: heap allocations (malloc and its kin) per frame or message, counted by the `ipcbench` executable (`-` where not counted).\n\n"
+            text += "| " + inProcessColumns.joined(separator: " | ") + " |\n|---|---|---:|---:|---:|---:|---:|\n"
             for row in inProcessRows(results.inProcess) {
                 text += "| " + row.joined(separator: " | ") + " |\n"
+            }
+            let comparison = InProcessRunner.secureDecodingComparison(results.inProcess)
+            if !comparison.isEmpty {
+                text += "\n" + comparison.map { "- " + $0 + "\n" }.joined()
             }
         }
         if !results.invalidation.isEmpty {

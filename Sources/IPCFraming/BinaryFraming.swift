@@ -49,7 +49,42 @@ public struct BinaryFrameDecoder: FrameDecoder {
     }
 
     public mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep {
+        guard let header = try header(bytes) else {
+            return .needMoreBytes(atLeast: BinaryWireFormat.headerLength)
+        }
         let headerLength = BinaryWireFormat.headerLength
+        let length = header.payloadLength
+        let total = headerLength + length
+        guard bytes.count >= total else {
+            return .needMoreBytes(atLeast: total)
+        }
+        // The payload's one copy, straight into the new array's storage. (This initializer is
+        // specialized for UInt8 here; `init(unsafeUninitializedCapacity:)` looks up generic
+        // metadata on every call, which costs more than a 64-byte frame's whole decode.)
+        let payload = Array(UnsafeRawBufferPointer(rebasing: bytes[headerLength..<total]))
+        return .frame(Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: payload), consumed: total)
+    }
+
+    public mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? {
+        try header(bytes).map { ($0, BinaryWireFormat.headerLength) }
+    }
+
+    /// The header at the front of `bytes`, or nil if it is not all there yet.
+    @inline(__always)
+    private func header(_ bytes: UnsafeRawBufferPointer) throws -> FrameHeader? {
+        let headerLength = BinaryWireFormat.headerLength
+        // The common case in one comparison: a whole header starting "IP", version 1, a known kind.
+        if bytes.count >= headerLength {
+            let prefix = bytes.loadUnaligned(as: UInt32.self).bigEndian
+            if prefix & 0xFFFF_FF00 == 0x4950_0100, let kind = Frame.Kind(rawValue: UInt8(truncatingIfNeeded: prefix)) {
+                return FrameHeader(
+                    kind: kind,
+                    msgid: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self).bigEndian,
+                    correlation: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self).bigEndian,
+                    payloadLength: try checkedLength(bytes)
+                )
+            }
+        }
         // Check each header byte as soon as it is present, so garbage is refused at its first byte.
         if bytes.count >= 1, bytes[0] != BinaryWireFormat.magic.0 || (bytes.count >= 2 && bytes[1] != BinaryWireFormat.magic.1) {
             throw IPCError(code: .malformedFrame, message: "bad magic \(hex(bytes.prefix(2))); expected 49 50")
@@ -60,24 +95,15 @@ public struct BinaryFrameDecoder: FrameDecoder {
         if bytes.count >= 4, Frame.Kind(rawValue: bytes[3]) == nil {
             throw IPCError(code: .malformedFrame, message: "unknown frame kind \(bytes[3])")
         }
-        guard bytes.count >= headerLength else {
-            return .needMoreBytes(atLeast: headerLength)
-        }
+        return nil
+    }
+
+    private func checkedLength(_ bytes: UnsafeRawBufferPointer) throws -> Int {
         let length = Int(bytes.loadUnaligned(fromByteOffset: 16, as: UInt32.self).bigEndian)
         guard length <= maximumPayloadLength else {
             throw IPCError(code: .frameTooLarge, message: "frame announces a payload of \(length) bytes, above the maximum of \(maximumPayloadLength)")
         }
-        let total = headerLength + length
-        guard bytes.count >= total else {
-            return .needMoreBytes(atLeast: total)
-        }
-        let frame = Frame(
-            kind: Frame.Kind(rawValue: bytes[3])!,
-            msgid: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self).bigEndian,
-            correlation: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self).bigEndian,
-            payload: Array(UnsafeRawBufferPointer(rebasing: bytes[headerLength..<total]))
-        )
-        return .frame(frame, consumed: total)
+        return length
     }
 }
 

@@ -60,6 +60,21 @@ public protocol FrameDecoder {
     var maximumPayloadLength: Int { get }
 
     mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep
+
+    /// The header at the front of `bytes` and its length on the wire, once it is all there, for a
+    /// reassembler that gathers a large payload straight into the frame's own array instead of
+    /// buffering it and copying it out. nil if more bytes are needed, or if this decoder does not
+    /// offer it (the default). It makes the same checks as ``decode(_:)`` and throws the same
+    /// errors. After a non-nil result the caller may consume the header and the payload itself,
+    /// without calling ``decode(_:)`` for that frame, so only a decoder that keeps no state between
+    /// frames should offer it.
+    mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)?
+}
+
+extension FrameDecoder {
+    public mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? {
+        nil
+    }
 }
 
 /// The framings ipcbench implements.

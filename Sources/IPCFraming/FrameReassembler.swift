@@ -28,21 +28,50 @@ public protocol FrameReassembling: AnyObject {
 ///
 /// The buffer grows only as bytes arrive, and to at most the header plus the decoder's
 /// maximum payload: a header that announces more is refused before anything is allocated for it.
+///
+/// Large payloads are copied once: when the decoder offers ``FrameDecoder/decodeHeader(_:)`` and a
+/// frame's header announces a payload of at least ``gatheringThreshold`` bytes that is not yet all
+/// here, the reassembler allocates the frame's payload array and gathers the rest of the payload
+/// straight into it (``receive(_:)`` lets the reader write into it, ``append(_:)`` copies into it),
+/// instead of growing its buffer and copying the payload out of it afterwards.
 public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
-    private var decoder: Decoder
-    private var storage: UnsafeMutableRawPointer
-    private var capacity: Int
-    private var readIndex = 0
-    private var writeIndex = 0
+    // Every stored property is private and no method holds an access to one across a call that
+    // could re-enter the reassembler, so the dynamic exclusivity checks (a runtime call per
+    // access, a tenth of a small frame's decoding) are left out.
+    @exclusivity(unchecked) private var decoder: Decoder
+    @exclusivity(unchecked) private var storage: UnsafeMutableRawPointer
+    @exclusivity(unchecked) private var capacity: Int
+    @exclusivity(unchecked) private var readIndex = 0
+    @exclusivity(unchecked) private var writeIndex = 0
     /// Total bytes the frame being assembled needs, when the decoder has said.
-    private var pendingFrameLength = 0
-    private var failure: IPCError?
+    @exclusivity(unchecked) private var pendingFrameLength = 0
+    @exclusivity(unchecked) private var failure: IPCError?
+
+    /// The frame whose payload is being gathered into its own array: its header, the header's
+    /// length on the wire, the array (of the payload's length) and how much of it holds bytes.
+    @exclusivity(unchecked) private var gatheringHeader: FrameHeader?
+    @exclusivity(unchecked) private var gatheringHeaderLength = 0
+    @exclusivity(unchecked) private var gatheringPayload: [UInt8] = []
+    @exclusivity(unchecked) private var gatheringFilled = 0
+    /// Frames gathered whole, with their length on the wire, oldest first; those from
+    /// ``readyIndex`` on are not yet returned. They come before every buffered byte. The array
+    /// keeps its capacity, so queueing a frame allocates nothing.
+    @exclusivity(unchecked) private var ready: [(frame: Frame, wireLength: Int)] = []
+    @exclusivity(unchecked) private var readyIndex = 0
+    /// Bytes of ``ready`` frames and of the frame being gathered.
+    @exclusivity(unchecked) private var heldByteCount = 0
 
     /// The free space offered to a reader when nothing larger is known to be needed.
     public static var chunkSize: Int { 64 * 1024 }
 
     /// The most room reserved for an announced payload before any of it has arrived.
     public static var upfrontReservation: Int { 1 << 20 }
+
+    /// The smallest payload gathered straight into the frame's array rather than buffered first.
+    public static var gatheringThreshold: Int { 16 * 1024 }
+
+    /// How much of a large append is buffered first, to see the header of the frame it starts.
+    private static var probeLength: Int { 4 * 1024 }
 
     public init(decoder: Decoder) {
         self.decoder = decoder
@@ -54,31 +83,71 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
         storage.deallocate()
     }
 
-    public var bufferedByteCount: Int { writeIndex - readIndex }
+    public var bufferedByteCount: Int { writeIndex - readIndex + heldByteCount }
 
     public func append(_ bytes: UnsafeRawBufferPointer) {
-        guard bytes.count > 0 else { return }
-        reserveFreeSpace(bytes.count)
-        (storage + writeIndex).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
-        writeIndex += bytes.count
+        var rest = bytes
+        while rest.count > 0 {
+            if gatheringHeader != nil {
+                let count = min(rest.count, gatheringPayload.count - gatheringFilled)
+                let offset = gatheringFilled
+                gatheringPayload.withUnsafeMutableBytes { payload in
+                    (payload.baseAddress! + offset).copyMemory(from: rest.baseAddress!, byteCount: count)
+                }
+                gatheredBytes(count)
+                rest = UnsafeRawBufferPointer(rebasing: rest[count...])
+                continue
+            }
+            if rest.count < Self.gatheringThreshold || failure != nil {
+                copyIntoBuffer(rest)
+                return
+            }
+            // Enough bytes to hold a large payload: buffer a little, and if it shows the header
+            // of such a frame, gather the rest of its payload directly.
+            let probe = min(rest.count, Self.probeLength)
+            copyIntoBuffer(UnsafeRawBufferPointer(rebasing: rest[..<probe]))
+            rest = UnsafeRawBufferPointer(rebasing: rest[probe...])
+            if !startGathering() {
+                copyIntoBuffer(rest)
+                return
+            }
+        }
     }
 
     public func receive(_ read: (UnsafeMutableRawBufferPointer) throws -> Int) rethrows -> Int {
+        if gatheringHeader != nil {
+            let offset = gatheringFilled
+            let count = try gatheringPayload.withUnsafeMutableBytes { payload in
+                try read(UnsafeMutableRawBufferPointer(rebasing: payload[offset...]))
+            }
+            if count > 0 { gatheredBytes(count) }
+            return count
+        }
         // Offer room for the rest of the frame being assembled, so a large payload arrives in as
         // few reads as possible, and otherwise fill a buffer of one chunk so small frames batch up.
         // The room offered for an announced payload grows with the bytes that actually arrived
         // (up to `upfrontReservation` at once, then doubling), so a peer that announces a large
         // frame and sends little of it costs little memory.
-        let stillNeeded = min(pendingFrameLength - bufferedByteCount, max(Self.upfrontReservation, bufferedByteCount))
-        reserveFreeSpace(max(stillNeeded, Self.chunkSize - bufferedByteCount, 1))
+        let unread = writeIndex - readIndex
+        reserveFreeSpace(max(boundedReservation(unread: unread), Self.chunkSize - unread, 1))
         let count = try read(UnsafeMutableRawBufferPointer(start: storage + writeIndex, count: capacity - writeIndex))
         if count > 0 { writeIndex += count }
         return count
     }
 
     public func nextFrame() throws -> Frame? {
+        if readyIndex < ready.count {
+            let (frame, wireLength) = ready[readyIndex]
+            readyIndex += 1
+            if readyIndex == ready.count {
+                ready.removeAll(keepingCapacity: true)
+                readyIndex = 0
+            }
+            heldByteCount -= wireLength
+            return frame
+        }
         if let failure { throw failure }
-        guard writeIndex > readIndex else { return nil }
+        guard gatheringHeader == nil, writeIndex > readIndex else { return nil }
         let step: DecodeStep
         do {
             step = try decoder.decode(UnsafeRawBufferPointer(start: storage + readIndex, count: writeIndex - readIndex))
@@ -98,6 +167,9 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
             return frame
         case .needMoreBytes(let atLeast):
             pendingFrameLength = atLeast
+            if atLeast - (writeIndex - readIndex) >= Self.gatheringThreshold {
+                _ = startGathering()
+            }
             return nil
         }
     }
@@ -105,13 +177,75 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     public func finish() throws {
         if let failure { throw failure }
         if bufferedByteCount > 0 {
+            let frameLength = gatheringHeader.map { gatheringHeaderLength + $0.payloadLength } ?? pendingFrameLength
             let error = IPCError(
                 code: .truncatedFrame,
-                message: "stream ended \(bufferedByteCount) bytes into a frame" + (pendingFrameLength > 0 ? " of \(pendingFrameLength) bytes" : "")
+                message: "stream ended \(bufferedByteCount) bytes into a frame" + (frameLength > 0 ? " of \(frameLength) bytes" : "")
             )
             failure = error
             throw error
         }
+    }
+
+    /// If the buffer holds the whole header of a frame with a large payload, and not yet the
+    /// whole payload, moves the payload bytes buffered so far into a new array of the payload's
+    /// length and gathers the rest there. The buffer is then empty. Returns whether it started.
+    private func startGathering() -> Bool {
+        guard gatheringHeader == nil else { return false }
+        let buffered = writeIndex - readIndex
+        // The decoder checks again what `decode` will check; an error here is left for `decode`.
+        guard let (header, headerLength) = (try? decoder.decodeHeader(UnsafeRawBufferPointer(start: storage + readIndex, count: buffered))) ?? nil,
+            header.payloadLength >= Self.gatheringThreshold, buffered < headerLength + header.payloadLength,
+            // Memory follows what arrived: an array of at most `upfrontReservation` bytes, or of at
+            // most twice the bytes already here.
+            header.payloadLength <= Self.upfrontReservation || 2 * buffered >= headerLength + header.payloadLength
+        else { return false }
+        let prefix = buffered - headerLength
+        let source = storage + readIndex + headerLength
+        // Every byte of the array is written before the frame is returned: the bytes buffered so
+        // far now, the rest as they arrive.
+        // (Through ContiguousArray, whose storage is allocated by code specialized for UInt8 here,
+        // and which becomes an Array without a copy: Array's own uninitialized initializer calls
+        // into the runtime, which allocates a second time per call to look up generic metadata.)
+        gatheringPayload = Array(ContiguousArray<UInt8>(unsafeUninitializedCapacity: header.payloadLength) { payload, count in
+            UnsafeMutableRawPointer(payload.baseAddress!).copyMemory(from: source, byteCount: prefix)
+            count = header.payloadLength
+        })
+        gatheringHeader = header
+        gatheringHeaderLength = headerLength
+        gatheringFilled = prefix
+        heldByteCount += buffered
+        readIndex = 0
+        writeIndex = 0
+        pendingFrameLength = 0
+        releaseOversizedStorage()
+        return true
+    }
+
+    /// Records `count` more payload bytes gathered, and queues the frame once it is whole.
+    private func gatheredBytes(_ count: Int) {
+        gatheringFilled += count
+        heldByteCount += count
+        guard let header = gatheringHeader, gatheringFilled == gatheringPayload.count else { return }
+        ready.append((Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: gatheringPayload), gatheringHeaderLength + gatheringFilled))
+        gatheringPayload = []
+        gatheringHeader = nil
+        gatheringFilled = 0
+    }
+
+    private func copyIntoBuffer(_ bytes: UnsafeRawBufferPointer) {
+        guard bytes.count > 0 else { return }
+        // Room for the rest of the frame being assembled too (within the bound), so the buffer
+        // grows once for it.
+        reserveFreeSpace(max(bytes.count, boundedReservation(unread: writeIndex - readIndex)))
+        (storage + writeIndex).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
+        writeIndex += bytes.count
+    }
+
+    /// The room to reserve for the rest of the frame being assembled: what it still needs, but
+    /// at most `upfrontReservation` or the bytes already here, whichever is more.
+    private func boundedReservation(unread: Int) -> Int {
+        min(pendingFrameLength - unread, max(Self.upfrontReservation, unread))
     }
 
     private func reserveFreeSpace(_ count: Int) {

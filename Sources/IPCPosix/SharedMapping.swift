@@ -64,6 +64,10 @@ public final class SharedMapping: @unchecked Sendable {
 /// A 32-bit sequence number in shared memory that processes wait on and bump: the futex-based
 /// counterpart of a notify(3) name. Posting increments it and wakes every waiter; a waiter that
 /// compares the value with the one it last saw can never miss a post, only see several at once.
+///
+/// The word holds a 31-bit count (wrapping) and, in bit 31, a waiters flag that a waiter sets
+/// before it sleeps and the next post clears: a post makes the `FUTEX_WAKE` system call only when
+/// the flag was set, so posting with nobody waiting is one atomic read-modify-write.
 public struct FutexCounter: @unchecked Sendable {
     public let address: UnsafeMutablePointer<UInt32>
     /// The mapping that holds the word, kept alive as long as the counter is.
@@ -74,12 +78,12 @@ public struct FutexCounter: @unchecked Sendable {
         self.mapping = mapping
     }
 
-    public var value: UInt32 { ipc_atomic_load_u32(address) }
+    /// The count (without the waiters flag).
+    public var value: UInt32 { ipc_atomic_load_u32(address) & ~IPC_FUTEX_COUNTER_WAITERS }
 
-    /// Increments the counter and wakes every process waiting on it.
+    /// Increments the counter and wakes every process waiting on it (no system call when none is).
     public func post() {
-        _ = ipc_atomic_fetch_add_u32(address, 1)
-        _ = ipc_futex_wake(address, Int32.max)
+        _ = ipc_futex_counter_post(address)
     }
 
     /// Wakes waiters without posting (they re-check their own conditions).
@@ -92,9 +96,6 @@ public struct FutexCounter: @unchecked Sendable {
     /// without a post.
     @discardableResult
     public func wait(whileEqualTo seen: UInt32, timeoutNanoseconds: Int64 = -1) -> UInt32 {
-        if ipc_atomic_load_u32(address) == seen {
-            _ = ipc_futex_wait(address, seen, timeoutNanoseconds)
-        }
-        return ipc_atomic_load_u32(address)
+        ipc_futex_counter_wait(address, seen, timeoutNanoseconds)
     }
 }

@@ -19,38 +19,41 @@ enum NestingScanner {
         if let first = bytes.first, first == 0xFE || first == 0xFF {
             throw IPCError(code: .malformedPayload, message: "JSON payloads must be UTF-8; this one starts with a UTF-16 or UTF-32 byte-order mark")
         }
-        var depth = 0
-        var inString = false
-        var escaped = false
-        for (offset, byte) in bytes.enumerated() {
-            if byte == 0 {
-                throw IPCError(code: .malformedPayload, message: "JSON payloads must be UTF-8; byte \(offset) is NUL")
-            }
-            if inString {
-                if escaped {
-                    escaped = false
-                } else if byte == UInt8(ascii: "\\") {
-                    escaped = true
-                } else if byte == UInt8(ascii: "\"") {
-                    inString = false
+        try bytes.withUnsafeBufferPointer { buffer in
+            var depth = 0
+            var inString = false
+            var escaped = false
+            for offset in buffer.indices {
+                let byte = buffer[offset]
+                if byte == 0 {
+                    throw IPCError(code: .malformedPayload, message: "JSON payloads must be UTF-8; byte \(offset) is NUL")
                 }
-                continue
-            }
-            switch byte {
-            case UInt8(ascii: "\""):
-                inString = true
-            case UInt8(ascii: "["), UInt8(ascii: "{"):
-                depth += 1
-                if depth > maximumDepth {
-                    throw tooDeep("JSON", maximumDepth: maximumDepth, offset: offset)
+                if inString {
+                    if escaped {
+                        escaped = false
+                    } else if byte == UInt8(ascii: "\\") {
+                        escaped = true
+                    } else if byte == UInt8(ascii: "\"") {
+                        inString = false
+                    }
+                    continue
                 }
-            case UInt8(ascii: "]"), UInt8(ascii: "}"):
-                depth -= 1
-                if depth < 0 {
-                    throw IPCError(code: .malformedPayload, message: "JSON closes a bracket it never opened at byte \(offset)")
+                switch byte {
+                case UInt8(ascii: "\""):
+                    inString = true
+                case UInt8(ascii: "["), UInt8(ascii: "{"):
+                    depth += 1
+                    if depth > maximumDepth {
+                        throw tooDeep("JSON", maximumDepth: maximumDepth, offset: offset)
+                    }
+                case UInt8(ascii: "]"), UInt8(ascii: "}"):
+                    depth -= 1
+                    if depth < 0 {
+                        throw IPCError(code: .malformedPayload, message: "JSON closes a bracket it never opened at byte \(offset)")
+                    }
+                default:
+                    break
                 }
-            default:
-                break
             }
         }
     }

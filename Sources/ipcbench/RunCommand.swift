@@ -1,4 +1,5 @@
 import ArgumentParser
+import CMallocCounter
 import Foundation
 import IPCBenchKit
 import IPCCore
@@ -55,6 +56,9 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(help: "Skip the in-process framing and secure-decoding measurements.")
     var skipInProcess = false
 
+    @Flag(help: "Run only the in-process framing and secure-decoding measurements (no peer process).")
+    var inProcessOnly = false
+
     @Flag(help: "Do not show progress on standard error.")
     var noProgress = false
 
@@ -63,6 +67,7 @@ struct RunCommand: AsyncParsableCommand {
             throw ValidationError("unknown transport '\(transport)'; known: \(TransportCatalog.names.joined(separator: ", "))")
         }
         _ = try parsedSizes()
+        if inProcessOnly && skipInProcess { throw ValidationError("--in-process-only and --skip-in-process exclude each other") }
         guard sampleScale > 0 else { throw ValidationError("--sample-scale must be positive") }
         guard (0...1_000_000).contains(spinMicroseconds) else { throw ValidationError("--spin-microseconds takes 0 to 1000000") }
     }
@@ -89,11 +94,14 @@ struct RunCommand: AsyncParsableCommand {
         )
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
-        let crossProcess = try await LatencyRunner(plan: plan, progress: progress).run()
-        let invalidation = skipInvalidation ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
-        let inProcess = skipInProcess ? [] : try InProcessRunner(repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress).run()
+        let crossProcess = inProcessOnly ? CrossProcessResults() : try await LatencyRunner(plan: plan, progress: progress).run()
+        let invalidation = skipInvalidation || inProcessOnly ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
+        let inProcess = skipInProcess ? [] : try InProcessRunner(
+            repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress,
+            allocationCount: { ipc_thread_allocation_count() }
+        ).run()
         let results = RunResults(context: .current(command: command), latency: crossProcess.latency, throughput: crossProcess.throughput, invalidation: invalidation, inProcess: inProcess)
-        print(ReportRenderer.table(crossProcess.latency), terminator: "")
+        if !crossProcess.latency.isEmpty { print(ReportRenderer.table(crossProcess.latency), terminator: "") }
         if !crossProcess.throughput.isEmpty { print("\n" + ReportRenderer.throughputTable(crossProcess.throughput), terminator: "") }
         if !invalidation.isEmpty { print("\n" + ReportRenderer.invalidationTable(invalidation), terminator: "") }
         if !inProcess.isEmpty { print("\n" + ReportRenderer.inProcessTable(inProcess), terminator: "") }

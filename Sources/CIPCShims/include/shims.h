@@ -51,6 +51,22 @@ int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns);
 /// FUTEX_WAKE: wakes up to count waiters; returns how many were woken, or -1.
 int ipc_futex_wake(uint32_t *address, int count);
 
+/// The waiters flag of a futex counter word: bit 31. The low 31 bits count posts (wrapping);
+/// the flag says that a waiter may be asleep on the word, so that a post makes the FUTEX_WAKE
+/// system call only then.
+#define IPC_FUTEX_COUNTER_WAITERS 0x80000000u
+
+/// Increments the 31-bit count of a futex counter word and clears its waiters flag in one
+/// sequentially consistent step; if the flag was set, wakes every waiter. Returns the new count.
+uint32_t ipc_futex_counter_post(uint32_t *address);
+
+/// Sleeps while the count of a futex counter word equals seen, at most timeout_ns (negative: no
+/// limit): sets the waiters flag (compare-and-swap, sequentially consistent) and then waits with
+/// FUTEX_WAIT on the flagged value, so a post between the check and the sleep changes the word and
+/// the wait returns at once. Returns the count then held (it may still equal seen after a timeout
+/// or a wake without a post).
+uint32_t ipc_futex_counter_wait(uint32_t *address, uint32_t seen, int64_t timeout_ns);
+
 /// Open file description locks (F_OFD_SETLK) are a GNU extension that Glibc's module map hides.
 /// Takes (type F_RDLCK or F_WRLCK) or releases (F_UNLCK) a lock on the whole file without
 /// waiting. Returns 0, or -1 with errno set (EAGAIN while another description holds a

@@ -34,7 +34,9 @@ final class NotifyStore: @unchecked Sendable {
     }
 
     static let magic: UInt32 = 0x4E54_4659 // "NTFY"
-    static let version: UInt32 = 1
+    /// 2: counters carry a waiters flag in bit 31 (see ``FutexCounter``), which a version-1
+    /// peer would neither set nor expect.
+    static let version: UInt32 = 2
     static let headerLength = 4096
 
     let mapping: SharedMapping
