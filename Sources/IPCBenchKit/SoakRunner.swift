@@ -122,7 +122,7 @@ public struct SoakRunner: Sendable {
             progress.update(label: "soak: cycle \(index), \(violations) violation(s)", fraction: options.cycles.map { Double(index) / Double(max($0, 1)) } ?? ((now - start) / (options.duration ?? .seconds(1))))
             if now - lastNote >= .seconds(15) {
                 lastNote = now
-                progress.note("\nsoak: \(index) cycles in \(Int((now - start).secondsValue)) s, \(violations) violation(s)")
+                progress.end(label: "soak", summary: "\(index) cycles in \(Int((now - start).secondsValue)) s, \(violations) violation(s)")
             }
         }
         let elapsed = (ContinuousClock.now - start).secondsValue
@@ -134,7 +134,7 @@ public struct SoakRunner: Sendable {
             Self.reclaimEndpoints(context)
             resources = SoakCensus.compare(before, SoakCensus.settled(group: group.directory, baseline: before))
         }
-        progress.note("\nsoak: \(index) cycles in \(Int(elapsed)) s")
+        progress.end(label: "soak", summary: "\(index) cycles in \(Int(elapsed)) s")
         return SoakReport(seed: options.seed, transports: results, resources: resources, hang: hang, failures: failures, elapsedSeconds: elapsed, stoppedBy: stoppedBy)
     }
 
