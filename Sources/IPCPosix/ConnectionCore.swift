@@ -42,16 +42,16 @@ public final class ConnectionCore: Sendable {
     ) async throws -> [UInt8] {
         try checkValid()
         let correlation = try requests.register()
-        let direct = readDirectly != nil && ownership.beginDirectRead()
         do {
             try send(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload))
         } catch {
-            if direct { ownership.endDirectRead(handBack: false) }
             requests.cancel(correlation)
             throw error
         }
         var timeout = receiveTimeout
-        if direct, let readDirectly {
+        // Only once the request is sent: a sender blocked on a full queue must not hold the right
+        // to read, or a peer blocked writing replies into a full queue of ours waits for it.
+        if let readDirectly, ownership.beginDirectRead() {
             let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(receiveTimeout)
             readDirectly(correlation, deadline)
             if let finished = requests.takeFinished(correlation) { return try finished.get() }

@@ -28,6 +28,9 @@ public final class ReceiveOwnership: @unchecked Sendable {
         var parked = false
         /// A requester is reading (only while `parked`).
         var requesterReading = false
+        /// Another request was turned away while a requester was reading: it waits for its reply
+        /// the usual way, so the reader must hand back when it stops.
+        var turnedAwayWhileReading = false
         /// A request found the thread reading and asked it to step aside.
         var handOverRequested = false
         /// Direct reads begun since the parked thread last looked.
@@ -81,17 +84,20 @@ public final class ReceiveOwnership: @unchecked Sendable {
                 return true
             }
             if !state.parked { state.handOverRequested = true }
+            if state.requesterReading { state.turnedAwayWhileReading = true }
             return false
         }
     }
 
-    /// Ends a direct read. `handBack` gives reading back to the receive thread at once: other
-    /// requests are waiting for replies, or the read met the end of the stream or an error that
-    /// the thread must act on.
+    /// Ends a direct read. Reading goes back to the receive thread at once if `handBack` is set
+    /// (other requests are waiting for replies, or the read met the end of the stream or an
+    /// error that the thread must act on) or a request was turned away meanwhile.
     public func endDirectRead(handBack: Bool) {
         locked { state in
             state.requesterReading = false
-            if handBack || state.stopped {
+            // Decided under the lock, so a request turned away a moment ago is never stranded.
+            if handBack || state.stopped || state.turnedAwayWhileReading {
+                state.turnedAwayWhileReading = false
                 state.parked = false
                 pthread_cond_signal(condition)
             }

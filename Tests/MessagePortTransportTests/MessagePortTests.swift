@@ -222,4 +222,28 @@ struct MessagePortTests {
         #expect(!MessageQueue.exists(name: PortNames.serverQueue(endpoint)))
         #expect(!MessageQueue.exists(name: replyQueue))
     }
+
+    @Test("a listener removes the reply queue a client killed before its hello left behind", .enabled(if: queueFileSystemMounted))
+    func deadClientReplyQueueRemoved() throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("orphan")
+        // A process that has exited: its pid is free (not reused within the test, in practice).
+        let exited = Process()
+        exited.executableURL = URL(fileURLWithPath: "/bin/true")
+        try exited.run()
+        exited.waitUntilExit()
+        let orphan = PortNames.replyQueue(endpoint, pid: exited.processIdentifier, serial: 1)
+        let live = PortNames.replyQueue(endpoint, pid: getpid(), serial: 999)
+        for name in [orphan, live] {
+            try MessageQueue.create(name: name, maximumMessages: 1, messageSize: 64).close()
+        }
+        defer { MessageQueue.unlink(name: live) }
+        let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        listener.close()
+        #expect(!MessageQueue.exists(name: orphan))
+        #expect(MessageQueue.exists(name: live))
+    }
 }
+
+/// Whether POSIX queue names can be listed: their file system is mounted at /dev/mqueue.
+private let queueFileSystemMounted = ((try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? "").contains(" /dev/mqueue mqueue ")

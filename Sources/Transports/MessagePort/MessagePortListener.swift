@@ -33,6 +33,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         do {
             // We hold the name's lock, so a queue still registered belongs to a dead server.
             MessageQueue.unlink(name: name)
+            Self.removeReplyQueuesOfDeadClients(endpoint)
             queue = try MessageQueue.create(name: name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize)
         } catch {
             lock.release()
@@ -111,6 +112,29 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private static func isLiveProcessOfThisUser(_ pid: Int32) -> Bool {
         var status = stat()
         return stat("/proc/\(pid)", &status) == 0 && status.st_uid == geteuid()
+    }
+
+    /// Removes the reply queues of this port's clients whose processes are gone. A client killed
+    /// after creating its reply queue but before a server read its hello leaves one that nobody
+    /// else knows of (a server removes those of the clients it admitted), and queues outlive
+    /// their processes and count against a small per-user quota. Queue names can be listed only
+    /// where their file system is mounted at /dev/mqueue; elsewhere this does nothing.
+    static func removeReplyQueuesOfDeadClients(_ endpoint: Endpoint) {
+        guard let directory = opendir("/dev/mqueue") else { return }
+        defer { closedir(directory) }
+        let prefix = PortNames.serverQueue(endpoint).dropFirst() + ".r"
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard name.hasPrefix(prefix) else { continue }
+            // `<server queue>.r<pid>.<serial>`, as ``PortNames/replyQueue(_:pid:serial:)`` names them.
+            let identity = name.dropFirst(prefix.count).split(separator: ".", omittingEmptySubsequences: false)
+            guard identity.count == 2, let pid = Int32(identity[0]), pid > 0, Int(identity[1]) != nil,
+                !ProcessWatcher.isAlive(pid: pid),
+                // The server queue of an endpoint whose name merely looks like a reply queue's.
+                (try? Endpoint(group: endpoint.group, name: endpoint.name + ".r" + identity.joined(separator: "."))).flatMap(EndpointLock.owner(of:)) == nil
+            else { continue }
+            MessageQueue.unlink(name: "/" + name)
+        }
     }
 
     /// Registers a client from its hello: its pid and the name of its reply queue.
