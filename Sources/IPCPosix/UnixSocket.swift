@@ -154,11 +154,16 @@ public enum UnixSocket {
 
     /// Sets how long a blocking read waits before giving up (`SO_RCVTIMEO`; zero waits forever).
     public static func setReceiveTimeout(_ fd: CInt, _ timeout: Duration) throws {
+        try setTimeout(fd, SO_RCVTIMEO, timeout)
+    }
+
+    /// Sets `SO_RCVTIMEO` or `SO_SNDTIMEO` (zero waits forever; anything above zero at least 1 µs).
+    private static func setTimeout(_ fd: CInt, _ option: CInt, _ timeout: Duration) throws {
         let (seconds, attoseconds) = timeout.components
         var value = timeval(tv_sec: Int(clamping: seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
         if seconds == 0, value.tv_usec == 0, attoseconds > 0 { value.tv_usec = 1 }
-        guard setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size)) == 0 else {
-            throw IPCError.syscall("setsockopt(SO_RCVTIMEO)", Errno(rawValue: errno))
+        guard setsockopt(fd, SOL_SOCKET, option, &value, socklen_t(MemoryLayout<timeval>.size)) == 0 else {
+            throw IPCError.syscall(option == SO_SNDTIMEO ? "setsockopt(SO_SNDTIMEO)" : "setsockopt(SO_RCVTIMEO)", Errno(rawValue: errno))
         }
     }
 
@@ -188,6 +193,10 @@ public enum UnixSocket {
     ) throws {
         let total = header.count + payload.count
         written = 0
+        // The first write does not wait. If the socket's buffer is full, the next one blocks in
+        // the kernel (which then moves the rest as room appears, with no return to user space
+        // in between) for at most the time left, through SO_SNDTIMEO.
+        var blocking = false
         while written < total {
             let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
                 var count = 0
@@ -206,10 +215,12 @@ public enum UnixSocket {
                 var message = msghdr()
                 message.msg_iov = iov.baseAddress
                 message.msg_iovlen = count
-                return sendmsg(fd, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
+                return sendmsg(fd, &message, CInt(MSG_NOSIGNAL) | (blocking ? 0 : CInt(MSG_DONTWAIT)))
             }
             if result >= 0 {
                 written += result
+                // A blocking write that returns early ran out of its time: look at the clock again.
+                blocking = false
                 continue
             }
             let error = Errno(rawValue: errno)
@@ -217,28 +228,16 @@ public enum UnixSocket {
             case .interrupted:
                 continue
             case .wouldBlock:
-                try waitWritable(fd, deadline: deadline, written: written, total: total)
+                let remaining = ContinuousClock.now.duration(to: deadline)
+                guard remaining > .zero else {
+                    throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
+                }
+                try setTimeout(fd, SO_SNDTIMEO, remaining)
+                blocking = true
             case .brokenPipe, .connectionReset, .socketNotConnected:
                 throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
             default:
                 throw IPCError.syscall("sendmsg", error)
-            }
-        }
-    }
-
-    private static func waitWritable(_ fd: CInt, deadline: ContinuousClock.Instant, written: Int, total: Int) throws {
-        while true {
-            let remaining = ContinuousClock.now.duration(to: deadline)
-            guard remaining > .zero else {
-                throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
-            }
-            let (seconds, attoseconds) = remaining.components
-            let milliseconds = CInt(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1)
-            var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
-            let ready = poll(&descriptor, 1, milliseconds)
-            if ready > 0 { return }
-            if ready < 0, errno != EINTR {
-                throw IPCError.syscall("poll", Errno(rawValue: errno))
             }
         }
     }
