@@ -113,9 +113,9 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCConformanceTests",
-            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "ipcbench"]
+            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
-        .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "ipcbench"]),
+        .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         // Hostile peers against every transport's listening side, and the security guarantees.
         .testTarget(
             name: "HostileTests",

@@ -1,5 +1,6 @@
 import Foundation
 import IPCCore
+import Synchronization
 
 /// The peer side of the suite: what the process at the other end of every case does.
 ///
@@ -37,11 +38,34 @@ public struct ConformancePeer: Sendable {
         /// Counted and dropped.
         public static let message: UInt32 = 0xFFFF_FF00
         /// Ends a run of ``message``s: the peer answers with one ``report`` message once its
-        /// consumer has taken everything sent before.
+        /// receive path has handed everything sent before to its handler (``makeHandler()``).
         public static let end: UInt32 = 0xFFFF_FF01
         /// The peer's answer to ``end``: the number of ``message``s and of their payload bytes
         /// since the previous report, two 8-byte big-endian integers.
         public static let report: UInt32 = 0xFFFF_FF02
+
+        /// A per-connection ``MessageHandler`` that counts ``message``s and answers ``end``, on the
+        /// receive path: a measurement then times the transport and its hand-over to application
+        /// code, not the wake-up of a task that drains ``MessageConnection/messages``.
+        public static func makeHandler() -> MessageHandler {
+            let counts = Mutex<(messages: UInt64, bytes: UInt64)>((0, 0))
+            return { message, send in
+                switch message.msgid {
+                case Sink.message:
+                    counts.withLock { $0.messages += 1; $0.bytes += UInt64(message.payload.count) }
+                    return true
+                case Sink.end:
+                    let sunk = counts.withLock { counts in
+                        defer { counts = (0, 0) }
+                        return counts
+                    }
+                    try? send(makeReport(messages: sunk.messages, bytes: sunk.bytes), report)
+                    return true
+                default:
+                    return false
+                }
+            }
+        }
 
         /// Reads a ``report`` payload.
         public static func parseReport(_ payload: [UInt8]) -> (messages: UInt64, bytes: UInt64)? {
@@ -110,6 +134,7 @@ public struct ConformancePeer: Sendable {
             $0.requestHandler = Self.requestHandler
             $0.maximumPayloadLength = 1 << 30
             $0.waitStrategy = configuration.waitStrategy
+            $0.makeMessageHandler = { Sink.makeHandler() }
         }
         try await run(transport, options: options)
     }
@@ -152,18 +177,8 @@ public struct ConformancePeer: Sendable {
     }
 
     private static func echoMessages(on connection: some MessageConnection) async {
-        var sunk: (messages: UInt64, bytes: UInt64) = (0, 0)
         for await message in connection.messages {
-            switch message.msgid {
-            case Sink.message:
-                sunk.messages += 1
-                sunk.bytes += UInt64(message.payload.count)
-            case Sink.end:
-                try? connection.send(Sink.makeReport(messages: sunk.messages, bytes: sunk.bytes), msgid: Sink.report, timeout: .seconds(5))
-                sunk = (0, 0)
-            default:
-                try? connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
-            }
+            try? connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
         }
     }
 

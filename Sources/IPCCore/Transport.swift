@@ -22,6 +22,16 @@ public struct PeerCredentials: Sendable, Hashable, Codable, CustomStringConverti
 /// short, or hand the work elsewhere and reply through ``ReceivedMessage/reply(_:)`` instead.
 public typealias RequestHandler = @Sendable (_ msgid: UInt32, _ payload: [UInt8]) throws -> [UInt8]?
 
+/// Takes a one-way message on the receive path, in arrival order, before it would reach
+/// ``MessageConnection/messages``. Returns `true` if it consumed the message, `false` to let it
+/// through to ``MessageConnection/messages``. `send` sends a one-way message back on the same
+/// connection (from the receive path: keep it short, as for a ``RequestHandler``).
+///
+/// Messages consumed here skip the hand-over to the task reading ``MessageConnection/messages``,
+/// which costs a wake-up per message; the order between consumed messages and those let
+/// through is the order in which each path sees them, not one order across both.
+public typealias MessageHandler = @Sendable (_ message: ReceivedMessage, _ send: (_ payload: [UInt8], _ msgid: UInt32) throws -> Void) -> Bool
+
 /// Decides whether a connecting peer is accepted, from its kernel-verified credentials.
 public typealias AcceptFilter = @Sendable (PeerCredentials) -> Bool
 
@@ -69,6 +79,10 @@ public struct ConnectionOptions: Sendable {
     /// Answers requests on the receive path. When `nil`, requests are delivered through
     /// ``MessageConnection/messages`` and answered with ``ReceivedMessage/reply(_:)``.
     public var requestHandler: RequestHandler?
+    /// Makes the ``MessageHandler`` of each connection (called once per connection, so that a
+    /// handler can keep per-connection state in its closure). When `nil`, every one-way message
+    /// goes to ``MessageConnection/messages``.
+    public var makeMessageHandler: (@Sendable () -> MessageHandler)?
     /// How the receive path and a waiting requester wait for the peer: block at once (the
     /// default), or spin for a bounded time first. See ``WaitStrategy``.
     public var waitStrategy: WaitStrategy

@@ -13,10 +13,13 @@ public final class ConnectionCore: Sendable {
     public let ownership = ReceiveOwnership()
     public let messages: AsyncStream<ReceivedMessage>
     private let sink: AsyncStream<ReceivedMessage>.Continuation
+    /// This connection's ``ConnectionOptions/makeMessageHandler`` product.
+    private let messageHandler: MessageHandler?
 
     public init(options: ConnectionOptions) {
         self.options = options
         (messages, sink) = AsyncStream.makeStream(of: ReceivedMessage.self)
+        messageHandler = options.makeMessageHandler?()
     }
 
     /// - Throws: ``IPCError/Code/invalidated`` if the connection is no longer valid.
@@ -73,7 +76,11 @@ public final class ConnectionCore: Sendable {
     public func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void) {
         switch frame.kind {
         case .message:
-            sink.yield(ReceivedMessage(msgid: frame.msgid, payload: frame.payload))
+            let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload)
+            if let messageHandler, messageHandler(message, { payload, msgid in try reply(Frame(kind: .message, msgid: msgid, payload: payload)) }) {
+                return
+            }
+            sink.yield(message)
         case .request:
             guard let handler = options.requestHandler else {
                 sink.yield(ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: reply))

@@ -11,7 +11,7 @@ import UnixSocketTransport
 
 /// Endpoints, queues and shared files are owner-only inside a group directory that is not
 /// world-writable, whatever the umask of the processes that create them.
-@Suite("Security", .serialized)
+@Suite("Security", .serialized, .usesMessageQueues)
 struct SecurityTests {
     static let transports = TransportCatalog.names
 

@@ -11,7 +11,7 @@ import Testing
 /// Garbage written by another process (`ipcbench hostile write|queue`) into the shared objects
 /// of a live connection: the victim connection ends with a typed protocol error, nothing
 /// crashes, and a well-behaved client process of the same listener keeps being served.
-@Suite("Hostile peers: store-based transports", .serialized)
+@Suite("Hostile peers: store-based transports", .serialized, .usesMessageQueues)
 struct StoreHostileTests {
     static let maximumPayloadLength = 1 << 20
 

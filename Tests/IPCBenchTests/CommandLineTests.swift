@@ -60,17 +60,17 @@ struct CommandLineTests {
         let group = try TestGroup()
         let output = group.directory.path + "/out"
         let (status, _) = try PeerProcess.runToCompletion([
-            "run", "--transport", "message-port", "--transport", "file-presenter", "--placement", "same-core", "--placement", "split-cores",
+            "run", "--transport", "notify", "--transport", "file-presenter", "--placement", "same-core", "--placement", "split-cores",
             "--sizes", "64", "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--no-progress", "--output", output,
         ])
         #expect(status == 0)
         let results = try ResultStore.read(output + "/results.json")
         let spinning = results.latency.filter(\.spins)
         // file-presenter cannot poll, and same-core never spins: one spinning measurement.
-        #expect(spinning.map { "\($0.transport) \($0.placement)" } == ["message-port split-cores"])
-        #expect(spinning.first?.name == "latency/message-port/split-cores/spin-then-block/64")
+        #expect(spinning.map { "\($0.transport) \($0.placement)" } == ["notify split-cores"])
+        #expect(spinning.first?.name == "latency/notify/split-cores/spin-then-block/64")
         #expect((spinning.first?.localCPUPerRoundTrip ?? 0) > 0)
-        #expect(results.throughput?.filter { $0.waitStrategy != "blocking" }.map(\.transport) == ["message-port"])
+        #expect(results.throughput?.filter { $0.waitStrategy != "blocking" }.map(\.transport) == ["notify"])
         #expect(results.latency.count == 5)
     }
 

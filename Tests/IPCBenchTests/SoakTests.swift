@@ -4,7 +4,7 @@ import IPCTestSupport
 import Testing
 
 /// The soak: its delivery checker, its watchdog, and a tiny run through the command line.
-@Suite("Soak")
+@Suite("Soak", .usesMessageQueues)
 struct SoakTests {
     /// A log of one-way messages 1...`count` sent, with these sequence numbers echoed.
     private func log(sent count: UInt64, echoed: [UInt64]) -> DeliveryLog {

@@ -9,7 +9,7 @@ import Testing
 /// The spin-then-block wait strategy against a real peer process that spins too: requests and
 /// one-way messages arrive exactly as with blocking waits, also after the spin time has run out
 /// and both ends have gone to sleep. No timing is asserted.
-@Suite("Wait strategies")
+@Suite("Wait strategies", .usesMessageQueues)
 struct WaitStrategyTests {
     static let spinning = TransportCatalog.names.filter(TransportCatalog.supportsSpinning)
     static let strategy = WaitStrategy.spinThenBlock(.microseconds(200))

@@ -2,13 +2,14 @@ import Foundation
 import FoundationXML
 import IPCBenchKit
 import IPCConformance
+import IPCTestSupport
 import Testing
 
 /// The suite against every built-in transport, through `ipcbench conform` in a process of its
 /// own: that checks the command and its report files too, and keeps the suite's descriptor
 /// accounting clear of the other tests running in this process. Serialized: message-port
 /// queues count against a small per-user quota.
-@Suite("Conformance: built-in transports", .serialized)
+@Suite("Conformance: built-in transports", .serialized, .usesMessageQueues)
 struct BuiltInTransportTests {
     @Test("every applicable case passes", arguments: TransportCatalog.names)
     func transportConforms(_ name: String) throws {

@@ -133,4 +133,6 @@ public final class LockedValue<Value: Sendable>: Sendable {
     public func get() -> Value { value.withLock { $0 } }
 
     public func set(_ newValue: Value) { value.withLock { $0 = newValue } }
+
+    public func withLock<T>(_ body: (inout sending Value) throws -> sending T) rethrows -> T { try value.withLock(body) }
 }

@@ -10,7 +10,7 @@ import Testing
 /// Serialized: every queue counts against the per-user queue memory (RLIMIT_MSGQUEUE, 800 KiB
 /// by default, about nine default-sized queues), so tests running side by side would starve
 /// each other.
-@Suite("Message port", .serialized)
+@Suite("Message port", .serialized, .usesMessageQueues)
 struct MessagePortTests {
     let transport = MessagePortTransport()
 

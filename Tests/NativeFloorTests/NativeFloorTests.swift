@@ -9,7 +9,7 @@ import Testing
 /// 8 KiB, a page), nothing is left behind, and a dead peer is an error, not a hang.
 /// No timing is asserted. Serialized: each mqueue floor holds two queues of 80 KiB against the
 /// user's 800 KiB RLIMIT_MSGQUEUE, which the message-port tests draw on at the same time.
-@Suite("Native floor", .serialized)
+@Suite("Native floor", .serialized, .usesMessageQueues)
 struct NativeFloorTests {
     /// The payload sizes of the default run, and the sizes around one queue message (with its
     /// 4-byte header) and one page.

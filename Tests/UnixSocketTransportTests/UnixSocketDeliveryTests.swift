@@ -25,6 +25,44 @@ struct UnixSocketDeliveryTests {
         }
     }
 
+    @Test("a message handler takes what it consumes on the receive path; the rest reach messages; one handler per connection")
+    func messageHandler() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("handler")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        // Each connection's handler keeps its own list of what it consumed.
+        let lists = LockedValue<[[UInt32]]>([])
+        let options = ConnectionOptions.defaults {
+            $0.makeMessageHandler = {
+                let index = lists.withLock { lists in
+                    lists.append([])
+                    return lists.count - 1
+                }
+                return { message, _ in
+                    // Consumes even msgids.
+                    guard message.msgid % 2 == 0 else { return false }
+                    lists.withLock { $0[index].append(message.msgid) }
+                    return true
+                }
+            }
+        }
+        let connections = try (0..<2).map { _ in try UnixSocketTransport().connect(to: endpoint, options: options) }
+        defer { connections.forEach { $0.invalidate() } }
+        #expect(lists.get().count == 2)
+        for connection in connections {
+            // The peer echoes each one-way message back with its msgid.
+            for index in 0..<200 {
+                try connection.send([UInt8(index & 0xFF)], msgid: UInt32(index), timeout: .seconds(10))
+            }
+            let passed = try await collect(100, from: connection)
+            #expect(passed.map(\.msgid) == Array(stride(from: 1, through: 199, by: 2)).map(UInt32.init))
+        }
+        // The handler ran before the later odd messages were passed on: its lists are complete.
+        let evens = Array(stride(from: 0, through: 198, by: 2)).map(UInt32.init)
+        #expect(lists.get() == [evens, evens])
+    }
+
     @Test("one-way messages arrive in order, once each")
     func orderedDelivery() async throws {
         let group = try TestGroup()
