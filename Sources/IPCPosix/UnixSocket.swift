@@ -191,12 +191,31 @@ public enum UnixSocket {
         deadline: ContinuousClock.Instant,
         written: inout Int
     ) throws {
+        var socketTimeout: Duration?
+        try sendAll(fd, header: header, payload: payload, timeout: ContinuousClock.now.duration(to: deadline), deadline: deadline, socketTimeout: &socketTimeout, written: &written)
+    }
+
+    /// ``sendAll(_:header:payload:deadline:written:)`` for a caller that sends on `fd` again and
+    /// again with the same `timeout`, serialized, and keeps `socketTimeout` (the socket's
+    /// `SO_SNDTIMEO`, `nil` if not known) between calls.
+    ///
+    /// A write that finds the socket's buffer full blocks in the kernel, which moves the rest as
+    /// room appears without returning to user space, for at most `SO_SNDTIMEO`. Once that is
+    /// the caller's `timeout`, later sends block from their first write: one system call per
+    /// frame, as a plain blocking writer makes. Such a send can overrun its deadline by the time
+    /// it spent before that first write, microseconds.
+    public static func sendAll(
+        _ fd: CInt,
+        header: UnsafeRawBufferPointer,
+        payload: UnsafeRawBufferPointer,
+        timeout: Duration,
+        deadline: ContinuousClock.Instant,
+        socketTimeout: inout Duration?,
+        written: inout Int
+    ) throws {
         let total = header.count + payload.count
         written = 0
-        // The first write does not wait. If the socket's buffer is full, the next one blocks in
-        // the kernel (which then moves the rest as room appears, with no return to user space
-        // in between) for at most the time left, through SO_SNDTIMEO.
-        var blocking = false
+        var blocking = socketTimeout == timeout
         while written < total {
             let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
                 var count = 0
@@ -219,8 +238,16 @@ public enum UnixSocket {
             }
             if result >= 0 {
                 written += result
-                // A blocking write that returns early ran out of its time: look at the clock again.
-                blocking = false
+                if blocking, written < total {
+                    // A blocking write that returns early ran out of its time (or met a signal):
+                    // bound the next one by what is left.
+                    let remaining = ContinuousClock.now.duration(to: deadline)
+                    guard remaining > .zero else {
+                        throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
+                    }
+                    try setTimeout(fd, SO_SNDTIMEO, remaining)
+                    socketTimeout = remaining
+                }
                 continue
             }
             let error = Errno(rawValue: errno)
@@ -232,7 +259,13 @@ public enum UnixSocket {
                 guard remaining > .zero else {
                     throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
                 }
-                try setTimeout(fd, SO_SNDTIMEO, remaining)
+                // Block for the rest: for the whole timeout if this is the first wait (kept for
+                // later sends), else for what is left.
+                let bound = blocking || written > 0 ? remaining : timeout
+                if socketTimeout != bound {
+                    try setTimeout(fd, SO_SNDTIMEO, bound)
+                    socketTimeout = bound
+                }
                 blocking = true
             case .brokenPipe, .connectionReset, .socketNotConnected:
                 throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)

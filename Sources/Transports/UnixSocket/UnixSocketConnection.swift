@@ -23,8 +23,9 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
     private let framing: Framing
     private let encoder: any FrameEncoder
     public let core: ConnectionCore
-    /// Held for the whole of each frame's write; `true` once the descriptor is closed.
-    private let writeState = Mutex(false)
+    /// Held for the whole of each frame's write: whether the descriptor is closed, and the
+    /// socket's `SO_SNDTIMEO` as last set (see ``UnixSocket/sendAll(_:header:payload:timeout:deadline:socketTimeout:written:)``).
+    private let writeState = Mutex<(closed: Bool, socketTimeout: Duration?)>((false, nil))
     /// How long the reader thread waits to write a reply before giving up on it.
     private let replySendTimeout: Duration = .seconds(5)
     private let onInvalidated: (@Sendable (UnixSocketConnection) -> Void)?
@@ -127,11 +128,14 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
         let deadline = ContinuousClock.now.advanced(by: timeout)
         var written = 0
         do {
-            try writeState.withLock { closed in
-                if closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
+            try writeState.withLock { state in
+                if state.closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
                 try headerBytes.withUnsafeBytes { headerBuffer in
                     try frame.payload.withUnsafeBytes { payloadBuffer in
-                        try UnixSocket.sendAll(fd, header: headerBuffer, payload: payloadBuffer, deadline: deadline, written: &written)
+                        try UnixSocket.sendAll(
+                            fd, header: headerBuffer, payload: payloadBuffer, timeout: timeout, deadline: deadline,
+                            socketTimeout: &state.socketTimeout, written: &written
+                        )
                     }
                 }
             }
@@ -207,8 +211,8 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
     /// Runs once, on the reader thread (or in `start` if it never ran).
     private func finish(_ reason: InvalidationReason) {
         core.finish(reason) {
-            writeState.withLock { closed in
-                closed = true
+            writeState.withLock { state in
+                state.closed = true
                 closeDescriptor(fd)
             }
             onInvalidated?(self)
