@@ -39,18 +39,24 @@ public final class InvalidationLatch: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Set once a reason is recorded: the hot paths (every send and receive asks) read it
+    /// without taking the lock or copying the reason.
+    private let invalidated = Atomic<Bool>(false)
 
     public init() {}
 
-    public var reason: InvalidationReason? { state.withLock { $0.reason } }
+    public var reason: InvalidationReason? {
+        invalidated.load(ordering: .acquiring) ? state.withLock { $0.reason } : nil
+    }
 
-    public var isValid: Bool { state.withLock { $0.reason == nil } }
+    public var isValid: Bool { !invalidated.load(ordering: .acquiring) }
 
     /// Records the reason if none is recorded yet. Returns `true` for the one caller that did.
     public func invalidate(_ reason: InvalidationReason) -> Bool {
         state.withLock { state in
             guard state.reason == nil else { return false }
             state.reason = reason
+            invalidated.store(true, ordering: .releasing)
             return true
         }
     }

@@ -15,6 +15,9 @@ import Synchronization
 public final class FilePresenterConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
+    /// How replies are sent from the receive path, made on first use (making one forms a weak
+    /// reference to the connection, which is not free); touched only by the thread that reads.
+    nonisolated(unsafe) private var reply: (@Sendable (Frame) throws -> Void)?
     public let core: ConnectionCore
     /// Where this side's records go; released when the connection ends.
     private let outbound: Mutex<JournalAppender?>
@@ -97,7 +100,9 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         guard core.latch.isValid else { return }
         switch record {
         case .frame(_, let frame):
-            core.dispatch(frame, reply: replySender(timeout: replySendTimeout))
+            let reply = self.reply ?? replySender(timeout: replySendTimeout)
+            self.reply = reply
+            core.dispatch(frame, reply: reply)
         case .oversized(_, let error):
             invalidate(InvalidationReason(.protocolError, error: error))
         case .control(let header):
