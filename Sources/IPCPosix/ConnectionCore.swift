@@ -11,6 +11,8 @@ public final class ConnectionCore: Sendable {
     /// whose receive thread calls ``ReceiveOwnership/parkIfRequested()``; for the others it
     /// never lets a requester read.
     public let ownership = ReceiveOwnership()
+    /// How the receive path sends replies; see ``ReplyRoute``.
+    public let replyRoute = ReplyRoute()
     public let messages: AsyncStream<ReceivedMessage>
     private let sink: AsyncStream<ReceivedMessage>.Continuation
     /// This connection's ``ConnectionOptions/makeMessageHandler`` product.
@@ -118,6 +120,26 @@ public final class ConnectionCore: Sendable {
     }
 }
 
+/// Keeps a connection's reply sender once it is made: making one forms a weak reference to the
+/// connection, and a reply sender per frame costs an allocation and sends every later retain of
+/// the connection down the runtime's slow path. Used only by the thread that reads for the
+/// connection (one at a time, as ``ReceiveOwnership`` decides).
+public final class ReplyRoute: @unchecked Sendable {
+    private var send: (@Sendable (Frame) throws -> Void)?
+
+    public init() {}
+
+    /// The sender, made by `make` the first time.
+    public func sender(_ make: () -> @Sendable (Frame) throws -> Void) -> @Sendable (Frame) throws -> Void {
+        // `if let`, not `??`: a closure passed through a generic operator comes back wrapped in
+        // conversion thunks, and stored back it would grow a layer per frame.
+        if let send { return send }
+        let made = make()
+        send = made
+        return made
+    }
+}
+
 /// A connection built on ``ConnectionCore``: it provides how a frame is sent and how an
 /// invalidation starts; the rest of ``MessageConnection`` comes from here, so every transport
 /// behaves the same way.
@@ -151,6 +173,12 @@ extension FrameConnection {
 
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
+    }
+
+    /// The connection's reply sender (``replySender(timeout:)``), made once; for the thread
+    /// that reads.
+    public func cachedReplySender(timeout: Duration) -> @Sendable (Frame) throws -> Void {
+        core.replyRoute.sender { replySender(timeout: timeout) }
     }
 
     /// Sends `frame` as a reply from the receive path, through a weak reference so that a

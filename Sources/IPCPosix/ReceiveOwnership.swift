@@ -13,13 +13,16 @@ import Glibc
 /// 2. While the thread is parked, one requester at a time reads directly until its reply is in,
 ///    dispatching everything else it reads in arrival order, exactly as the thread would.
 ///    Other requesters meanwhile wait the usual way.
-/// 3. The thread takes reading back when a parking period (``parkPeriodNanoseconds``) passes
-///    with no direct read, when a requester leaves with other requests still waiting or hits
-///    anything but its reply (end of stream, an error), or when the connection is invalidated.
+/// 3. The thread takes reading back when a parking period passes with no direct read, when a
+///    requester leaves with other requests still waiting or hits anything but its reply (end of
+///    stream, an error), or when the connection is invalidated. The period starts at
+///    ``firstParkPeriodNanoseconds`` and doubles, up to ``longestParkPeriodNanoseconds``, while
+///    direct reads go on: the parked thread's own wake-ups then disturb fewer round trips.
 ///
 /// So a connection that is busy making requests reads messages only while a request is in
 /// flight; a one-way message that arrives between requests waits for the next request or the
-/// end of the parking period, at most about one period. Reading is never done by two threads
+/// end of the parking period, at most ``longestParkPeriodNanoseconds`` (the end of the stream
+/// too, for a transport that learns of its peer's death only by reading). Reading is never done by two threads
 /// at once, and the lock orders every hand-over, so the reading state (a reassembler, say) moves
 /// between threads safely.
 public final class ReceiveOwnership: @unchecked Sendable {
@@ -39,8 +42,10 @@ public final class ReceiveOwnership: @unchecked Sendable {
         var stopped = false
     }
 
-    /// How long the parked thread waits between checks for direct reads.
-    public static let parkPeriodNanoseconds: Int64 = 1_000_000
+    /// How long the parked thread first waits before it checks for direct reads.
+    public static let firstParkPeriodNanoseconds: Int64 = 1_000_000
+    /// The longest it waits between checks.
+    public static let longestParkPeriodNanoseconds: Int64 = 16_000_000
 
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
@@ -115,10 +120,11 @@ public final class ReceiveOwnership: @unchecked Sendable {
         state.handOverRequested = false
         state.parked = true
         state.directReadsSinceCheck = 0
+        var period = Self.firstParkPeriodNanoseconds
         while state.parked {
             var deadline = timespec()
             clock_gettime(CLOCK_MONOTONIC, &deadline)
-            let nanoseconds = Int64(deadline.tv_nsec) + Self.parkPeriodNanoseconds
+            let nanoseconds = Int64(deadline.tv_nsec) + period
             deadline.tv_sec += Int(nanoseconds / 1_000_000_000)
             deadline.tv_nsec = Int(nanoseconds % 1_000_000_000)
             pthread_cond_timedwait(condition, mutex, &deadline)
@@ -129,6 +135,7 @@ public final class ReceiveOwnership: @unchecked Sendable {
                 state.parked = false
             }
             state.directReadsSinceCheck = 0
+            period = min(period * 2, Self.longestParkPeriodNanoseconds)
         }
     }
 

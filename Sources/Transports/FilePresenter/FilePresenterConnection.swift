@@ -15,9 +15,6 @@ import Synchronization
 public final class FilePresenterConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
-    /// How replies are sent from the receive path, made on first use (making one forms a weak
-    /// reference to the connection, which is not free); touched only by the thread that reads.
-    nonisolated(unsafe) private var reply: (@Sendable (Frame) throws -> Void)?
     public let core: ConnectionCore
     /// Where this side's records go; released when the connection ends.
     private let outbound: Mutex<JournalAppender?>
@@ -100,9 +97,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         guard core.latch.isValid else { return }
         switch record {
         case .frame(_, let frame):
-            let reply = self.reply ?? replySender(timeout: replySendTimeout)
-            self.reply = reply
-            core.dispatch(frame, reply: reply)
+            core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout))
         case .oversized(_, let error):
             invalidate(InvalidationReason(.protocolError, error: error))
         case .control(let header):

@@ -28,9 +28,6 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     /// Touched only by the thread that reads for this connection (on a client, the reader thread
     /// or a requester reading directly, as ``ReceiveOwnership`` decides).
     private var assembler: FragmentAssembler
-    /// How replies are sent from the receive path, made on first use (making one forms a weak
-    /// reference to the connection, which is not free); touched like ``assembler``.
-    private var reply: (@Sendable (Frame) throws -> Void)?
     /// A client's receive buffer, one queue message long; touched like ``assembler``.
     private let readBuffer: UnsafeMutableRawBufferPointer
 
@@ -175,9 +172,7 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         case .message, .request, .reply, .failure:
             do {
                 if let frame = try assembler.add(header, bytes) {
-                    let reply = self.reply ?? replySender(timeout: replySendTimeout)
-                    self.reply = reply
-                    core.dispatch(frame, reply: reply)
+                    core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout))
                 }
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))

@@ -28,9 +28,6 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     /// Used by the thread that currently reads: the reader thread, or a requester reading
     /// directly, as ``ReceiveOwnership`` decides (its lock orders every hand-over).
     private let reassembler: FrameReassembler<BinaryFrameDecoder>
-    /// How replies are sent from the receive path; made once by the reader thread, and touched
-    /// like ``reassembler``.
-    nonisolated(unsafe) private var reply: (@Sendable (Frame) throws -> Void)?
 
     init(store: NotifyStore, isClient: Bool, peerPID: Int32, options: ConnectionOptions, onInvalidated: (@Sendable (NotifyConnection) -> Void)? = nil) {
         self.store = store
@@ -80,7 +77,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     private func readDirectly(until correlation: UInt64, deadline: UInt64) {
         var failed = true
         defer { core.endDirectRead(for: correlation, failed: failed) }
-        let reply = self.reply ?? replySender(timeout: replySendTimeout)
+        let reply = cachedReplySender(timeout: replySendTimeout)
         let strategy = core.options.waitStrategy
         while !core.requests.isFinished(correlation) {
             guard core.latch.isValid, store.state != .closed else { return }
@@ -134,8 +131,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     }
 
     private func readLoop() {
-        let reply = replySender(timeout: replySendTimeout)
-        self.reply = reply
+        let reply = cachedReplySender(timeout: replySendTimeout)
         var reason = InvalidationReason(.invalidatedLocally)
         while true {
             if core.latch.reason?.kind == .invalidatedLocally { break }

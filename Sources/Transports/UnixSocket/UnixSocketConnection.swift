@@ -39,9 +39,6 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
         let reassembler: any FrameReassembling
         /// `SO_RCVTIMEO` as last set; zero is none.
         var receiveTimeout: Duration = .zero
-        /// How replies are sent from the receive path; made once by the reader thread (making
-        /// one forms a weak reference to the connection, which is not free).
-        var reply: (@Sendable (Frame) throws -> Void)?
 
         init(_ reassembler: any FrameReassembling) {
             self.reassembler = reassembler
@@ -91,7 +88,7 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
         var failed = true
         defer { core.endDirectRead(for: correlation, failed: failed) }
         let reassembler = reading.reassembler
-        let reply = reading.reply ?? replySender(timeout: replySendTimeout)
+        let reply = cachedReplySender(timeout: replySendTimeout)
         let strategy = core.options.waitStrategy
         while !core.requests.isFinished(correlation) {
             let count: Int
@@ -155,8 +152,7 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
 
     private func readLoop() {
         let reassembler = reading.reassembler
-        let reply = replySender(timeout: replySendTimeout)
-        reading.reply = reply
+        let reply = cachedReplySender(timeout: replySendTimeout)
         let strategy = core.options.waitStrategy
         var reason: InvalidationReason
         let stallTimeout = core.options.stalledFrameTimeout
