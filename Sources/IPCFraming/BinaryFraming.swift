@@ -36,6 +36,22 @@ public struct BinaryFrameEncoder: FrameEncoder {
         appendBigEndian(UInt32(header.payloadLength), to: &buffer)
     }
 
+    public func withEncodedHeader<R>(_ header: FrameHeader, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
+        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
+            throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
+        }
+        return try withUnsafeTemporaryAllocation(byteCount: BinaryWireFormat.headerLength, alignment: 8) { bytes in
+            bytes[0] = BinaryWireFormat.magic.0
+            bytes[1] = BinaryWireFormat.magic.1
+            bytes[2] = BinaryWireFormat.version
+            bytes[3] = header.kind.rawValue
+            bytes.storeBytes(of: header.msgid.bigEndian, toByteOffset: 4, as: UInt32.self)
+            bytes.storeBytes(of: header.correlation.bigEndian, toByteOffset: 8, as: UInt64.self)
+            bytes.storeBytes(of: UInt32(header.payloadLength).bigEndian, toByteOffset: 16, as: UInt32.self)
+            return try body(UnsafeRawBufferPointer(bytes))
+        }
+    }
+
     private func appendBigEndian<T: FixedWidthInteger>(_ value: T, to buffer: inout [UInt8]) {
         withUnsafeBytes(of: value.bigEndian) { buffer.append(contentsOf: $0) }
     }

@@ -35,9 +35,20 @@ public protocol FrameEncoder: Sendable {
     /// Appends the encoded header for a payload of `header.payloadLength` bytes.
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is above the encoder's maximum.
     func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws
+
+    /// Calls `body` with the encoded header. An encoder whose header has a fixed size builds it
+    /// on the stack (no allocation per frame); the default builds an array.
+    func withEncodedHeader<R>(_ header: FrameHeader, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R
 }
 
 extension FrameEncoder {
+    public func withEncodedHeader<R>(_ header: FrameHeader, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(160)
+        try encodeHeader(header, into: &bytes)
+        return try bytes.withUnsafeBytes(body)
+    }
+
     /// The whole frame, header then payload, as one array.
     public func encode(_ frame: Frame) throws -> [UInt8] {
         var bytes: [UInt8] = []

@@ -104,16 +104,13 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
         try core.checkValid()
-        var header: [UInt8] = []
-        header.reserveCapacity(BinaryWireFormat.headerLength)
-        try encoder.encodeHeader(FrameHeader(frame), into: &header)
         let (seconds, attoseconds) = timeout.components
         let deadline = monotonicNanoseconds() &+ UInt64(max(0, seconds)) &* 1_000_000_000 &+ UInt64(max(0, attoseconds / 1_000_000_000))
         var written = 0
         do {
-            try sendLock.withLock { _ in
-                try core.checkValid()
-                try header.withUnsafeBytes { headerBytes in
+            try encoder.withEncodedHeader(FrameHeader(frame)) { headerBytes in
+                try sendLock.withLock { _ in
+                    try core.checkValid()
                     try frame.payload.withUnsafeBytes { payloadBytes in
                         try outbound.write(header: headerBytes, payload: payloadBytes, deadline: deadline, written: &written) {
                             core.latch.isValid && store.state != .closed

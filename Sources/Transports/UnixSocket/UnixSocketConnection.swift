@@ -122,15 +122,12 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
         try core.checkValid()
-        var headerBytes: [UInt8] = []
-        headerBytes.reserveCapacity(framing == .binary ? BinaryWireFormat.headerLength : 160)
-        try encoder.encodeHeader(FrameHeader(frame), into: &headerBytes)
         let deadline = ContinuousClock.now.advanced(by: timeout)
         var written = 0
         do {
-            try writeState.withLock { state in
-                if state.closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
-                try headerBytes.withUnsafeBytes { headerBuffer in
+            try encoder.withEncodedHeader(FrameHeader(frame)) { headerBuffer in
+                try writeState.withLock { state in
+                    if state.closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
                     try frame.payload.withUnsafeBytes { payloadBuffer in
                         try UnixSocket.sendAll(
                             fd, header: headerBuffer, payload: payloadBuffer, timeout: timeout, deadline: deadline,
