@@ -66,6 +66,12 @@ public final class ConnectionCore: Sendable {
         return try await requests.reply(to: correlation, timeout: timeout, strategy: options.waitStrategy)
     }
 
+    /// Lets the receive thread park between reads if requests asked it to step aside and none is
+    /// waiting for a reply it would have to read (see ``ReceiveOwnership``).
+    public func parkReceiveThreadIfRequested() {
+        ownership.parkIfRequested(unless: { requests.anyWaiting })
+    }
+
     /// Ends a direct read for request `correlation`, handing reading back to the receive thread
     /// if the read failed or other requests are waiting.
     public func endDirectRead(for correlation: UInt64, failed: Bool) {

@@ -111,12 +111,17 @@ public final class ReceiveOwnership: @unchecked Sendable {
 
     // MARK: Receive-thread side
 
-    /// Called by the receive thread between reads: parks if a request asked it to, and returns
-    /// once the thread owns reading again.
-    public func parkIfRequested() {
+    /// Called by the receive thread between reads: parks if a request asked it to and
+    /// `awaitingReplies` is false, and returns once the thread owns reading again.
+    ///
+    /// `awaitingReplies` says whether a request is still waiting for its reply the usual way
+    /// (one that was turned away a moment ago, say): parking then would leave its reply unread
+    /// until the period ends. It is asked under this object's lock, so a request that begins a
+    /// direct read afterwards finds the thread parked.
+    public func parkIfRequested(unless awaitingReplies: () -> Bool) {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
-        guard state.handOverRequested, !state.stopped else { return }
+        guard state.handOverRequested, !state.stopped, !awaitingReplies() else { return }
         state.handOverRequested = false
         state.parked = true
         state.directReadsSinceCheck = 0

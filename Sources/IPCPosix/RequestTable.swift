@@ -104,6 +104,16 @@ public final class RequestTable: Sendable {
         }
     }
 
+    /// Whether any request is still waiting for its outcome.
+    public var anyWaiting: Bool {
+        state.withLock { state in
+            state.slots.values.contains { slot in
+                if case .waiting = slot { return true }
+                return false
+            }
+        }
+    }
+
     /// Whether a request other than `correlation` is still waiting for its outcome.
     public func othersWaiting(than correlation: UInt64) -> Bool {
         state.withLock { state in

@@ -197,7 +197,7 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
                 break
             }
             // Requests are following one another: let them read their own replies for a while.
-            core.ownership.parkIfRequested()
+            core.parkReceiveThreadIfRequested()
         }
         finish(reason)
     }

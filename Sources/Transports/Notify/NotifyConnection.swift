@@ -163,7 +163,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                 break
             }
             // Requests are following one another: let them read their own replies for a while.
-            core.ownership.parkIfRequested()
+            core.parkReceiveThreadIfRequested()
         }
         finish(reason)
     }

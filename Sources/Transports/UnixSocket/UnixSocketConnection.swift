@@ -200,7 +200,7 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
                 break reading
             }
             // Requests are following one another: let them read their own replies for a while.
-            core.ownership.parkIfRequested()
+            core.parkReceiveThreadIfRequested()
         }
         finish(reason)
     }
