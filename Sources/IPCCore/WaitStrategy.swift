@@ -3,8 +3,8 @@
 /// Blocking puts the waiting thread to sleep in the kernel at once; the peer's message then costs
 /// a wake-up, which dominates a small round trip when the two processes run on different cores.
 /// Spin-then-block polls without sleeping for at most ``spinNanoseconds`` first (each poll is a
-/// non-blocking system call or a load from shared memory, followed by `sched_yield`, so a thread
-/// that shares the core still runs), and blocks only if nothing arrived by then.
+/// non-blocking system call or a load from shared memory), and blocks only if nothing arrived
+/// by then.
 ///
 /// Spinning buys latency with CPU time: a spinning receiver burns its core for up to the spin
 /// time after every message. It pays only when the peer runs on another core; when both

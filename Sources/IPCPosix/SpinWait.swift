@@ -1,9 +1,15 @@
-import Glibc
+import CIPCShims
 import IPCCore
 
 /// Polls for something to happen for at most a ``WaitStrategy``'s spin time, before the caller
-/// falls back to blocking. Every poll is followed by `sched_yield`, so a thread that shares the
-/// core (the other end of a request in the same process, say) still gets to run.
+/// falls back to blocking.
+///
+/// Between polls it only tells the CPU it is spinning; it never calls `sched_yield`. A yield
+/// to another runnable process on the same core hands that process the rest of its time slice
+/// (milliseconds), and a reply that arrives meanwhile waits for it: measured here, spinning
+/// round trips went from 5 µs to 4 ms while a fuzzer shared the core. Without yielding, the
+/// spinner keeps the core for the spin time (microseconds) and then blocks, and a blocked
+/// thread's wake-up preempts whatever runs.
 public enum SpinWait {
     /// Calls `poll` until it returns a value or the spin time is over; returns that value, or
     /// `nil` once the caller should block. With ``WaitStrategy/blocking`` it returns `nil` at
@@ -14,7 +20,7 @@ public enum SpinWait {
         if let value = try poll() { return value }
         let deadline = monotonicNanoseconds() &+ UInt64(strategy.spinNanoseconds)
         repeat {
-            sched_yield()
+            ipc_cpu_relax()
             if let value = try poll() { return value }
         } while monotonicNanoseconds() < deadline
         return nil

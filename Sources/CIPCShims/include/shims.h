@@ -67,6 +67,16 @@ uint32_t ipc_futex_counter_post(uint32_t *address);
 /// or a wake without a post).
 uint32_t ipc_futex_counter_wait(uint32_t *address, uint32_t seen, int64_t timeout_ns);
 
+/// Tells the CPU that the caller is spinning (x86 `pause`, ARM `yield`): it slows the loop a
+/// little and frees the core's shared resources for a sibling hyperthread. Not a system call.
+static inline void ipc_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /// Open file description locks (F_OFD_SETLK) are a GNU extension that Glibc's module map hides.
 /// Takes (type F_RDLCK or F_WRLCK) or releases (F_UNLCK) a lock on the whole file without
 /// waiting. Returns 0, or -1 with errno set (EAGAIN while another description holds a
