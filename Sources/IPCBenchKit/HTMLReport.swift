@@ -25,6 +25,7 @@ public enum HTMLReport {
             body += floorRatioChart(here.map(\.result), placement: placement, sizes: sizes)
         }
         body += throughputCharts(files.flatMap { file in (file.results.throughput ?? []).map { (label: files.count > 1 ? file.label + " " : "", result: $0) } })
+        body += scaleCharts(files.flatMap { file in (file.results.scale ?? []).map { (label: files.count > 1 ? file.label + " " : "", result: $0) } })
         body += inProcessCharts(files.flatMap(\.results.inProcess))
         let invalidation = files.flatMap { file in file.results.invalidation.map { (label: files.count > 1 ? file.label + " " : "", result: $0) } }
         if !invalidation.isEmpty {
@@ -39,6 +40,25 @@ public enum HTMLReport {
         }
         body += "<h2>All latency measurements</h2>\n" + latencyTable(rows.map { ($0.label, $0.result) })
         return page(body)
+    }
+
+    /// One chart per scale result: p50 and p99 alone against loaded, and a table of them all.
+    private static func scaleCharts(_ rows: [(label: String, result: ScaleResult)]) -> String {
+        guard !rows.isEmpty else { return "" }
+        var html = ""
+        for (label, result) in rows {
+            let series = [
+                SVGChart.Series(name: "alone", values: [result.alone.p50, result.alone.p99].map { Double($0) / 1000 }),
+                SVGChart.Series(name: "\(result.clients) clients sending", values: [result.loaded.p50, result.loaded.p99].map { Double($0) / 1000 }),
+            ]
+            html += "<figure>" + SVGChart.bars(title: "\(label)One client's latency, alone and with \(result.clients) others, \(result.placement)", xLabels: ["p50", "p99"], yLabel: "µs", series: series)
+                + "<figcaption>\(SVGChart.escape(ReportRenderer.scaleVerdicts([result]).joined()))</figcaption></figure>\n"
+        }
+        html += "<table><tr>" + (["file"] + ReportRenderer.scaleColumns).map { "<th>\($0)</th>" }.joined() + "</tr>\n"
+        for (label, cells) in zip(rows.map(\.label), ReportRenderer.scaleRows(rows.map(\.result))) {
+            html += "<tr>" + ([label] + cells).map { "<td>\(SVGChart.escape($0))</td>" }.joined() + "</tr>\n"
+        }
+        return html + "</table>\n"
     }
 
     /// Framing throughput by frame size, and the codecs' decode time, accepted against refused.

@@ -233,21 +233,7 @@ public struct LatencyRunner: Sendable {
         let sinkReports = SinkReports(connection.messages)
         return Session(
             name: name, framing: framing, placement: placement, waitStrategy: waitStrategy, peerPID: peer.pid,
-            roundTrips: { size, count in
-                let payload = [UInt8](repeating: 0xA5, count: size)
-                let timeout = Duration.seconds(30)
-                var times: [UInt64] = []
-                times.reserveCapacity(count)
-                for _ in 0..<count {
-                    let start = monotonicNanoseconds()
-                    let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: timeout, receiveTimeout: timeout)
-                    times.append(monotonicNanoseconds() - start)
-                    guard reply.count == size else {
-                        throw IPCError(code: .malformedPayload, message: "echo returned \(reply.count) bytes instead of \(size) for \(label)")
-                    }
-                }
-                return times
-            },
+            roundTrips: { size, count in try await timedEchoRoundTrips(connection, size: size, count: count, label: label) },
             stream: { size, count in
                 let payload = [UInt8](repeating: 0x5A, count: size)
                 let timeout = Duration.seconds(30)
@@ -295,6 +281,25 @@ public struct LatencyRunner: Sendable {
             warmup: max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions) * LatencyResult.repetitions
         )
     }
+}
+
+/// Makes `count` echo requests (``PeerRequest/echo``) of `size` bytes on `connection`, one after
+/// another, and returns each round trip's time in nanoseconds.
+/// - Throws: what the request throws; ``IPCError/Code/malformedPayload`` if a reply is not the payload's size.
+func timedEchoRoundTrips(_ connection: any MessageConnection, size: Int, count: Int, label: String) async throws -> [UInt64] {
+    let payload = [UInt8](repeating: 0xA5, count: size)
+    let timeout = Duration.seconds(30)
+    var times: [UInt64] = []
+    times.reserveCapacity(count)
+    for _ in 0..<count {
+        let start = monotonicNanoseconds()
+        let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: timeout, receiveTimeout: timeout)
+        times.append(monotonicNanoseconds() - start)
+        guard reply.count == size else {
+            throw IPCError(code: .malformedPayload, message: "echo returned \(reply.count) bytes instead of \(size) for \(label)")
+        }
+    }
+    return times
 }
 
 /// The sink reports (``ConformancePeer/Sink/report``) arriving on a harness connection.

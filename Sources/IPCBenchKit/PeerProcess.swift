@@ -82,6 +82,11 @@ public final class PeerProcess: Sendable {
         peer.stop()
     }
 
+    /// Asks the peer to finish and returns what it wrote on standard output after `READY`.
+    public func stopReadingOutput() -> String {
+        peer.stopReadingOutput()
+    }
+
     /// Waits for the process to exit and returns its termination status.
     @discardableResult
     public func waitForExit() -> Int32 {

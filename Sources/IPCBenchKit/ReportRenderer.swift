@@ -47,6 +47,35 @@ public enum ReportRenderer {
         fixedWidth([throughputColumns] + throughputRows(results), leftAligned: 5)
     }
 
+    static let scaleColumns = ["transport", "placement", "load on", "clients", "offered/s", "served/s", "p50 alone", "p99 alone", "p50 loaded", "p99 loaded", "p99 ratio", "server CPU"]
+
+    static func scaleRows(_ results: [ScaleResult]) -> [[String]] {
+        results.map { result in
+            [
+                "\(result.transport) \(result.framing)", result.placement.rawValue, result.loadCPU.map { "CPU \($0)" } ?? "unpinned",
+                String(result.clients), String(format: "%.0f", result.offeredRequestsPerSecond), String(format: "%.0f", result.achievedRequestsPerSecond),
+                formatMicroseconds(result.alone.p50), formatMicroseconds(result.alone.p99),
+                formatMicroseconds(result.loaded.p50), formatMicroseconds(result.loaded.p99),
+                String(format: "%.2f×", result.p99Ratio), result.serverCPUShareLoaded.map { String(format: "%.0f%%", $0 * 100) } ?? "-",
+            ]
+        }
+    }
+
+    /// Whether each scale result meets target 6, as sentences.
+    static func scaleVerdicts(_ results: [ScaleResult]) -> [String] {
+        results.map { result in
+            String(format: "p99 with %d other clients sending is %.2f× the p99 alone (target ≤ %.0f×: %@); %.0f of %.0f offered requests/s served, %llu slots skipped; load process CPU %@.",
+                   result.clients, result.p99Ratio, ScaleResult.targetRatio, result.p99Ratio <= ScaleResult.targetRatio ? "met" : "NOT met",
+                   result.achievedRequestsPerSecond, result.offeredRequestsPerSecond, result.skippedSlots,
+                   result.loadCPUShare.map { String(format: "%.0f%%", $0 * 100) } ?? "unknown")
+        }
+    }
+
+    /// The scale measurement, as a fixed-width table and a verdict.
+    public static func scaleTable(_ results: [ScaleResult]) -> String {
+        fixedWidth([scaleColumns] + scaleRows(results), leftAligned: 3) + scaleVerdicts(results).joined(separator: "\n") + "\n"
+    }
+
     static let invalidationColumns = ["transport", "trials", "median", "max"]
 
     static func invalidationRows(_ results: [InvalidationResult]) -> [[String]] {
@@ -76,6 +105,13 @@ public enum ReportRenderer {
         let comparison = InProcessRunner.secureDecodingComparison(results)
         return fixedWidth([inProcessColumns] + inProcessRows(results), leftAligned: 2)
             + (comparison.isEmpty ? "" : "\n" + comparison.joined(separator: "\n") + "\n")
+    }
+
+    /// A Markdown table; the first `leftAligned` columns are left-aligned, the others right-aligned.
+    static func markdownTable(_ columns: [String], _ rows: [[String]], leftAligned: Int) -> String {
+        "| " + columns.joined(separator: " | ") + " |\n"
+            + "|" + columns.indices.map { $0 < leftAligned ? "---" : "---:" }.joined(separator: "|") + "|\n"
+            + rows.map { "| " + $0.joined(separator: " | ") + " |\n" }.joined()
     }
 
     static func fixedWidth(_ rows: [[String]], leftAligned: Int) -> String {
@@ -116,18 +152,10 @@ public enum ReportRenderer {
 
 
         """
-        text += "| " + latencyColumns.joined(separator: " | ") + " |\n"
-        text += "|" + latencyColumns.indices.map { $0 < 5 ? "---" : "---:" }.joined(separator: "|") + "|\n"
-        for row in latencyRows(results.latency) {
-            text += "| " + row.joined(separator: " | ") + " |\n"
-        }
+        text += markdownTable(latencyColumns, latencyRows(results.latency), leftAligned: 5)
         if let throughput = results.throughput, !throughput.isEmpty {
             text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. CPU/msg is both processes' CPU time per message.\n\n"
-            text += "| " + throughputColumns.joined(separator: " | ") + " |\n"
-            text += "|" + throughputColumns.indices.map { $0 < 5 ? "---" : "---:" }.joined(separator: "|") + "|\n"
-            for row in throughputRows(throughput) {
-                text += "| " + row.joined(separator: " | ") + " |\n"
-            }
+            text += markdownTable(throughputColumns, throughputRows(throughput), leftAligned: 5)
         }
         if !results.inProcess.isEmpty {
             text += "\n## In-process framing and secure decoding\n\nMedian of 5 repetitions. Frame decoding runs through the reassembler over back-to-back frames arriving in 64 KiB reads; `bytes` is the payload. Codec rows decode an `Order` (`bytes` is its encoding in that codec), accepted (allow-listed) or refused (empty allow-list); `NSKeyedUnarchiver` rows decode the same order as an `OrderObject` graph with `unarchivedObject(ofClasses:from:)` (secure coding, the allowed classes), from its binary archive and from the codec's XML archive. `M op/s`: millions of frames or messages per second. `allocs/op`: heap allocations (malloc and its kin) per frame or message, counted by the `ipcbench` executable (`-` where not counted).\n\n"
@@ -139,6 +167,11 @@ public enum ReportRenderer {
             if !comparison.isEmpty {
                 text += "\n" + comparison.map { "- " + $0 + "\n" }.joined()
             }
+        }
+        if let scale = results.scale, !scale.isEmpty {
+            text += "\n## Scale: one client among many\n\nOne `ipcbench peer` Unix socket server (binary framing). This process measures echo round trips alone, then while an `ipcbench load` process keeps `clients` other connections sending echo requests at a fixed rate each (at most one outstanding per client; a slot whose previous reply is late is skipped), the two phases alternating over the repetitions so drift affects both. `served/s` is the replies the load process received per second (median repetition). Placement: this process and the server as `placement` says; the load process as `load on` says. `server CPU`: the server's CPU time over the loaded blocks as a share of one CPU. Target 6: p99 loaded ≤ 2 × p99 alone. The load is paced on purpose: an unthrottled flood of senders on a 2-CPU machine measures CPU saturation, not the server's fairness.\n\n"
+            text += markdownTable(scaleColumns, scaleRows(scale), leftAligned: 3)
+            text += "\n" + scaleVerdicts(scale).map { "- " + $0 + "\n" }.joined()
         }
         if !results.invalidation.isEmpty {
             text += "\n## Invalidation after SIGKILL\n\nTime from `kill(pid, SIGKILL)` returning to the survivor's invalidation handler starting.\n\n"

@@ -14,19 +14,24 @@ public struct RunResults: Codable, Sendable {
     public var invalidation: [InvalidationResult]
     /// Framing and secure decoding measured in this process.
     public var inProcess: [InProcessResult]
+    /// One client's latency to a Unix socket server alone and with other clients sending;
+    /// absent in files from before it was measured.
+    public var scale: [ScaleResult]?
     /// The same measurements as Google Benchmark JSON entries (one `iteration` entry per
     /// repetition block, then a `median` aggregate), so its `compare.py` can read this file.
     public var benchmarks: [BenchmarkEntry]
 
-    public init(context: RunContext, latency: [LatencyResult], throughput: [ThroughputResult] = [], invalidation: [InvalidationResult] = [], inProcess: [InProcessResult] = []) {
+    public init(context: RunContext, latency: [LatencyResult], throughput: [ThroughputResult] = [], invalidation: [InvalidationResult] = [], inProcess: [InProcessResult] = [], scale: [ScaleResult] = []) {
         self.schema = Self.currentSchema
         self.context = context
         self.latency = latency
         self.throughput = throughput
         self.invalidation = invalidation
         self.inProcess = inProcess
-        self.benchmarks = latency.flatMap(BenchmarkEntry.entries(for:)) + throughput.flatMap(BenchmarkEntry.entries(for:))
+        self.scale = scale.isEmpty ? nil : scale
+        self.benchmarks = latency.flatMap { BenchmarkEntry.entries(for: $0) } + throughput.flatMap(BenchmarkEntry.entries(for:))
             + inProcess.flatMap(BenchmarkEntry.entries(for:))
+            + scale.flatMap { [BenchmarkEntry.entries(for: $0.alone, name: $0.name + "/alone"), BenchmarkEntry.entries(for: $0.loaded, name: $0.name + "/loaded")].joined() }
     }
 }
 
@@ -62,12 +67,14 @@ public struct BenchmarkEntry: Codable, Sendable {
         case timeUnit = "time_unit", payloadBytes = "payload_bytes"
     }
 
-    static func entries(for result: LatencyResult) -> [BenchmarkEntry] {
+    /// `name` replaces the result's own (``LatencyResult/name``), for the phases of a scale measurement.
+    static func entries(for result: LatencyResult, name: String? = nil) -> [BenchmarkEntry] {
+        let runName = name ?? result.name
         let cpu = (result.localCPUPerRoundTrip ?? 0) + (result.peerCPUPerRoundTrip ?? 0)
         let blocks = result.repetitionMedians
         func entry(_ realTime: UInt64, index: Int?, aggregate: String?) -> BenchmarkEntry {
             BenchmarkEntry(
-                name: result.name + (aggregate.map { "_" + $0 } ?? ""), runName: result.name,
+                name: runName + (aggregate.map { "_" + $0 } ?? ""), runName: runName,
                 runType: aggregate == nil ? "iteration" : "aggregate", aggregateName: aggregate,
                 repetitions: blocks.count, repetitionIndex: index, threads: 1,
                 iterations: aggregate == nil ? result.samples / max(1, blocks.count) : blocks.count,

@@ -90,6 +90,17 @@ public final class ExecutablePeer: ConformancePeerProcess {
         process.waitUntilExit()
     }
 
+    /// Asks the peer to finish (closes its standard input), and returns what it writes on
+    /// standard output after its announcement until it exits. For a peer that reports at the end
+    /// (`ipcbench load`); the report must be short enough for a pipe's buffer.
+    public func stopReadingOutput() -> String {
+        state.withLock { $0.stopped = true }
+        try? input.fileHandleForWriting.close()
+        let data = (try? output.fileHandleForReading.readToEnd()) ?? nil
+        process.waitUntilExit()
+        return String(decoding: data ?? Data(), as: UTF8.self)
+    }
+
     /// Waits for the process to exit and returns its termination status.
     @discardableResult
     public func waitForExit() -> Int32 {

@@ -15,7 +15,9 @@ struct RunCommand: AsyncParsableCommand {
         timed until the receiving process has consumed everything), beside the native floor of \
         each kernel mechanism, measured the same way in the same run. With split-cores, the \
         transports that support it are measured again with a spin-then-block wait strategy; \
-        spinning is never used with both processes on one core. Then invalidation latency after \
+        spinning is never used with both processes on one core. Then the scale of a Unix socket \
+        server: one client's latency alone and while --scale-clients other clients send \
+        --scale-rate requests/s each (from a separate load process), interleaved. Then invalidation latency after \
         SIGKILL and in-process framing and secure-decoding speed.
         """
     )
@@ -53,6 +55,18 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Spin time of the spin-then-block wait strategy, in microseconds; 0 measures blocking waits only.")
     var spinMicroseconds: Int64 = 50
 
+    @Flag(help: "Skip the scale measurement (one client's latency to a Unix socket server, alone and with other clients sending).")
+    var skipScale = false
+
+    @Option(help: "Scale measurement: the other clients connected and sending during the loaded phase.")
+    var scaleClients: Int = 64
+
+    @Option(help: "Scale measurement: echo requests per second from each other client.")
+    var scaleRate: Double = 500
+
+    @Option(help: "Scale measurement: where this process and the server run (the load process runs on this process's CPU).")
+    var scalePlacement: Placement = .splitCores
+
     @Flag(help: "Skip the in-process framing and secure-decoding measurements.")
     var skipInProcess = false
 
@@ -69,6 +83,8 @@ struct RunCommand: AsyncParsableCommand {
         _ = try parsedSizes()
         if inProcessOnly && skipInProcess { throw ValidationError("--in-process-only and --skip-in-process exclude each other") }
         guard sampleScale > 0 else { throw ValidationError("--sample-scale must be positive") }
+        guard (1...4096).contains(scaleClients) else { throw ValidationError("--scale-clients takes 1 to 4096") }
+        guard scaleRate > 0, scaleRate <= 100_000 else { throw ValidationError("--scale-rate takes a positive rate up to 100000") }
         guard (0...1_000_000).contains(spinMicroseconds) else { throw ValidationError("--spin-microseconds takes 0 to 1000000") }
     }
 
@@ -95,14 +111,18 @@ struct RunCommand: AsyncParsableCommand {
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
         let crossProcess = inProcessOnly ? CrossProcessResults() : try await LatencyRunner(plan: plan, progress: progress).run()
+        let scalePlan = ScalePlan(clients: scaleClients, requestsPerSecondPerClient: scaleRate, placement: scalePlacement)
+        let measuresScale = !skipScale && !inProcessOnly && plan.transports.contains("unix-socket")
+        let scale = measuresScale ? [try await ScaleRunner(plan: quick ? scalePlan.quick : scalePlan, progress: progress).run()] : []
         let invalidation = skipInvalidation || inProcessOnly ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
         let inProcess = skipInProcess ? [] : try InProcessRunner(
             repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress,
             allocationCount: { ipc_thread_allocation_count() }
         ).run()
-        let results = RunResults(context: .current(command: command), latency: crossProcess.latency, throughput: crossProcess.throughput, invalidation: invalidation, inProcess: inProcess)
+        let results = RunResults(context: .current(command: command), latency: crossProcess.latency, throughput: crossProcess.throughput, invalidation: invalidation, inProcess: inProcess, scale: scale)
         if !crossProcess.latency.isEmpty { print(ReportRenderer.table(crossProcess.latency), terminator: "") }
         if !crossProcess.throughput.isEmpty { print("\n" + ReportRenderer.throughputTable(crossProcess.throughput), terminator: "") }
+        if !scale.isEmpty { print("\n" + ReportRenderer.scaleTable(scale), terminator: "") }
         if !invalidation.isEmpty { print("\n" + ReportRenderer.invalidationTable(invalidation), terminator: "") }
         if !inProcess.isEmpty { print("\n" + ReportRenderer.inProcessTable(inProcess), terminator: "") }
         let directory = output ?? "Reports/runs/" + Self.timestamp()

@@ -32,7 +32,7 @@ struct CommandLineTests {
         let output = group.directory.path + "/out"
         let (status, table) = try PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core",
-            "--sizes", "0,64", "--sample-scale", "0.01", "--skip-in-process", "--no-progress", "--output", output,
+            "--sizes", "0,64", "--sample-scale", "0.01", "--skip-in-process", "--skip-scale", "--no-progress", "--output", output,
         ])
         #expect(status == 0)
         #expect(table.contains("unix-socket"))
@@ -52,6 +52,46 @@ struct CommandLineTests {
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
+    }
+
+    @Test("a small scale run: one client alone and with 4 others sending, alternating, reported everywhere")
+    func scaleRun() throws {
+        let group = try TestGroup()
+        let output = group.directory.path + "/out"
+        let (status, table) = try PeerProcess.runToCompletion([
+            "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core", "--sizes", "64",
+            "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--skip-throughput",
+            "--quick", "--scale-clients", "4", "--scale-rate", "200", "--no-progress", "--output", output,
+        ])
+        #expect(status == 0)
+        #expect(table.contains("p99 with 4 other clients sending"))
+        let results = try ResultStore.read(output + "/results.json")
+        let scale = try #require(results.scale)
+        #expect(scale.count == 1)
+        let result = try #require(scale.first)
+        #expect(result.clients == 4 && result.payloadBytes == 64 && result.requestsPerSecondPerClient == 200)
+        #expect(result.offeredRequestsPerSecond == 800)
+        let repetitions = ScalePlan().repetitions
+        #expect(result.repetitionAchievedRequestsPerSecond.count == repetitions)
+        #expect(result.repetitionAchievedRequestsPerSecond.allSatisfy { $0 > 0 })
+        for phase in [result.alone, result.loaded] {
+            #expect(phase.repetitionMedians.count == repetitions)
+            #expect(phase.samples == repetitions * ScalePlan().quick.samplesPerBlock)
+            #expect(phase.p50 > 0 && phase.p50 <= phase.p99)
+        }
+        #expect(result.p99Ratio > 0)
+        #expect(results.benchmarks.contains { $0.runName == result.name + "/alone" })
+        #expect(results.benchmarks.contains { $0.runName == result.name + "/loaded" })
+        #expect(try String(contentsOfFile: output + "/report.md", encoding: .utf8).contains("## Scale"))
+        #expect(try String(contentsOfFile: output + "/report.html", encoding: .utf8).contains("with 4 others"))
+    }
+
+    @Test("the load process reports what it served in one line that reads back")
+    func loadReportLine() throws {
+        let report = try #require(ScaleLoad.Report(output: "READY 12\nSERVED 10 SENT 11 SKIPPED 2 NANOSECONDS 1000000000\n"))
+        #expect(report.served == 10 && report.sent == 11 && report.skipped == 2 && report.servedPerSecond == 10)
+        #expect(ScaleLoad.Report(output: report.line) == report)
+        #expect(ScaleLoad.Report(output: "READY 12\n") == nil)
     }
 
     @Test("with split cores, spinning transports are measured again spinning; never on one core",
@@ -125,6 +165,16 @@ enum ReportFixtures {
             }
         }
         let invalidation = [InvalidationResult(transport: "unix-socket", trials: [90_000, 100_000, 110_000]), InvalidationResult(transport: "notify", trials: [300_000, 310_000, 320_000])]
-        return RunResults(context: .current(command: "fixture"), latency: latency, throughput: throughput, invalidation: invalidation)
+        // The scale measurement: the unix-socket split-cores 64 B figures alone, 1.5 × them loaded.
+        let alone = latency.first { $0.transport == "unix-socket" && $0.placement == .splitCores && $0.payloadBytes == 64 }!
+        var loaded = alone
+        (loaded.p50, loaded.p99) = (alone.p50 * 3 / 2, alone.p99 * 3 / 2)
+        let scaleResult = ScaleResult(
+            transport: "unix-socket", framing: .binary, placement: .splitCores, loadCPU: 0, clients: 64, payloadBytes: 64,
+            requestsPerSecondPerClient: 500, offeredRequestsPerSecond: 32_000, achievedRequestsPerSecond: 31_900,
+            repetitionAchievedRequestsPerSecond: [31_900, 31_950, 31_850], skippedSlots: 3, alone: alone, loaded: loaded,
+            serverCPUShareLoaded: 0.4, loadCPUShare: 0.2
+        )
+        return RunResults(context: .current(command: "fixture"), latency: latency, throughput: throughput, invalidation: invalidation, scale: [scaleResult])
     }
 }

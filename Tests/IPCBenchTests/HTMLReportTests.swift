@@ -45,8 +45,8 @@ struct HTMLReportTests {
             return Int(dom[range.upperBound...].prefix { $0.isNumber })
         }
         let charts = try #require(attribute("data-charts"), "the page did not run its probe; chromium said: \(dom.prefix(300))")
-        // Two placements × (p50, p99, ratio to floor) + invalidation.
-        #expect(charts == 9)
+        // Two placements × (p50, p99, ratio to floor) + scale (alone against loaded) + invalidation.
+        #expect(charts == 10)
         #expect(attribute("data-drawn") == charts)
         #expect((attribute("data-marks") ?? 0) > 50)
     }

@@ -47,7 +47,8 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
         return connection
     }
 
-    static func socketPath(_ endpoint: Endpoint) -> String {
+    /// The socket file of `endpoint`: `<group>/<name>.sock`.
+    public static func socketPath(_ endpoint: Endpoint) -> String {
         endpoint.path(suffix: ".sock")
     }
 }
