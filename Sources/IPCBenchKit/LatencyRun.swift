@@ -42,10 +42,10 @@ public struct LatencyPlan: Sendable {
         self.includeThroughput = includeThroughput
     }
 
-    /// Messages per throughput repetition: about 16 MiB of payload, between 50 and 5,000
+    /// Messages per throughput repetition: about 8 MiB of payload, between 20 and 5,000
     /// messages (scaled like the samples, at least 10).
     public func throughputMessages(forPayload bytes: Int) -> Int {
-        let count = min(5_000, max(50, (16 << 20) / max(1, bytes)))
+        let count = min(5_000, max(20, (8 << 20) / max(1, bytes)))
         return max(10, Int(Double(count) * min(1, sampleScale)))
     }
 
