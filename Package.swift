@@ -41,6 +41,7 @@ let package = Package(
                 "IPCCore", "CIPCShims",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "HeapModule", package: "swift-collections"),
+                .product(name: "DequeModule", package: "swift-collections"),
             ]
         ),
         // Transports: one folder each, same shape in each.

@@ -43,7 +43,7 @@ extension IPCError {
             // Endpoints and lifecycle
             case invalidEndpoint, nameOutsideGroup, endpointInUse, endpointNotFound, accessDenied
             case sendTimeout, receiveTimeout, invalidated, peerInvalidated
-            case unsupportedOperation, transportFailure
+            case unsupportedOperation, transportFailure, receiveBufferFull
             // File coordination
             case coordinationTimeout
         }
@@ -96,9 +96,20 @@ extension IPCError {
         public static var unsupportedOperation: Code { .init(.unsupportedOperation) }
         /// A system call or other transport-level failure; ``IPCError/cause`` holds the detail.
         public static var transportFailure: Code { .init(.transportFailure) }
+        /// The application left more received messages untaken than
+        /// ``ConnectionOptions/messageBufferLimit`` allows, on a connection whose receive path
+        /// cannot wait for it (it serves other connections too); the connection is invalidated.
+        public static var receiveBufferFull: Code { .init(.receiveBufferFull) }
 
         /// A coordinated read or write of a file could not take the file's lock before its
         /// timeout, because another reader or writer (in this or another process) held it.
         public static var coordinationTimeout: Code { .init(.coordinationTimeout) }
+    }
+}
+
+extension IPCError {
+    /// The error of a connection invalidated because its application did not take its messages.
+    public static var receiveBufferFull: IPCError {
+        IPCError(code: .receiveBufferFull, message: "the application left more messages untaken than the connection's messageBufferLimit allows, and this receive path serves other connections too")
     }
 }

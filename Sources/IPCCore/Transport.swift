@@ -83,6 +83,25 @@ public struct ConnectionOptions: Sendable {
     /// handler can keep per-connection state in its closure). When `nil`, every one-way message
     /// goes to ``MessageConnection/messages``.
     public var makeMessageHandler: (@Sendable () -> MessageHandler)?
+    /// How much may wait in ``MessageConnection/messages`` for the application to take it.
+    /// When a connection's buffer holds this much, its receive path stops reading until the
+    /// application takes a message (the peer's sends then wait, and time out), so a fast
+    /// sender cannot make the receiver grow without bound; nothing is dropped. A transport
+    /// whose receive path serves several connections cannot wait for one: it invalidates that
+    /// connection with ``IPCError/Code/receiveBufferFull`` instead.
+    public var messageBufferLimit = BufferLimit(messages: 16_384, bytes: 64 << 20)
+
+    /// A limit in messages and in payload bytes; whichever is reached first counts.
+    public struct BufferLimit: Sendable, Hashable {
+        public var messages: Int
+        public var bytes: Int
+
+        public init(messages: Int, bytes: Int) {
+            precondition(messages > 0 && bytes > 0, "a buffer limit must be positive")
+            self.messages = messages
+            self.bytes = bytes
+        }
+    }
     /// How the receive path and a waiting requester wait for the peer: block at once (the
     /// default), or spin for a bounded time first. See ``WaitStrategy``.
     public var waitStrategy: WaitStrategy

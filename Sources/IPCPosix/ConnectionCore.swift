@@ -14,15 +14,21 @@ public final class ConnectionCore: Sendable {
     /// How the receive path sends replies; see ``ReplyRoute``.
     public let replyRoute = ReplyRoute()
     public let messages: AsyncStream<ReceivedMessage>
-    private let sink: AsyncStream<ReceivedMessage>.Continuation
+    private let buffer: MessageBuffer
     /// This connection's ``ConnectionOptions/makeMessageHandler`` product.
     private let messageHandler: MessageHandler?
 
     public init(options: ConnectionOptions) {
         self.options = options
-        (messages, sink) = AsyncStream.makeStream(of: ReceivedMessage.self)
+        let buffer = MessageBuffer(limit: options.messageBufferLimit)
+        self.buffer = buffer
+        messages = AsyncStream(unfolding: { await buffer.next() })
         messageHandler = options.makeMessageHandler?()
     }
+
+    /// Messages received and not yet taken from ``messages`` (at most
+    /// ``ConnectionOptions/messageBufferLimit``, but for a receive path that cannot wait).
+    public var bufferedMessageCount: Int { buffer.count }
 
     /// - Throws: ``IPCError/Code/invalidated`` if the connection is no longer valid.
     public func checkValid() throws {
@@ -78,21 +84,33 @@ public final class ConnectionCore: Sendable {
         ownership.endDirectRead(handBack: failed || requests.othersWaiting(than: correlation))
     }
 
+    /// What ``dispatch(_:reply:whenFull:)`` does with a message for ``messages`` while that
+    /// buffer is full (``ConnectionOptions/messageBufferLimit``).
+    public enum WhenFull: Sendable {
+        /// Wait until the application takes one: the backpressure of a receive thread of its own.
+        case wait
+        /// Add it anyway, and say so: for a requester reading its own reply (which then hands
+        /// reading back) and for a receive path that serves several connections (which then
+        /// invalidates this one with ``IPCError/Code/receiveBufferFull``).
+        case keep
+    }
+
     /// Acts on one incoming frame. `reply` sends a frame back to the peer; it is called on the
     /// calling thread for requests the handler answers, and kept for requests delivered through
-    /// ``messages``.
-    public func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void) {
+    /// ``messages``. Returns whether ``messages``' buffer is full.
+    @discardableResult
+    public func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) -> Bool {
         switch frame.kind {
         case .message:
             let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload)
             if let messageHandler, messageHandler(message, { payload, msgid in try reply(Frame(kind: .message, msgid: msgid, payload: payload)) }) {
-                return
+                return false
             }
-            sink.yield(message)
+            return buffer.push(message, waitForRoom: whenFull == .wait)
         case .request:
             guard let handler = options.requestHandler else {
-                sink.yield(ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: reply))
-                return
+                let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: reply)
+                return buffer.push(message, waitForRoom: whenFull == .wait)
             }
             var answer = Frame(kind: .reply, msgid: frame.msgid, correlation: frame.correlation)
             do {
@@ -110,6 +128,7 @@ public final class ConnectionCore: Sendable {
             let description = String(decoding: frame.payload, as: UTF8.self)
             requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))
         }
+        return false
     }
 
     /// Ends the connection, once: records `reason` unless another reason was recorded first,
@@ -120,7 +139,7 @@ public final class ConnectionCore: Sendable {
         ownership.stop()
         let final = latch.reason ?? reason
         release()
-        sink.finish()
+        buffer.finish()
         requests.close(with: IPCError(code: .peerInvalidated, message: "the connection became invalid: \(final)"))
         latch.complete()
     }

@@ -136,3 +136,12 @@ public final class LockedValue<Value: Sendable>: Sendable {
 
     public func withLock<T>(_ body: (inout sending Value) throws -> sending T) rethrows -> T { try value.withLock(body) }
 }
+
+/// The next connection `listener` accepts, within `seconds`.
+public func acceptOne<Listener: MessageListener>(_ listener: Listener, seconds: Double = 30) async throws -> Listener.Connection {
+    let connections = listener.connections
+    return try await withDeadline(seconds: seconds, "accepting a client") {
+        for await connection in connections { return connection }
+        throw IPCError(code: .endpointNotFound, message: "the listener closed")
+    }
+}

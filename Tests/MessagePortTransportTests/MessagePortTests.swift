@@ -247,3 +247,28 @@ struct MessagePortTests {
 
 /// Whether POSIX queue names can be listed: their file system is mounted at /dev/mqueue.
 private let queueFileSystemMounted = ((try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? "").contains(" /dev/mqueue mqueue ")
+
+/// A message-port server reads every client's messages on one thread, so it cannot wait for
+/// one slow application: a connection whose buffer overflows is invalidated with a typed error.
+@Suite("Message port: bounded message buffer", .usesMessageQueues)
+struct MessagePortMessageBufferTests {
+    @Test("a client bursting into a server connection whose application does not read is invalidated with receiveBufferFull")
+    func overflowInvalidates() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("slow-reader")
+        let limit = ConnectionOptions.BufferLimit(messages: 4, bytes: 1 << 20)
+        let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults { $0.messageBufferLimit = limit }, acceptFilter: nil)
+        defer { listener.close() }
+        let client = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client, burst: (50, 64))
+        defer { client.stop() }
+        let connection = try await acceptOne(listener)
+        let probe = InvalidationProbe()
+        probe.attach(to: connection)
+        #expect(await probe.wait(seconds: 20))
+        #expect(probe.reason?.error?.code == .receiveBufferFull, "\(String(describing: probe.reason))")
+        // What was buffered before the overflow is still delivered, in order.
+        var received: [UInt32] = []
+        for await message in connection.messages { received.append(message.msgid) }
+        #expect(received == (0..<UInt32(received.count)).map { $0 } && received.count >= limit.messages)
+    }
+}

@@ -155,3 +155,29 @@ struct UnixSocketServerTests {
         #expect(try Endpoint(group: group, name: "com.example.app-1_2").path(suffix: ".sock") == "/tmp/g/com.example.app-1_2.sock")
     }
 }
+
+/// The message buffer behind `messages` is bounded: an application that does not read stops
+/// the receive path (and so the peer's sends), and loses nothing.
+@Suite("Unix socket: bounded message buffer")
+struct UnixSocketMessageBufferTests {
+    @Test("a peer bursting into a connection whose application does not read: at most the limit is buffered, then everything arrives in order")
+    func backpressure() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("slow-reader")
+        let limit = ConnectionOptions.BufferLimit(messages: 8, bytes: 1 << 20)
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.messageBufferLimit = limit }, acceptFilter: nil)
+        defer { listener.close() }
+        // 4,000 messages of 1 KiB: far more than the socket's kernel buffers hold.
+        let count = 4_000
+        let client = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 1024))
+        defer { client.stop() }
+        let connection = try await acceptOne(listener)
+        // Not reading for a while: the receive thread fills the buffer to its limit and waits.
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(connection.core.bufferedMessageCount == limit.messages)
+        let received = try await collect(count, from: connection, seconds: 60)
+        #expect(received.map(\.msgid) == (0..<count).map { UInt32($0) })
+        #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 1024) })
+        #expect(connection.core.bufferedMessageCount <= limit.messages)
+    }
+}

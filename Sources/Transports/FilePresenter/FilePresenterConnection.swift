@@ -97,7 +97,13 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         guard core.latch.isValid else { return }
         switch record {
         case .frame(_, let frame):
-            core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout))
+            // A server connection's records are read by the listener's thread, which serves
+            // every client: it cannot wait for one application, so a full buffer ends this one.
+            let isServer: Bool
+            if case .server = role { isServer = true } else { isServer = false }
+            if core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout), whenFull: isServer ? .keep : .wait), isServer {
+                invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
+            }
         case .oversized(_, let error):
             invalidate(InvalidationReason(.protocolError, error: error))
         case .control(let header):

@@ -122,21 +122,26 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
             } catch {
                 return
             }
-            guard handleQueueMessage(count) else { return }
+            // A full message buffer: stop, and let the reader thread wait for room.
+            guard handleQueueMessage(count, whenFull: .keep) == .handled else { return }
         }
         failed = false
     }
 
-    /// Parses and handles one message of `count` bytes in ``readBuffer``; `false` (after
-    /// invalidating the connection) if it is malformed.
-    private func handleQueueMessage(_ count: Int) -> Bool {
+    /// Parses and handles one message of `count` bytes in ``readBuffer``: `.malformed` (after
+    /// invalidating the connection) if it does not parse, `.bufferFull` if ``MessageConnection/messages``
+    /// is full after it (only with `whenFull: .keep`).
+    private func handleQueueMessage(_ count: Int, whenFull: ConnectionCore.WhenFull) -> QueueMessageOutcome {
         let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
         guard let header = try? PortFragmentHeader(parsing: bytes) else {
             invalidate(InvalidationReason(.protocolError, error: IPCError(code: .malformedFrame, message: "malformed message in the reply queue")))
-            return false
+            return .malformed
         }
-        receive(header, UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...]))
-        return true
+        return receive(header, UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...]), whenFull: whenFull) ? .bufferFull : .handled
+    }
+
+    private enum QueueMessageOutcome {
+        case handled, bufferFull, malformed
     }
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
@@ -162,8 +167,13 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     }
 
     /// Handles one fragment addressed to this connection. Called only by its reading thread.
-    func receive(_ header: PortFragmentHeader, _ bytes: UnsafeRawBufferPointer) {
-        guard core.latch.isValid else { return }
+    /// Returns whether ``MessageConnection/messages``' buffer is full (see
+    /// ``ConnectionCore/WhenFull``): the client's reader thread waits for room (`.wait`); a
+    /// requester reading directly (`.keep`) then hands reading back; the server's listener
+    /// thread, which reads for every client, cannot wait for one: it invalidates this connection.
+    @discardableResult
+    func receive(_ header: PortFragmentHeader, _ bytes: UnsafeRawBufferPointer, whenFull: ConnectionCore.WhenFull = .wait) -> Bool {
+        guard core.latch.isValid else { return false }
         switch header.kind {
         case .goodbye:
             invalidate(InvalidationReason(.peerClosed))
@@ -172,12 +182,19 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         case .message, .request, .reply, .failure:
             do {
                 if let frame = try assembler.add(header, bytes) {
-                    core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout))
+                    let isServer: Bool
+                    if case .server = role { isServer = true } else { isServer = false }
+                    let full = core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout), whenFull: isServer ? .keep : whenFull)
+                    if full, isServer {
+                        invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
+                    }
+                    return full
                 }
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
             }
         }
+        return false
     }
 
     /// The client's reader thread: runs until a wake after invalidation, or a queue failure.
@@ -192,7 +209,7 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
                 reason = InvalidationReason(.transportFailure, error: error as? IPCError)
                 break
             }
-            guard handleQueueMessage(count) else {
+            guard handleQueueMessage(count, whenFull: .wait) != .malformed else {
                 reason = core.latch.reason ?? InvalidationReason(.protocolError)
                 break
             }

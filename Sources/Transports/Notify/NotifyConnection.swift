@@ -92,7 +92,8 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                     continue
                 }
                 while let frame = try reassembler.nextFrame() {
-                    core.dispatch(frame, reply: reply)
+                    // A full message buffer: stop, and let the reader thread wait for room.
+                    if core.dispatch(frame, reply: reply, whenFull: .keep) { return }
                 }
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
@@ -132,6 +133,18 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
         var reason = InvalidationReason(.invalidatedLocally)
         while true {
             if core.latch.reason?.kind == .invalidatedLocally { break }
+            // Dispatch what is buffered first: a requester that read directly may have stopped
+            // with whole frames left (when the message buffer filled).
+            do {
+                while let frame = try reassembler.nextFrame() {
+                    core.dispatch(frame, reply: reply)
+                }
+            } catch {
+                reason = InvalidationReason(.protocolError, error: error as? IPCError)
+                break
+            }
+            // Requests are following one another: let them read their own replies for a while.
+            core.parkReceiveThreadIfRequested()
             let seen = inbound.data.value
             let count: Int
             do {
@@ -154,16 +167,6 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                 }
                 continue
             }
-            do {
-                while let frame = try reassembler.nextFrame() {
-                    core.dispatch(frame, reply: reply)
-                }
-            } catch {
-                reason = InvalidationReason(.protocolError, error: error as? IPCError)
-                break
-            }
-            // Requests are following one another: let them read their own replies for a while.
-            core.parkReceiveThreadIfRequested()
         }
         finish(reason)
     }

@@ -110,7 +110,8 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
             if count == 0 { return }
             do {
                 while let frame = try reassembler.nextFrame() {
-                    core.dispatch(frame, reply: reply)
+                    // A full message buffer: stop, and let the reader thread wait for room.
+                    if core.dispatch(frame, reply: reply, whenFull: .keep) { return }
                 }
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
@@ -154,6 +155,18 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
         var reason: InvalidationReason
         let stallTimeout = core.options.stalledFrameTimeout
         reading: while true {
+            // Dispatch what is buffered first: a requester that read directly may have stopped
+            // with whole frames left (when the message buffer filled).
+            do {
+                while let frame = try reassembler.nextFrame() {
+                    core.dispatch(frame, reply: reply)
+                }
+            } catch {
+                reason = InvalidationReason(.protocolError, error: error as? IPCError)
+                break reading
+            }
+            // Requests are following one another: let them read their own replies for a while.
+            core.parkReceiveThreadIfRequested()
             let count: Int
             do {
                 let buffered = reassembler.bufferedByteCount
@@ -191,16 +204,6 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
                 }
                 break reading
             }
-            do {
-                while let frame = try reassembler.nextFrame() {
-                    core.dispatch(frame, reply: reply)
-                }
-            } catch {
-                reason = InvalidationReason(.protocolError, error: error as? IPCError)
-                break reading
-            }
-            // Requests are following one another: let them read their own replies for a while.
-            core.parkReceiveThreadIfRequested()
         }
         finish(reason)
     }
