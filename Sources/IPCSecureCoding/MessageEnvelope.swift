@@ -28,9 +28,14 @@ struct MessageEnvelope: Codable {
         guard let allowList = decoder.userInfo[.allowList] as? AllowList,
             let decode = allowList.decoder(forTypeName: typeName)
         else {
-            throw IPCError(code: .disallowedType, message: "type \(typeName.debugDescription) is not on the receiver's allow-list")
+            throw Self.disallowed(typeName)
         }
         message = try decode(container.superDecoder(forKey: .value))
+    }
+
+    /// The refusal of a type name that the receiver's allow-list does not name.
+    static func disallowed(_ typeName: String) -> IPCError {
+        IPCError(code: .disallowedType, message: "type \(typeName.debugDescription) is not on the receiver's allow-list")
     }
 
     func encode(to encoder: any Encoder) throws {
