@@ -10,6 +10,17 @@ import Testing
     let codec = BinaryCodablePayloadCodec()
     let orders = AllowList([Order.self, MessageList.self])
 
+    /// The example of `docs/WIRE-FORMAT.md` section 4.3, byte for byte.
+    @Test func wireFormatExample() throws {
+        let expected: [UInt8] = [
+            0x49, 0x50, 0x42, 0x01, 0x0C, 0x1F, 0x09, 0x74, 0x65, 0x73, 0x74, 0x2E, 0x50, 0x69, 0x6E, 0x67,
+            0x0A, 0x13, 0x01, 0x08, 0x73, 0x65, 0x71, 0x75, 0x65, 0x6E, 0x63, 0x65, 0x03, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        ]
+        #expect(try codec.encode(Ping(sequence: 1)) == expected)
+        #expect(try codec.decode(expected, allowing: AllowList([Ping.self])) as? Ping == Ping(sequence: 1))
+        expectIPCError(.disallowedType) { _ = try codec.decode(expected, allowing: orders) }
+    }
+
     @Test(arguments: [0, 300, 1024, 16_384])
     func everyTruncationIsMalformed(size: Int) throws {
         let bytes = try codec.encode(Order.sample(approximateSize: size))
