@@ -192,16 +192,17 @@ final class BinaryCodableReader {
         return matches ? (keyStart + keyLength, position) : nil
     }
 
-    /// Every key of a keyed container, in order.
-    func keys(entries: Int, end: Int, count: Int) throws -> [String] {
-        var keys: [String] = []
+    /// Every key of a keyed container, in order; throws at the first entry that cannot be read.
+    func keys(entries: Int, end: Int, count: Int, _ body: (String) -> Void) throws {
         var position = entries
         for _ in 0..<count {
             let keyLength = try length(&position, end: end)
-            keys.append(try utf8(at: position, length: keyLength))
+            body(try utf8(at: position, length: keyLength))
             position = try valueEnd(at: position + keyLength, end: end)
         }
-        return keys
+        guard position == end else {
+            throw BinaryCodableFormat.malformed("\(end - position) bytes after the container's \(count) entries", at: position)
+        }
     }
 
     // MARK: Values
@@ -441,12 +442,28 @@ struct BinaryKeyedDecodingContainer<Key: CodingKey>: KeyedDecodingContainerProto
 
     var codingPath: [any CodingKey] { [] }
 
+    /// The keys in wire order. `allKeys` cannot throw: if an entry cannot be read, the keys before
+    /// it are followed by one that no entry has, so that a type decoding every key (a dictionary)
+    /// fails as malformed instead of taking the keys that could be read for all of them.
     var allKeys: [Key] {
-        ((try? reader.keys(entries: entries, end: end, count: entryCount)) ?? []).compactMap { Key(stringValue: $0) }
+        var keys: [String] = []
+        do {
+            try reader.keys(entries: entries, end: end, count: entryCount) { keys.append($0) }
+        } catch {
+            keys.append(Self.unreadableKey)
+        }
+        return keys.compactMap { Key(stringValue: $0) }
     }
 
+    static var unreadableKey: String { "\u{FFFD}binaryCodable: unreadable entry" }
+
+    /// True for an entry that cannot be read, so that the decode that follows fails as malformed.
     func contains(_ key: Key) -> Bool {
-        ((try? reader.find(key.stringValue, entries: entries, end: end, count: entryCount, level: level, advance: false)) ?? nil) != nil
+        do {
+            return try reader.find(key.stringValue, entries: entries, end: end, count: entryCount, level: level, advance: false) != nil
+        } catch {
+            return true
+        }
     }
 
     /// Where the value for `key` starts; a missing key is malformed.

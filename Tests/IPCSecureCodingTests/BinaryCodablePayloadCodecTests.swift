@@ -89,6 +89,28 @@ import Testing
         }
     }
 
+    @Test func dictionariesAndOptionalsRoundTrip() throws {
+        let allow = AllowList([Labels.self])
+        for labels in [Labels(counts: ["a": 1, "b": -2], note: "n", missing: nil), Labels(counts: [:], note: nil, missing: nil)] {
+            #expect(try codec.decode(codec.encode(labels), allowing: allow) as? Labels == labels)
+        }
+        // Without the optional keys at all.
+        let bare = Payload.message("test.Labels", value: Payload.composite(0x0A, [1, 6] + Array("counts".utf8) + Payload.composite(0x0A, [0])))
+        #expect(try codec.decode(bare, allowing: allow) as? Labels == Labels(counts: [:], note: nil, missing: nil))
+    }
+
+    /// A dictionary (which decodes every key `allKeys` lists) and an optional (which asks
+    /// `contains` first) fail on an entry that cannot be read, instead of stopping short of it.
+    @Test func unreadableEntriesAreMalformedForDictionariesAndOptionals() {
+        let allow = AllowList([Labels.self])
+        let brokenCounts = Payload.composite(0x0A, [2, 1, 0x61] + [0x03, 1, 0, 0, 0, 0, 0, 0, 0] + [1, 0x62, 0x42])
+        let dictionary = Payload.message("test.Labels", value: Payload.composite(0x0A, [1, 6] + Array("counts".utf8) + brokenCounts))
+        expectIPCError(.malformedPayload) { _ = try codec.decode(dictionary, allowing: allow) }
+        let counts = [6] + Array("counts".utf8) + Payload.composite(0x0A, [0])
+        let optional = Payload.message("test.Labels", value: Payload.composite(0x0A, [2] + counts + [1, 0x78, 0x42]))
+        expectIPCError(.malformedPayload) { _ = try codec.decode(optional, allowing: allow) }
+    }
+
     @Test func overlongVarintIsMalformed() {
         let bytes = Payload.message("ipcbench.Order", value: [0x07] + [UInt8](repeating: 0xFF, count: 12) + [0x01])
         let error = expectIPCError(.malformedPayload) { _ = try codec.decode(bytes, allowing: orders) }
@@ -156,6 +178,14 @@ extension Array where Element == UInt8 {
     fileprivate func replacingByte(_ old: UInt8, with new: UInt8) -> [UInt8] {
         map { $0 == old ? new : $0 }
     }
+}
+
+/// A dictionary and optionals, which decode through `allKeys` and `contains`.
+private struct Labels: CodableMessage, Equatable {
+    static var typeName: String { "test.Labels" }
+    var counts: [String: Int]
+    var note: String?
+    var missing: Int?
 }
 
 /// A message that claims to be an ``Order`` but carries a ``Ping``'s value.
