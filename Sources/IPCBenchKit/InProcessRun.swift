@@ -126,7 +126,7 @@ public struct InProcessRunner: Sendable {
             return comparisons + (refused.map { refused in
                 [
                     String(
-                        format: "order of ~%d B: %@ refuses a disallowed type in %.2f µs, %.2f× its accepted decode", size, fastest.subject,
+                        format: "order of ~%d B: %@ refuses a disallowed type in %.2f µs, %.3f× its accepted decode", size, fastest.subject,
                         refused.nanosecondsPerOperation / 1000, refused.nanosecondsPerOperation / fastest.nanosecondsPerOperation
                     )
                 ]
