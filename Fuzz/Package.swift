@@ -26,6 +26,7 @@ let package = Package(
         .executableTarget(name: "FuzzJSONPayload", dependencies: ["FuzzSupport"]),
         .executableTarget(name: "FuzzPropertyListPayload", dependencies: ["FuzzSupport"]),
         .executableTarget(name: "FuzzKeyedArchivePayload", dependencies: ["FuzzSupport"]),
+        .executableTarget(name: "FuzzBinaryCodablePayload", dependencies: ["FuzzSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -330,6 +330,100 @@ ORACLE_SEEDS = {
     "garbage": oracle(b"\x00\r\n\r\nIP\x01\x05HTTP/1.1 200 OK\r\n", sizes=(1, 2, 3, 4)),
 }
 
+# Binary Codable (docs/WIRE-FORMAT.md section 4): tagged values, composite ones length-prefixed.
+
+BC_MAGIC = b"IPB\x01"
+BC_NULL, BC_FALSE, BC_TRUE, BC_INT, BC_UINT, BC_DOUBLE, BC_FLOAT, BC_STRING, BC_DATA, BC_DATE, BC_KEYED, BC_UNKEYED, BC_ENVELOPE = range(13)
+
+
+def varint(value):
+    out = b""
+    while value >= 0x80:
+        out += bytes([value & 0x7F | 0x80])
+        value >>= 7
+    return out + bytes([value])
+
+
+def bc_composite(tag, body):
+    return bytes([tag]) + varint(len(body)) + body
+
+
+def bc_string(text, tag=BC_STRING):
+    return bytes([tag]) + varint(len(text)) + text
+
+
+def bc_int(value, tag=BC_INT):
+    return bytes([tag]) + struct.pack("<q" if tag == BC_INT else "<Q", value)
+
+
+def bc_keyed(entries):
+    return bc_composite(BC_KEYED, varint(len(entries)) + b"".join(varint(len(k)) + k + v for k, v in entries))
+
+
+def bc_unkeyed(elements):
+    return bc_composite(BC_UNKEYED, varint(len(elements)) + b"".join(elements))
+
+
+def bc_envelope(type_name, value):
+    return bc_composite(BC_ENVELOPE, varint(len(type_name)) + type_name + value)
+
+
+def bc_order(items=1, tags=(b"priority", b"gift"), customer=b"Ada Lovelace", attachment=bytes(range(0, 256, 17))):
+    line_items = [
+        bc_keyed([(b"sku", bc_string(b"SKU-%d" % (100000 + i * 7919 % 900000))), (b"quantity", bc_int(1 + i % 9)), (b"unitPriceCents", bc_int(1000 + i * 37 % 9000))])
+        for i in range(items)
+    ]
+    return bc_keyed([
+        (b"id", bc_int(4242001, BC_UINT)), (b"customer", bc_string(customer)), (b"items", bc_unkeyed(line_items)),
+        (b"tags", bc_unkeyed([bc_string(t) for t in tags])), (b"placedAt", bytes([BC_DATE]) + struct.pack("<d", 757382400.0)),
+        (b"attachment", bc_string(attachment, BC_DATA)),
+    ])
+
+
+def bc_message(type_name, value):
+    return BC_MAGIC + bc_envelope(type_name, value)
+
+
+BC_EMPTY_ORDER = bc_order(items=0, tags=(), customer=b"", attachment=b"")
+
+
+def bc_nested_lists(levels):
+    value = bc_unkeyed([])
+    for _ in range(levels - 1):
+        value = bc_unkeyed([bc_envelope(b"ipcbench.MessageList", value)])
+    return bc_message(b"ipcbench.MessageList", value)
+
+
+BINARY_CODABLE_SEEDS = {
+    "order": bc_message(b"ipcbench.Order", bc_order()),
+    "order-3-items": bc_message(b"ipcbench.Order", bc_order(items=3)),
+    "order-empty": bc_message(b"ipcbench.Order", BC_EMPTY_ORDER),
+    "list": bc_message(b"ipcbench.MessageList", bc_unkeyed([bc_envelope(b"ipcbench.Order", BC_EMPTY_ORDER)])),
+    "list-nested": bc_nested_lists(3),
+    "list-empty": bc_message(b"ipcbench.MessageList", bc_unkeyed([])),
+    "disallowed-type": bc_message(b"test.Ping", bc_keyed([(b"sequence", bc_int(1))])),
+    "keys-reversed": bc_message(b"ipcbench.Order", bc_keyed(list(reversed([
+        (b"id", bc_int(1, BC_UINT)), (b"customer", bc_string(b"")), (b"items", bc_unkeyed([])), (b"tags", bc_unkeyed([])),
+        (b"placedAt", bytes([BC_DATE]) + struct.pack("<d", 0.0)), (b"attachment", bc_string(b"", BC_DATA)),
+    ])))),
+}
+
+BC_HUGE = varint(1 << 62)
+BINARY_CODABLE_HOSTILE = {
+    "deep-lists": bc_nested_lists(40),
+    "string-length-huge": bc_message(b"ipcbench.Order", bytes([BC_STRING]) + BC_HUGE + b"abc"),
+    "keyed-count-huge": bc_message(b"ipcbench.Order", bc_composite(BC_KEYED, BC_HUGE + b"\x01a\x00")),
+    "unkeyed-count-huge": bc_message(b"ipcbench.MessageList", bc_composite(BC_UNKEYED, BC_HUGE + b"\x00")),
+    "body-length-huge": BC_MAGIC + bytes([BC_ENVELOPE]) + BC_HUGE + b"\x00",
+    "varint-overlong": bc_message(b"ipcbench.Order", bytes([BC_STRING]) + b"\xff" * 12 + b"\x01"),
+    "invalid-utf8": bc_message(b"ipcbench.Order", bc_order(customer=b"Ada \xc0\x80 \xed\xa0\x80")),
+    "invalid-utf8-type": bc_message(b"ipcbench.\xff", BC_EMPTY_ORDER),
+    "id-negative": bc_message(b"ipcbench.Order", BC_EMPTY_ORDER.replace(bc_int(1, BC_UINT), bc_int(-1))),
+    "trailing-bytes": bc_message(b"ipcbench.Order", BC_EMPTY_ORDER) + b"\x00",
+    "unknown-tag": bc_message(b"ipcbench.Order", b"\x42"),
+    "truncated": bc_message(b"ipcbench.Order", bc_order())[:-5],
+}
+
 # ---------------------------------------------------------------------------------------------
 # Dictionaries
 
@@ -356,6 +450,13 @@ PLIST_TOKENS = [
     b'encoding="UTF-16"', b"bplist00", b"<key>type</key>", b"<key>value</key>", b"<string>ipcbench.Order</string>",
     b"<string>ipcbench.MessageList</string>", b"2001-01-01T00:00:00Z", b"9223372036854775808",
 ]
+BINARY_CODABLE_TOKENS = [
+    BC_MAGIC, bytes([BC_ENVELOPE]), bytes([BC_KEYED]), bytes([BC_UNKEYED]), bytes([BC_STRING]), bytes([BC_DATA]), bytes([BC_DATE]),
+    bytes([BC_INT]), bytes([BC_UINT]), bytes([BC_DOUBLE]), bytes([BC_FLOAT]), bytes([BC_NULL]), bytes([BC_TRUE]), bytes([BC_FALSE]),
+    b"\x0eipcbench.Order", b"\x14ipcbench.MessageList", b"\x09test.Ping", b"\x02id", b"\x08customer", b"\x05items", b"\x04tags",
+    b"\x08placedAt", b"\x0aattachment", b"\x03sku", b"\x08quantity", b"\x0eunitPriceCents", b"\x80\x80\x80\x80\x80\x80\x80\x80\x40",
+    b"\xff\xff\xff\xff\xff\xff\xff\x7f", b"\x00\x00\x00\x00\x00\x00\x00\x00", b"\xff\xff\xff\xff\xff\xff\xff\xff",
+]
 KEYED_ARCHIVE_TOKENS = PLIST_TOKENS + [
     b"$archiver", b"$objects", b"$top", b"$version", b"$class", b"$classes", b"$classname", b"$classhints", b"$null",
     b"<key>$class</key>", b"<key>CF$UID</key>", b"<dict><key>CF$UID</key><integer>1</integer></dict>", b"CF$UID",
@@ -378,6 +479,7 @@ TARGETS = {
     "FuzzJSONPayload": (dict(JSON_SEEDS, **{"hostile-" + k: v for k, v in JSON_HOSTILE.items() if len(v) <= 4096}), JSON_TOKENS),
     "FuzzPropertyListPayload": (dict(PLIST_SEEDS, **{"hostile-" + k: v for k, v in PLIST_HOSTILE.items() if len(v) <= 4096}), PLIST_TOKENS),
     "FuzzKeyedArchivePayload": (dict(KEYED_ARCHIVE_SEEDS, **{"hostile-" + k: v for k, v in KEYED_ARCHIVE_HOSTILE.items()}), KEYED_ARCHIVE_TOKENS),
+    "FuzzBinaryCodablePayload": (dict(BINARY_CODABLE_SEEDS, **{"hostile-" + k: v for k, v in BINARY_CODABLE_HOSTILE.items()}), BINARY_CODABLE_TOKENS),
 }
 
 # Fixture folders are named for the decoder the regression test replays them through.
@@ -387,6 +489,7 @@ FIXTURE_SETS = {
     "json": JSON_HOSTILE,
     "propertyList": PLIST_HOSTILE,
     "keyedArchive": KEYED_ARCHIVE_HOSTILE,
+    "binaryCodable": BINARY_CODABLE_HOSTILE,
 }
 
 

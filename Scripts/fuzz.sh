@@ -23,6 +23,7 @@ all_targets=(
     FuzzJSONPayload
     FuzzPropertyListPayload
     FuzzKeyedArchivePayload
+    FuzzBinaryCodablePayload
 )
 targets=("${@:-${all_targets[@]}}")
 

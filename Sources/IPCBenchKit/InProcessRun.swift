@@ -8,7 +8,7 @@ import IPCSecureCoding
 public struct InProcessResult: Codable, Sendable {
     /// `encode` or `decode` for framings; `decode-accepted` or `decode-refused` for codecs.
     public var operation: String
-    /// The framing (`binary`, `http`) or codec (`json`, `propertyList`, `keyedArchive`).
+    /// The framing (`binary`, `http`) or codec (`json`, `propertyList`, `keyedArchive`, `binaryCodable`).
     public var subject: String
     /// Bytes per operation: the payload of a frame, or the encoded message for a codec.
     public var bytes: Int
@@ -69,7 +69,7 @@ public struct InProcessRunner: Sendable {
                 results.append(try measureDecode(framing, size: size))
             }
         }
-        let codecs: [any PayloadCodec] = [JSONPayloadCodec.json, PropertyListPayloadCodec.propertyList, KeyedArchivePayloadCodec.keyedArchive]
+        let codecs: [any PayloadCodec] = [JSONPayloadCodec.json, PropertyListPayloadCodec.propertyList, KeyedArchivePayloadCodec.keyedArchive, BinaryCodablePayloadCodec.binaryCodable]
         // A receiver builds its allow-lists once, not per message.
         let accepting = AllowList.orders
         let refusing = AllowList()
@@ -108,19 +108,29 @@ public struct InProcessRunner: Sendable {
     }
 
     /// For each message size: the fastest allow-listed codec's accepted decode against
-    /// `NSKeyedUnarchiver` with secure coding on the same order, as "N× faster" lines.
+    /// `NSKeyedUnarchiver` with secure coding on the same order, as "N× faster" lines, then what
+    /// that codec's refusal of a disallowed type costs against its accepted decode.
     public static func secureDecodingComparison(_ results: [InProcessResult]) -> [String] {
         let sizes = Set(results.compactMap(\.messageSize)).sorted()
         return sizes.flatMap { size -> [String] in
             let accepted = results.filter { $0.messageSize == size && $0.operation == "decode-accepted" }
             guard let fastest = accepted.filter({ !$0.subject.hasPrefix("NSKeyedUnarchiver") }).min(by: { $0.nanosecondsPerOperation < $1.nanosecondsPerOperation }) else { return [] }
-            return accepted.filter { $0.subject.hasPrefix("NSKeyedUnarchiver") }.map { reference in
+            let comparisons = accepted.filter { $0.subject.hasPrefix("NSKeyedUnarchiver") }.map { reference in
                 String(
                     format: "order of ~%d B: %@ decodes %.1f× faster than %@ (%.1f µs against %.1f µs)", size, fastest.subject,
                     reference.nanosecondsPerOperation / fastest.nanosecondsPerOperation, reference.subject,
                     fastest.nanosecondsPerOperation / 1000, reference.nanosecondsPerOperation / 1000
                 )
             }
+            let refused = results.first { $0.messageSize == size && $0.operation == "decode-refused" && $0.subject == fastest.subject }
+            return comparisons + (refused.map { refused in
+                [
+                    String(
+                        format: "order of ~%d B: %@ refuses a disallowed type in %.2f µs, %.3f× its accepted decode", size, fastest.subject,
+                        refused.nanosecondsPerOperation / 1000, refused.nanosecondsPerOperation / fastest.nanosecondsPerOperation
+                    )
+                ]
+            } ?? [])
         }
     }
 

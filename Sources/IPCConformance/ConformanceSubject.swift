@@ -44,7 +44,7 @@ public struct ConformanceSubject: Sendable {
         self.capabilities = transport.capabilities
         self.peers = peers
         self.rawStream = rawStream
-        self.payloadCodecs = [.json, .propertyList, .keyedArchive]
+        self.payloadCodecs = [.json, .propertyList, .keyedArchive, .binaryCodable]
         self.makeEndpoint = { group, name in try Endpoint(group: group, name: group.identifier + "." + name) }
         self.temporaryDirectory = NSTemporaryDirectory()
     }

@@ -4,9 +4,10 @@ import IPCCore
 ///
 /// Decoding never traps and never allocates or recurses without bound on hostile input: the
 /// length and the nesting depth are checked before Foundation sees the bytes, and every failure is
-/// an ``IPCError``. The codecs are reached as `.json`, `.propertyList` and `.keyedArchive`.
+/// an ``IPCError``. The codecs are reached as `.json`, `.propertyList`, `.keyedArchive` and
+/// `.binaryCodable`.
 public protocol PayloadCodec: Sendable {
-    /// A short, stable name for reports: `"json"`, `"propertyList"`, `"keyedArchive"`.
+    /// A short, stable name for reports: `"json"`, `"propertyList"`, `"keyedArchive"`, `"binaryCodable"`.
     var name: String { get }
 
     /// Encodes `message` with its type name (or class name) so a receiver can check it.

@@ -10,7 +10,8 @@ public protocol SecureMessage: Sendable {
     static var typeName: String { get }
 }
 
-/// A message carried by the Codable codecs (``JSONPayloadCodec``, ``PropertyListPayloadCodec``).
+/// A message carried by the Codable codecs (``JSONPayloadCodec``, ``PropertyListPayloadCodec``,
+/// ``BinaryCodablePayloadCodec``).
 public protocol CodableMessage: SecureMessage, Codable {}
 
 extension SecureMessage where Self: NSObject {

@@ -4,9 +4,11 @@ import IPCSecureCoding
 import IPCTestSupport
 import Testing
 
-/// The JSON and property-list codecs share their envelope and their rules, so each case runs on both.
+/// The Codable codecs share their envelope and their rules, so each case runs on all of them;
+/// the cases that edit a payload as text run on the text formats only.
 @Suite struct CodablePayloadCodecTests {
-    static let codecs: [any PayloadCodec] = [.json, .propertyList]
+    static let textCodecs: [any PayloadCodec] = [.json, .propertyList]
+    static let codecs: [any PayloadCodec] = textCodecs + [.binaryCodable]
 
     let orders = AllowList([Order.self, MessageList.self])
 
@@ -37,7 +39,7 @@ import Testing
 
     /// The value of a disallowed type is never decoded: a value that could not be decoded as
     /// anything still gives `disallowedType`, not `malformedPayload`.
-    @Test(arguments: codecs)
+    @Test(arguments: textCodecs)
     func typeIsCheckedBeforeTheValue(codec: any PayloadCodec) throws {
         let bytes = try codec.encode(Ping(sequence: 1)).replacingText("test.Ping", with: "test.Unknown")
         expectIPCError(.disallowedType) { _ = try codec.decode(bytes, allowing: AllowList([Ping.self])) }
@@ -84,7 +86,7 @@ import Testing
     }
 
     /// A value of the wrong shape for its type is malformed, not disallowed.
-    @Test(arguments: codecs)
+    @Test(arguments: textCodecs)
     func valueThatDoesNotMatchItsTypeIsMalformed(codec: any PayloadCodec) throws {
         let bytes = try codec.encode(Ping(sequence: 1)).replacingText("test.Ping", with: Order.typeName)
         expectIPCError(.malformedPayload) { _ = try codec.decode(bytes, allowing: orders) }
@@ -108,6 +110,7 @@ import Testing
             (1..<levels).reduce(MessageList([])) { inner, _ in MessageList([inner]) }
         }
         // JSON: 2 per list. Property list: 2 per list plus the outer <plist>, which is not counted.
+        // Binary Codable: the envelope and the list, 2 per list.
         let limits = DecodingLimits(maximumDepth: 20)
         #expect(try codec.decode(codec.encode(nested(10)), allowing: orders, limits: limits) is MessageList)
         expectIPCError(.nestingTooDeep) { _ = try codec.decode(codec.encode(nested(11)), allowing: orders, limits: limits) }

@@ -12,11 +12,13 @@ import Testing
     static let json = FuzzFixture.all(in: "json")
     static let propertyList = FuzzFixture.all(in: "propertyList")
     static let keyedArchive = FuzzFixture.all(in: "keyedArchive")
+    static let binaryCodable = FuzzFixture.all(in: "binaryCodable")
 
     @Test func fixturesArePresent() {
         #expect(Self.json.count >= 10, "JSON fixtures under \(FuzzFixture.root.path)")
         #expect(Self.propertyList.count >= 10, "property-list fixtures under \(FuzzFixture.root.path)")
         #expect(Self.keyedArchive.count >= 10, "keyed-archive fixtures under \(FuzzFixture.root.path)")
+        #expect(Self.binaryCodable.count >= 10, "binary Codable fixtures under \(FuzzFixture.root.path)")
     }
 
     @Test(arguments: json)
@@ -32,6 +34,11 @@ import Testing
     @Test(arguments: keyedArchive)
     func keyedArchiveFixture(_ fixture: FuzzFixture) {
         replay(fixture, codec: .keyedArchive)
+    }
+
+    @Test(arguments: binaryCodable)
+    func binaryCodableFixture(_ fixture: FuzzFixture) {
+        replay(fixture, codec: .binaryCodable)
     }
 
     private func replay(_ fixture: FuzzFixture, codec: some PayloadCodec) {

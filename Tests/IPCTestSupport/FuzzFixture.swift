@@ -3,7 +3,8 @@ import Testing
 
 /// An input kept under `Tests/Fixtures/fuzz-regressions/<folder>/`: a hostile stream or payload
 /// written by `Fuzz/make-corpus.py`, or one that a fuzz target once failed on. The folder is named
-/// for the decoder that replays it: `binary`, `http`, `json`, `propertyList`, `keyedArchive`.
+/// for the decoder that replays it: `binary`, `http`, `json`, `propertyList`, `keyedArchive`,
+/// `binaryCodable`.
 public struct FuzzFixture: Sendable, CustomTestStringConvertible {
     public var folder: String
     public var name: String

@@ -22,7 +22,7 @@ let benchmarks: @Sendable () -> Void = {
         // alone: package-benchmark fails a check that exceeds either kind.)
         thresholds: [.mallocCountTotal: .init(absolute: [.p90: 3])]
     )
-    let codecs: [any PayloadCodec] = [.json, .propertyList, .keyedArchive]
+    let codecs: [any PayloadCodec] = [.json, .propertyList, .keyedArchive, .binaryCodable]
     let accepting = AllowList.orders
     let refusing = AllowList()
 

@@ -85,8 +85,9 @@ public struct PayloadReceiver: Sendable, CustomStringConvertible {
 
     /// A lower bound on the nesting the codec's scan counted for `message`, so that a message above
     /// the limit proves the scan missed some. For the Codable codecs: objects and arrays in JSON,
-    /// `<dict>` and `<array>` in a property list, where an empty `<array/>` does not count. For the
-    /// keyed archive: the chain of instances from the root.
+    /// `<dict>` and `<array>` in a property list, where an empty `<array/>` does not count;
+    /// envelopes and containers in binary Codable. For the keyed archive: the chain of instances
+    /// from the root.
     static func depth(of message: any SecureMessage) -> Int {
         switch message {
         case let order as Order:
