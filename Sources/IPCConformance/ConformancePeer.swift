@@ -172,7 +172,14 @@ public struct ConformancePeer: Sendable {
             }
             await echo.value
             burst.cancel()
+            // Invalidation finishes on the transport's own thread (a message-port client removes
+            // its reply queue there): wait for it, briefly, so that exiting does not cut it short.
+            let ended = DispatchSemaphore(value: 0)
+            connection.setInvalidationHandler { _ in ended.signal() }
             connection.invalidate()
+            _ = await withCheckedContinuation { continuation in
+                Thread.detachNewThread { continuation.resume(returning: ended.wait(timeout: .now() + 5)) }
+            }
         }
     }
 
