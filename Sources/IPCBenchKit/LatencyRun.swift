@@ -257,10 +257,10 @@ public struct LatencyRunner: Sendable {
     }
 
     private func measureBlock(_ session: Session, size: Int, samples: Int, record: Bool) async throws {
-        let cpuBefore = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+        let cpuBefore = CPUReading(peer: session.peerPID)
         let elapsedTimes = try await session.roundTrips(size, samples)
         guard record else { return }
-        let cpuAfter = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+        let cpuAfter = CPUReading(peer: session.peerPID)
         session.measurements[size, default: LatencyAccumulator()].record(block: elapsedTimes, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
     }
 
@@ -269,9 +269,9 @@ public struct LatencyRunner: Sendable {
         let count = plan.throughputMessages(forPayload: size)
         // A short warm-up run first: buffers fault in, and the receiver is awake.
         _ = try await stream(size, max(2, count / 20))
-        let cpuBefore = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+        let cpuBefore = CPUReading(peer: session.peerPID)
         let elapsed = try await stream(size, count)
-        let cpuAfter = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+        let cpuAfter = CPUReading(peer: session.peerPID)
         session.throughput[size, default: ThroughputAccumulator()].record(count: count, nanoseconds: elapsed, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
     }
 

@@ -33,12 +33,44 @@ public enum NativeFloor {
         var accumulator = LatencyAccumulator()
         for _ in 0..<repetitions {
             _ = try await session.roundTripTimes(payloadSize: payloadSize, count: blockWarmup)
-            let before = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+            let before = CPUReading(peer: session.peerPID)
             let times = try await session.roundTripTimes(payloadSize: payloadSize, count: max(1, samples / repetitions))
-            let after = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: session.peerPID))
+            let after = CPUReading(peer: session.peerPID)
             accumulator.record(block: times, cpuBefore: before, cpuAfter: after)
         }
         return accumulator.result(transport: mechanism.resultName, framing: nil, placement: placement, payloadBytes: payloadSize, warmup: blockWarmup * repetitions)
+    }
+}
+
+/// The CPU time this process and a peer process have used so far (`nil` where unreadable).
+struct CPUReading {
+    let local: UInt64?
+    let peer: UInt64?
+
+    init(peer pid: Int32) {
+        local = processCPUNanoseconds()
+        peer = processCPUNanoseconds(pid: pid)
+    }
+}
+
+/// CPU time of this process and of a peer, summed over measured intervals; `nil` once unreadable.
+struct CPUTotals {
+    private var local: UInt64? = 0
+    private var peer: UInt64? = 0
+
+    mutating func add(from before: CPUReading, to after: CPUReading) {
+        func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
+            guard let total, let before, let after else { return nil }
+            return total + (after - before)
+        }
+        local = add(local, before.local, after.local)
+        peer = add(peer, before.peer, after.peer)
+    }
+
+    /// Nanoseconds per operation, over `count` operations.
+    func perOperation(_ count: Int) -> (local: Double?, peer: Double?) {
+        let count = Double(max(1, count))
+        return (local.map { Double($0) / count }, peer.map { Double($0) / count })
     }
 }
 
@@ -47,26 +79,20 @@ struct LatencyAccumulator {
     private var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
     private var blockMedians: [UInt64] = []
     private var samples = 0
-    /// CPU time of this process and of the peer over the recorded blocks; `nil` once unreadable.
-    private var localCPU: UInt64? = 0
-    private var peerCPU: UInt64? = 0
+    /// CPU time of this process and of the peer over the recorded blocks.
+    private var cpu = CPUTotals()
 
     /// Adds a block of round-trip times in nanoseconds, and the CPU times read around it.
-    mutating func record(block times: [UInt64], cpuBefore: (local: UInt64?, peer: UInt64?), cpuAfter: (local: UInt64?, peer: UInt64?)) {
+    mutating func record(block times: [UInt64], cpuBefore: CPUReading, cpuAfter: CPUReading) {
         guard !times.isEmpty else { return }
         for time in times { _ = histogram.record(time) }
         blockMedians.append(LatencyResult.median(times))
         samples += times.count
-        func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
-            guard let total, let before, let after else { return nil }
-            return total + (after - before)
-        }
-        localCPU = add(localCPU, cpuBefore.local, cpuAfter.local)
-        peerCPU = add(peerCPU, cpuBefore.peer, cpuAfter.peer)
+        cpu.add(from: cpuBefore, to: cpuAfter)
     }
 
     func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, payloadBytes: Int, warmup: Int) -> LatencyResult {
-        let perRoundTrip = Double(max(1, samples))
+        let perRoundTrip = cpu.perOperation(samples)
         return LatencyResult(
             transport: transport,
             framing: framing,
@@ -84,8 +110,8 @@ struct LatencyAccumulator {
             mean: histogram.mean,
             standardDeviation: histogram.stdDeviation,
             repetitionMedians: blockMedians,
-            localCPUPerRoundTrip: localCPU.map { Double($0) / perRoundTrip },
-            peerCPUPerRoundTrip: peerCPU.map { Double($0) / perRoundTrip }
+            localCPUPerRoundTrip: perRoundTrip.local,
+            peerCPUPerRoundTrip: perRoundTrip.peer
         )
     }
 }

@@ -197,11 +197,11 @@ public struct ScaleRunner: Sendable {
     private func measureBlock(_ connection: some MessageConnection, server: Int32, into accumulator: inout LatencyAccumulator) async throws -> (wall: UInt64, serverCPU: UInt64?) {
         let label = "scale \(plan.payloadBytes) B"
         _ = try await timedEchoRoundTrips(connection, size: plan.payloadBytes, count: plan.warmupPerBlock, label: label)
-        let before = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: server))
+        let before = CPUReading(peer: server)
         let start = monotonicNanoseconds()
         let times = try await timedEchoRoundTrips(connection, size: plan.payloadBytes, count: plan.samplesPerBlock, label: label)
         let wall = monotonicNanoseconds() - start
-        let after = (local: processCPUNanoseconds(), peer: processCPUNanoseconds(pid: server))
+        let after = CPUReading(peer: server)
         accumulator.record(block: times, cpuBefore: before, cpuAfter: after)
         return (wall, before.peer.flatMap { before in after.peer.map { $0 - before } })
     }

@@ -31,29 +31,23 @@ public struct ThroughputResult: Codable, Sendable {
 struct ThroughputAccumulator {
     private var rates: [Double] = []
     private var messages = 0
-    private var localCPU: UInt64? = 0
-    private var peerCPU: UInt64? = 0
+    private var cpu = CPUTotals()
 
     /// Adds a repetition: `count` messages in `nanoseconds`, and the CPU times read around it.
-    mutating func record(count: Int, nanoseconds: UInt64, cpuBefore: (local: UInt64?, peer: UInt64?), cpuAfter: (local: UInt64?, peer: UInt64?)) {
+    mutating func record(count: Int, nanoseconds: UInt64, cpuBefore: CPUReading, cpuAfter: CPUReading) {
         rates.append(Double(count) / (Double(max(1, nanoseconds)) / 1e9))
         messages += count
-        func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
-            guard let total, let before, let after else { return nil }
-            return total + (after - before)
-        }
-        localCPU = add(localCPU, cpuBefore.local, cpuAfter.local)
-        peerCPU = add(peerCPU, cpuBefore.peer, cpuAfter.peer)
+        cpu.add(from: cpuBefore, to: cpuAfter)
     }
 
     func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, payloadBytes: Int) -> ThroughputResult {
         let median = rates.isEmpty ? 0 : rates.sorted()[rates.count / 2]
-        let perMessage = Double(max(1, messages))
+        let perMessage = cpu.perOperation(messages)
         return ThroughputResult(
             transport: transport, framing: framing, placement: placement, waitStrategy: waitStrategy,
             payloadBytes: payloadBytes, messagesPerRepetition: messages / max(1, rates.count),
             repetitionMessagesPerSecond: rates, messagesPerSecond: median, bytesPerSecond: median * Double(payloadBytes),
-            localCPUPerMessage: localCPU.map { Double($0) / perMessage }, peerCPUPerMessage: peerCPU.map { Double($0) / perMessage }
+            localCPUPerMessage: perMessage.local, peerCPUPerMessage: perMessage.peer
         )
     }
 }

@@ -75,13 +75,13 @@ public final class ConnectionCore: Sendable {
     /// Lets the receive thread park between reads if requests asked it to step aside and none is
     /// waiting for a reply it would have to read (see ``ReceiveOwnership``).
     public func parkReceiveThreadIfRequested() {
-        ownership.parkIfRequested(unless: { requests.anyWaiting })
+        ownership.parkIfRequested(unless: { requests.anyWaiting() })
     }
 
     /// Ends a direct read for request `correlation`, handing reading back to the receive thread
     /// if the read failed or other requests are waiting.
     public func endDirectRead(for correlation: UInt64, failed: Bool) {
-        ownership.endDirectRead(handBack: failed || requests.othersWaiting(than: correlation))
+        ownership.endDirectRead(handBack: failed || requests.anyWaiting(except: correlation))
     }
 
     /// What ``dispatch(_:reply:whenFull:)`` does with a message for ``messages`` while that
@@ -127,6 +127,19 @@ public final class ConnectionCore: Sendable {
         case .failure:
             let description = String(decoding: frame.payload, as: UTF8.self)
             requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))
+        }
+        return false
+    }
+
+    /// Dispatches every frame `next` yields until it has none. With `whenFull: .keep` (a
+    /// requester reading directly) it stops as soon as ``messages``' buffer is full and returns
+    /// `true`: the caller then hands reading back to the receive thread, which waits for room
+    /// and dispatches what is left.
+    /// - Throws: what `next` throws (a malformed frame).
+    @discardableResult
+    public func dispatchAll(_ next: () throws -> Frame?, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) throws -> Bool {
+        while let frame = try next() {
+            if dispatch(frame, reply: reply, whenFull: whenFull), whenFull == .keep { return true }
         }
         return false
     }

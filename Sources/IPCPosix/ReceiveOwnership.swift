@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 
 /// Who reads a connection's incoming messages: the connection's own receive thread, or a
 /// requester waiting for its reply, on the requester's thread.
@@ -34,8 +35,6 @@ public final class ReceiveOwnership: @unchecked Sendable {
         /// Another request was turned away while a requester was reading: it waits for its reply
         /// the usual way, so the reader must hand back when it stops.
         var turnedAwayWhileReading = false
-        /// A request found the thread reading and asked it to step aside.
-        var handOverRequested = false
         /// Direct reads begun since the parked thread last looked.
         var directReadsSinceCheck = 0
         /// The connection is ending: no more direct reads.
@@ -47,6 +46,9 @@ public final class ReceiveOwnership: @unchecked Sendable {
     /// The longest it waits between checks.
     public static let longestParkPeriodNanoseconds: Int64 = 16_000_000
 
+    /// A request found the thread reading and asked it to step aside. Written under `mutex`;
+    /// the receive thread reads it first without the lock, as it does between every two reads.
+    private let handOverRequested = Atomic<Bool>(false)
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
     /// Guarded by `mutex`.
@@ -88,7 +90,7 @@ public final class ReceiveOwnership: @unchecked Sendable {
                 state.directReadsSinceCheck += 1
                 return true
             }
-            if !state.parked { state.handOverRequested = true }
+            if !state.parked { handOverRequested.store(true, ordering: .relaxed) }
             if state.requesterReading { state.turnedAwayWhileReading = true }
             return false
         }
@@ -119,10 +121,11 @@ public final class ReceiveOwnership: @unchecked Sendable {
     /// until the period ends. It is asked under this object's lock, so a request that begins a
     /// direct read afterwards finds the thread parked.
     public func parkIfRequested(unless awaitingReplies: () -> Bool) {
+        guard handOverRequested.load(ordering: .relaxed) else { return }
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
-        guard state.handOverRequested, !state.stopped, !awaitingReplies() else { return }
-        state.handOverRequested = false
+        guard handOverRequested.load(ordering: .relaxed), !state.stopped, !awaitingReplies() else { return }
+        handOverRequested.store(false, ordering: .relaxed)
         state.parked = true
         state.directReadsSinceCheck = 0
         var period = Self.firstParkPeriodNanoseconds

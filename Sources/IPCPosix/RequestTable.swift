@@ -104,23 +104,12 @@ public final class RequestTable: Sendable {
         }
     }
 
-    /// Whether any request is still waiting for its outcome.
-    public var anyWaiting: Bool {
-        state.withLock { state in
-            state.slots.values.contains { slot in
-                if case .waiting = slot { return true }
-                return false
-            }
-        }
-    }
-
-    /// Whether a request other than `correlation` is still waiting for its outcome.
-    public func othersWaiting(than correlation: UInt64) -> Bool {
+    /// Whether a request (other than `correlation`, if given) is still waiting for its outcome.
+    public func anyWaiting(except correlation: UInt64? = nil) -> Bool {
         state.withLock { state in
             state.slots.contains { key, slot in
-                if key == correlation { return false }
-                if case .waiting = slot { return true }
-                return false
+                guard key != correlation, case .waiting = slot else { return false }
+                return true
             }
         }
     }

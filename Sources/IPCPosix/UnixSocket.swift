@@ -140,14 +140,25 @@ public enum UnixSocket {
     /// Reads into `buffer`, blocking until data arrives, end of stream (0), or the socket's
     /// receive timeout (`SO_RCVTIMEO`, see ``setReceiveTimeout(_:_:)``) passes (`nil`).
     public static func readWaiting(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
+        try receive(fd, into: buffer, flags: 0)
+    }
+
+    /// Reads what is there without blocking: `nil` if nothing is, 0 at end of stream.
+    public static func readIfReady(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
+        try receive(fd, into: buffer, flags: CInt(MSG_DONTWAIT))
+    }
+
+    /// `recv` with `flags`: the byte count, 0 at end of stream (a reset by a dead peer too),
+    /// `nil` when it would block or the receive timeout passed.
+    private static func receive(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer, flags: CInt) throws -> Int? {
         while true {
-            let count = Glibc.read(fd, buffer.baseAddress, buffer.count)
+            let count = recv(fd, buffer.baseAddress, buffer.count, flags)
             if count >= 0 { return count }
             switch Errno(rawValue: errno) {
             case .interrupted: continue
             case .wouldBlock: return nil
             case .connectionReset: return 0
-            case let error: throw IPCError.syscall("read", error)
+            case let error: throw IPCError.syscall("recv", error)
             }
         }
     }
@@ -164,20 +175,6 @@ public enum UnixSocket {
         if seconds == 0, value.tv_usec == 0, attoseconds > 0 { value.tv_usec = 1 }
         guard setsockopt(fd, SOL_SOCKET, option, &value, socklen_t(MemoryLayout<timeval>.size)) == 0 else {
             throw IPCError.syscall(option == SO_SNDTIMEO ? "setsockopt(SO_SNDTIMEO)" : "setsockopt(SO_RCVTIMEO)", Errno(rawValue: errno))
-        }
-    }
-
-    /// Reads what is there without blocking: `nil` if nothing is, 0 at end of stream.
-    public static func readIfReady(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
-        while true {
-            let count = recv(fd, buffer.baseAddress, buffer.count, CInt(MSG_DONTWAIT))
-            if count >= 0 { return count }
-            switch Errno(rawValue: errno) {
-            case .interrupted: continue
-            case .wouldBlock: return nil
-            case .connectionReset: return 0
-            case let error: throw IPCError.syscall("recv", error)
-            }
         }
     }
 

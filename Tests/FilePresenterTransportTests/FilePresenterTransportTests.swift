@@ -26,13 +26,6 @@ struct FilePresenterTransportTests {
         try FileManager.default.contentsOfDirectory(atPath: group.directory.path).sorted()
     }
 
-    private func accept(_ listener: FilePresenterListener) async throws -> FilePresenterConnection {
-        try await withDeadline(seconds: 30, "accepting a client") {
-            for await connection in listener.connections { return connection }
-            throw IPCError(code: .endpointNotFound, message: "the listener closed")
-        }
-    }
-
     @Test("request/reply echoes payloads from 0 bytes to 4 MiB")
     func echoAcrossSizes() async throws {
         let group = try TestGroup()
@@ -83,7 +76,7 @@ struct FilePresenterTransportTests {
         defer { listener.close() }
         let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client, burst: (10_000, 64))
         defer { client.stop() }
-        let connection = try await accept(listener)
+        let connection = try await acceptOne(listener)
         let received = try await collect(10_000, from: connection, seconds: 120)
         #expect(received.map(\.msgid) == (0..<10_000).map { UInt32($0) })
         #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 64) })
@@ -97,11 +90,11 @@ struct FilePresenterTransportTests {
         defer { listener.close() }
         let survivor = try transport.connect(to: endpoint, options: .defaults)
         defer { survivor.invalidate() }
-        let survivorSide = try await accept(listener)
+        let survivorSide = try await acceptOne(listener)
 
         let writer = try CoordinationPeer(group: group.directory)
         writer.start("tear torn")
-        let writerSide = try await accept(listener)
+        let writerSide = try await acceptOne(listener)
         #expect(writerSide.peer?.pid == writer.pid)
         #expect(try writer.answer() == "OK")
         let writerProbe = InvalidationProbe()
@@ -167,7 +160,7 @@ struct FilePresenterTransportTests {
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
         defer { listener.close() }
         let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
-        let accepted = try await accept(listener)
+        let accepted = try await acceptOne(listener)
         #expect(accepted.peer?.pid == client.pid)
         let journal = try #require(try files(in: group).first { $0.hasPrefix("server.\(client.pid)-") && $0.hasSuffix(".journal") })
         let probe = InvalidationProbe()
@@ -212,7 +205,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("tidy")
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
         let client = try transport.connect(to: endpoint, options: .defaults)
-        let accepted = try await accept(listener)
+        let accepted = try await acceptOne(listener)
         #expect(try await client.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1])
         let serverProbe = InvalidationProbe()
         serverProbe.attach(to: accepted)
@@ -267,18 +260,7 @@ struct FilePresenterTransportTests {
         defer { server.stop() }
         let clients = try (0..<3).map { _ in try transport.connect(to: endpoint, options: .defaults) }
         defer { clients.forEach { $0.invalidate() } }
-        try await withThrowingTaskGroup(of: Void.self) { tasks in
-            for (clientIndex, client) in clients.enumerated() {
-                for index in 0..<40 {
-                    tasks.addTask {
-                        let payload = Array("client \(clientIndex) request \(index)".utf8) + [UInt8](repeating: UInt8(index), count: index * 211)
-                        let reply = try await echo(client, payload)
-                        #expect(reply == payload)
-                    }
-                }
-            }
-            try await tasks.waitForAll()
-        }
+        try await expectConcurrentEchoes(from: clients, msgid: PeerRequest.echo)
     }
 
     @Test("a broadcast reaches every client process")
@@ -289,7 +271,7 @@ struct FilePresenterTransportTests {
         defer { listener.close() }
         let clients = try (0..<2).map { _ in try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client) }
         defer { clients.forEach { $0.stop() } }
-        let accepted = [try await accept(listener), try await accept(listener)]
+        let accepted = [try await acceptOne(listener), try await acceptOne(listener)]
         #expect(listener.broadcast([9, 9], msgid: 42, timeout: .seconds(5)) == 2)
         // Client peers echo one-way messages back.
         for connection in accepted {

@@ -145,3 +145,21 @@ public func acceptOne<Listener: MessageListener>(_ listener: Listener, seconds: 
         throw IPCError(code: .endpointNotFound, message: "the listener closed")
     }
 }
+
+/// Sends `perClient` requests from every client at once (payloads that name their client and
+/// index, of growing sizes, up to about 8 KiB) with `msgid`, to a peer that echoes them, and
+/// expects each reply to be its own request's payload.
+public func expectConcurrentEchoes(from clients: [some MessageConnection], msgid: UInt32, perClient: Int = 40) async throws {
+    try await withThrowingTaskGroup(of: Void.self) { tasks in
+        for (clientIndex, client) in clients.enumerated() {
+            for index in 0..<perClient {
+                tasks.addTask {
+                    let payload = Array("client \(clientIndex) request \(index)".utf8) + [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: index * 211)
+                    let reply = try await client.request(payload, msgid: msgid, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+                    #expect(reply == payload, "client \(clientIndex) request \(index)")
+                }
+            }
+        }
+        try await tasks.waitForAll()
+    }
+}

@@ -108,18 +108,7 @@ struct MessagePortTests {
         defer { server.stop() }
         let clients = try (0..<3).map { _ in try transport.connect(to: endpoint, options: .defaults) }
         defer { clients.forEach { $0.invalidate() } }
-        try await withThrowingTaskGroup(of: Void.self) { tasks in
-            for (clientIndex, client) in clients.enumerated() {
-                for index in 0..<40 {
-                    tasks.addTask {
-                        let payload = Array("client \(clientIndex) request \(index)".utf8) + [UInt8](repeating: UInt8(index), count: index * 211)
-                        let reply = try await echo(client, payload)
-                        #expect(reply == payload)
-                    }
-                }
-            }
-            try await tasks.waitForAll()
-        }
+        try await expectConcurrentEchoes(from: clients, msgid: PeerRequest.echo)
     }
 
     @Test("SIGKILL of the server mid-request: the request fails with peerInvalidated and invalidation fires once")

@@ -92,6 +92,12 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         try appender().append(RecordHeader(kind: .frame, sender: sender), frame: frame, timeout: timeout)
     }
 
+    /// The server's side of a client: its records are read by the listener's thread.
+    private var isServer: Bool {
+        if case .server = role { return true }
+        return false
+    }
+
     /// Acts on one record from the peer. Called by the thread that reads for this connection.
     func receive(_ record: JournalRecord) {
         guard core.latch.isValid else { return }
@@ -99,8 +105,6 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         case .frame(_, let frame):
             // A server connection's records are read by the listener's thread, which serves
             // every client: it cannot wait for one application, so a full buffer ends this one.
-            let isServer: Bool
-            if case .server = role { isServer = true } else { isServer = false }
             if core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout), whenFull: isServer ? .keep : .wait), isServer {
                 invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
             }

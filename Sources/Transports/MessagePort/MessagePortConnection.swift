@@ -166,6 +166,12 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         }
     }
 
+    /// The server's view of a client: its fragments are read by the listener's thread.
+    private var isServer: Bool {
+        if case .server = role { return true }
+        return false
+    }
+
     /// Handles one fragment addressed to this connection. Called only by its reading thread.
     /// Returns whether ``MessageConnection/messages``' buffer is full (see
     /// ``ConnectionCore/WhenFull``): the client's reader thread waits for room (`.wait`); a
@@ -182,8 +188,6 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         case .message, .request, .reply, .failure:
             do {
                 if let frame = try assembler.add(header, bytes) {
-                    let isServer: Bool
-                    if case .server = role { isServer = true } else { isServer = false }
                     let full = core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout), whenFull: isServer ? .keep : whenFull)
                     if full, isServer {
                         invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))

@@ -91,10 +91,8 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                     }
                     continue
                 }
-                while let frame = try reassembler.nextFrame() {
-                    // A full message buffer: stop, and let the reader thread wait for room.
-                    if core.dispatch(frame, reply: reply, whenFull: .keep) { return }
-                }
+                // A full message buffer: stop, and let the reader thread wait for room.
+                if try core.dispatchAll(reassembler.nextFrame, reply: reply, whenFull: .keep) { return }
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
                 return
@@ -136,9 +134,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
             // Dispatch what is buffered first: a requester that read directly may have stopped
             // with whole frames left (when the message buffer filled).
             do {
-                while let frame = try reassembler.nextFrame() {
-                    core.dispatch(frame, reply: reply)
-                }
+                try core.dispatchAll(reassembler.nextFrame, reply: reply)
             } catch {
                 reason = InvalidationReason(.protocolError, error: error as? IPCError)
                 break

@@ -109,10 +109,8 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
             }
             if count == 0 { return }
             do {
-                while let frame = try reassembler.nextFrame() {
-                    // A full message buffer: stop, and let the reader thread wait for room.
-                    if core.dispatch(frame, reply: reply, whenFull: .keep) { return }
-                }
+                // A full message buffer: stop, and let the reader thread wait for room.
+                if try core.dispatchAll(reassembler.nextFrame, reply: reply, whenFull: .keep) { return }
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
                 return
@@ -158,9 +156,7 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
             // Dispatch what is buffered first: a requester that read directly may have stopped
             // with whole frames left (when the message buffer filled).
             do {
-                while let frame = try reassembler.nextFrame() {
-                    core.dispatch(frame, reply: reply)
-                }
+                try core.dispatchAll(reassembler.nextFrame, reply: reply)
             } catch {
                 reason = InvalidationReason(.protocolError, error: error as? IPCError)
                 break reading
@@ -170,7 +166,6 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
             let count: Int
             do {
                 let buffered = reassembler.bufferedByteCount
-                let started = monotonicNanoseconds()
                 count = try reassembler.receive { buffer in
                     if let count = try SpinWait.poll(strategy, { try UnixSocket.readIfReady(fd, into: buffer) }) { return count }
                     // The receive timeout bounds a stall inside a frame; a direct read may have
@@ -182,8 +177,9 @@ public final class UnixSocketConnection: FrameConnection, Sendable {
                     }
                     while true {
                         if let count = try UnixSocket.readWaiting(fd, into: buffer) { return count }
-                        // The timeout passed: fine between frames, a stall inside one.
-                        if buffered > 0, let stallTimeout, monotonicNanoseconds() - started >= DeadlineScheduler.nanoseconds(stallTimeout) {
+                        // The receive timeout, set to the stall timeout just above, passed with
+                        // nothing read: fine between frames, a stall inside one.
+                        if buffered > 0, let stallTimeout {
                             throw IPCError(code: .truncatedFrame, message: "the peer sent \(buffered) bytes of a frame and then nothing for \(stallTimeout)")
                         }
                     }
