@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "IPCCore", targets: ["IPCCore"]),
         .library(name: "IPCFraming", targets: ["IPCFraming"]),
         .library(name: "IPCSecureCoding", targets: ["IPCSecureCoding"]),
+        .library(name: "IPCEngine", targets: ["IPCEngine"]),
         .library(name: "UnixSocketTransport", targets: ["UnixSocketTransport"]),
         .library(name: "MessagePortTransport", targets: ["MessagePortTransport"]),
         .library(name: "NotifyTransport", targets: ["NotifyTransport"]),
@@ -40,6 +41,16 @@ let package = Package(
             dependencies: [
                 "IPCCore", "CIPCShims",
                 .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        // The connection engine every transport shares: the event loop (one per process, a
+        // TaskExecutor), request/reply, timeouts, cancellation, the bounded message stream,
+        // invalidation, listener bookkeeping. A transport supplies an EngineChannel.
+        .target(
+            name: "IPCEngine",
+            dependencies: [
+                "IPCCore", "IPCPosix", "CIPCShims",
+                .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "DequeModule", package: "swift-collections"),
             ]
@@ -47,23 +58,23 @@ let package = Package(
         // Transports: one folder each, same shape in each.
         .target(
             name: "UnixSocketTransport",
-            dependencies: ["IPCCore", "IPCFraming", "IPCPosix"],
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Transports/UnixSocket"
         ),
         .target(
             name: "MessagePortTransport",
-            dependencies: ["IPCCore", "IPCPosix"],
+            dependencies: ["IPCCore", "IPCEngine", "IPCPosix"],
             path: "Sources/Transports/MessagePort"
         ),
         .target(
             name: "NotifyTransport",
-            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "CIPCShims"],
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", "CIPCShims"],
             path: "Sources/Transports/Notify"
         ),
         .target(
             name: "FilePresenterTransport",
             dependencies: [
-                "IPCCore", "IPCFraming", "IPCPosix", "CIPCShims",
+                "IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", "CIPCShims",
                 .product(name: "SystemPackage", package: "swift-system"),
             ],
             path: "Sources/Transports/FilePresenter"

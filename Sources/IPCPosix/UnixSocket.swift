@@ -27,18 +27,21 @@ public enum UnixSocket {
         }
     }
 
-    private static func makeStreamSocket() throws -> CInt {
+    private static func makeStreamSocket(nonBlocking: Bool = false) throws -> CInt {
+        let flags = CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue) | (nonBlocking ? CInt(SOCK_NONBLOCK.rawValue) : 0)
         do {
-            return try syscallRetryingInterrupts { socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0) }
+            return try syscallRetryingInterrupts { socket(AF_UNIX, flags, 0) }
         } catch {
             throw IPCError.syscall("socket", error)
         }
     }
 
-    /// Binds and listens on `path`, which must not exist. The socket file is made owner-only
-    /// before `listen`, so no other user can ever connect.
-    public static func listen(path: String, backlog: CInt = 128) throws -> CInt {
-        let fd = try makeStreamSocket()
+    /// Binds and listens on `path`, which must not exist, with the largest backlog the kernel
+    /// allows (`SOMAXCONN`). The socket file is made owner-only before `listen`, so no other
+    /// user can ever connect. The socket is non-blocking: accept with ``acceptIfReady(_:)``
+    /// when it is readable.
+    public static func listen(path: String, backlog: CInt = SOMAXCONN) throws -> CInt {
+        let fd = try makeStreamSocket(nonBlocking: true)
         do {
             try withAddress(path) { address, length in
                 do throws(Errno) { _ = try syscallRetryingInterrupts { bind(fd, address, length) } } catch {
@@ -57,23 +60,34 @@ public enum UnixSocket {
         }
     }
 
-    /// Accepts one connection. Returns `nil` when the listening socket was shut down.
-    public static func accept(_ listener: CInt) throws -> CInt? {
-        while true {
-            do {
-                return try syscallRetryingInterrupts { ipc_accept4(listener, CInt(SOCK_CLOEXEC.rawValue)) }
-            } catch {
-                switch error {
-                case .invalidArgument, .badFileDescriptor:
-                    return nil
-                case .connectionAbort, .protocolError, .noMemory, .noBufferSpace, .tooManyOpenFiles, .tooManyOpenFilesInSystem:
-                    // A connection that died before accept, or a transient shortage: keep listening
-                    // (pausing briefly on a shortage so a full descriptor table does not spin).
-                    if error != .connectionAbort && error != .protocolError { usleep(10_000) }
-                    continue
-                default:
-                    throw IPCError.syscall("accept4", error)
-                }
+    /// What ``acceptIfReady(_:)`` found.
+    public enum AcceptOutcome: Sendable {
+        /// A connection (close-on-exec, blocking mode; read and write it with the `IfReady` calls).
+        case accepted(CInt)
+        /// None is waiting now.
+        case none
+        /// The listening socket was shut down.
+        case closed
+    }
+
+    /// Accepts one waiting connection, without blocking.
+    public static func acceptIfReady(_ listener: CInt) throws -> AcceptOutcome {
+        do {
+            return .accepted(try syscallRetryingInterrupts { ipc_accept4(listener, CInt(SOCK_CLOEXEC.rawValue)) })
+        } catch {
+            switch error {
+            case .wouldBlock:
+                return .none
+            case .invalidArgument, .badFileDescriptor:
+                return .closed
+            case .connectionAbort, .protocolError:
+                // A connection that died before it was accepted: look for the next one.
+                return try acceptIfReady(listener)
+            case .noMemory, .noBufferSpace, .tooManyOpenFiles, .tooManyOpenFilesInSystem:
+                // A shortage: the connection stays queued; the caller tries again later.
+                throw IPCError(code: .transportFailure, message: "accept4 failed: \(error)", cause: error)
+            default:
+                throw IPCError.syscall("accept4", error)
             }
         }
     }
@@ -137,19 +151,51 @@ public enum UnixSocket {
         }
     }
 
-    /// Reads into `buffer`, blocking until data arrives, end of stream (0), or the socket's
-    /// receive timeout (`SO_RCVTIMEO`, see ``setReceiveTimeout(_:_:)``) passes (`nil`).
-    public static func readWaiting(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
-        try receive(fd, into: buffer, flags: 0)
-    }
-
     /// Reads what is there without blocking: `nil` if nothing is, 0 at end of stream.
     public static func readIfReady(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
         try receive(fd, into: buffer, flags: CInt(MSG_DONTWAIT))
     }
 
+    /// Writes as much of `header` then `payload`, from byte `offset` of the two together, as the
+    /// kernel takes now (one gathering `sendmsg`, never blocking, never raising SIGPIPE).
+    /// Returns the bytes written, 0 if the buffer is full.
+    /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer closed the connection.
+    public static func writeIfReady(_ fd: CInt, header: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer, from offset: Int) throws -> Int {
+        while true {
+            let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
+                var count = 0
+                if offset < header.count {
+                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: header.baseAddress! + offset), iov_len: header.count - offset)
+                    count = 1
+                    if payload.count > 0 {
+                        iov[1] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress!), iov_len: payload.count)
+                        count = 2
+                    }
+                } else {
+                    let start = offset - header.count
+                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress! + start), iov_len: payload.count - start)
+                    count = 1
+                }
+                var message = msghdr()
+                message.msg_iov = iov.baseAddress
+                message.msg_iovlen = count
+                return sendmsg(fd, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
+            }
+            if result >= 0 { return result }
+            let error = Errno(rawValue: errno)
+            switch error {
+            case .interrupted: continue
+            case .wouldBlock: return 0
+            case .brokenPipe, .connectionReset, .socketNotConnected:
+                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
+            default:
+                throw IPCError.syscall("sendmsg", error)
+            }
+        }
+    }
+
     /// `recv` with `flags`: the byte count, 0 at end of stream (a reset by a dead peer too),
-    /// `nil` when it would block or the receive timeout passed.
+    /// `nil` when it would block.
     private static func receive(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer, flags: CInt) throws -> Int? {
         while true {
             let count = recv(fd, buffer.baseAddress, buffer.count, flags)
@@ -161,11 +207,6 @@ public enum UnixSocket {
             case let error: throw IPCError.syscall("recv", error)
             }
         }
-    }
-
-    /// Sets how long a blocking read waits before giving up (`SO_RCVTIMEO`; zero waits forever).
-    public static func setReceiveTimeout(_ fd: CInt, _ timeout: Duration) throws {
-        try setTimeout(fd, SO_RCVTIMEO, timeout)
     }
 
     /// Sets `SO_RCVTIMEO` or `SO_SNDTIMEO` (zero waits forever; anything above zero at least 1 µs).

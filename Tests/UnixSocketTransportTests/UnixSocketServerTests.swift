@@ -172,12 +172,12 @@ struct UnixSocketMessageBufferTests {
         let client = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 1024))
         defer { client.stop() }
         let connection = try await acceptOne(listener)
-        // Not reading for a while: the receive thread fills the buffer to its limit and waits.
+        // Not reading for a while: the loop fills the buffer to its limit and stops reading.
         try await Task.sleep(for: .milliseconds(500))
-        #expect(connection.core.bufferedMessageCount == limit.messages)
+        #expect(connection.bufferedMessageCount == limit.messages)
         let received = try await collect(count, from: connection, seconds: 60)
         #expect(received.map(\.msgid) == (0..<count).map { UInt32($0) })
         #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 1024) })
-        #expect(connection.core.bufferedMessageCount <= limit.messages)
+        #expect(connection.bufferedMessageCount <= limit.messages)
     }
 }

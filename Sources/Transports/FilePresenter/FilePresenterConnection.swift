@@ -1,6 +1,7 @@
 import Dispatch
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -15,7 +16,7 @@ import Synchronization
 public final class FilePresenterConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
-    public let core: ConnectionCore
+    package let core: ConnectionCore
     /// Where this side's records go; released when the connection ends.
     private let outbound: Mutex<JournalAppender?>
     /// The id this side puts in its records: the client's own, or the listener's (serial 0).
@@ -45,9 +46,9 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
     }
 
-    init(peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions) {
+    init(peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions, loop: EventLoop) {
         self.peer = peer
-        self.core = ConnectionCore(options: options)
+        self.core = ConnectionCore(options: options, loop: loop)
         self.outbound = Mutex(outbound)
         self.sender = sender
         self.role = role

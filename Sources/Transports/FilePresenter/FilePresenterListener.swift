@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -12,6 +13,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
 
     private let lock: EndpointLock
     private let options: ConnectionOptions
+    private let loop: EventLoop
     private let inboxPath: String
     private let reader = JournalReaderSlot()
     private let presenter = Mutex<FilePresenter?>(nil)
@@ -26,6 +28,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     private let state = Mutex(State())
 
     init(endpoint: Endpoint, options: ConnectionOptions, capacity: Int) throws {
+        loop = try EventLoop.shared()
         try GroupDirectories.prepare(endpoint.group)
         let lock = try EndpointLock(endpoint: endpoint)
         // Journals of clients that died, which their listener (if it died too) could not remove.
@@ -122,7 +125,8 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
                     if state.clients[client] === connection { state.clients[client] = nil }
                 }
             },
-            options: options
+            options: options,
+            loop: loop
         )
         let admitted = state.withLock { state in
             guard !state.closed, state.clients[client] == nil else { return false }

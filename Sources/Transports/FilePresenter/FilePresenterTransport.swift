@@ -1,6 +1,7 @@
 import Dispatch
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -82,6 +83,7 @@ public struct FilePresenterTransport: MessageTransport {
         guard let listenerPID = EndpointLock.owner(of: endpoint), ProcessWatcher.isAlive(pid: listenerPID) else {
             throw IPCError(code: .endpointNotFound, message: "no live process listens on \(endpoint)")
         }
+        let loop = try EventLoop.shared()
         let inbox: JournalFile
         do {
             inbox = try JournalFile(CoordinatedFile(path: JournalNames.inbox(endpoint), create: false), timeout: connectTimeout)
@@ -102,7 +104,8 @@ public struct FilePresenterTransport: MessageTransport {
             outbound: JournalAppender(inbox),
             sender: identity,
             role: .client(inbound),
-            options: options
+            options: options,
+            loop: loop
         )
         do {
             let presenter = try FilePresenter(presenting: journalPath) { [weak connection] in connection?.readJournal() }

@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -16,7 +17,7 @@ import Synchronization
 public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     public let peer: PeerCredentials?
 
-    public let core: ConnectionCore
+    package let core: ConnectionCore
     private let writer: FragmentWriter
     /// The id this side puts in the `sender` field: the client's assigned id, or 0 on the server.
     private let senderID: UInt32
@@ -40,9 +41,9 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         case server(clientQueueName: String, onInvalidated: @Sendable (MessagePortConnection) -> Void)
     }
 
-    init(peer: PeerCredentials?, outbound: MessageQueue, messageSize: Int, senderID: UInt32, role: Role, options: ConnectionOptions) {
+    init(peer: PeerCredentials?, outbound: MessageQueue, messageSize: Int, senderID: UInt32, role: Role, options: ConnectionOptions, loop: EventLoop) {
         self.peer = peer
-        self.core = ConnectionCore(options: options)
+        self.core = ConnectionCore(options: options, loop: loop)
         self.writer = FragmentWriter(queue: outbound, messageSize: messageSize)
         self.senderID = senderID
         self.role = role

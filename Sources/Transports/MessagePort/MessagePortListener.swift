@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -15,6 +16,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private let messageSize: Int
     private let lock: EndpointLock
     private let options: ConnectionOptions
+    private let loop: EventLoop
     private let connectionSink: AsyncStream<MessagePortConnection>.Continuation
 
     private struct State {
@@ -27,6 +29,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
 
     init(endpoint: Endpoint, options: ConnectionOptions, queueLimits: (maximumMessages: Int, messageSize: Int)) throws {
         try MessagePortTransport.checkScoped(endpoint)
+        loop = try EventLoop.shared()
         try GroupDirectories.prepare(endpoint.group)
         let lock = try EndpointLock(endpoint: endpoint)
         let name = PortNames.serverQueue(endpoint)
@@ -169,7 +172,8 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             role: .server(clientQueueName: replyName) { [weak self] connection in
                 _ = self?.state.withLock { $0.clients.removeValue(forKey: id) }
             },
-            options: options
+            options: options,
+            loop: loop
         )
         state.withLock { $0.clients[id] = connection }
         do {

@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -61,6 +62,7 @@ public struct MessagePortTransport: MessageTransport {
     ///   process serves the name; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> MessagePortConnection {
         try Self.checkScoped(endpoint)
+        let loop = try EventLoop.shared()
         guard let serverPID = EndpointLock.owner(of: endpoint), ProcessWatcher.isAlive(pid: serverPID) else {
             throw IPCError(code: .endpointNotFound, message: "no live process serves the message port \(endpoint.name)")
         }
@@ -99,7 +101,8 @@ public struct MessagePortTransport: MessageTransport {
             messageSize: messageSize,
             senderID: clientID,
             role: .client(replyQueue: replyQueue, wakeWriter: wakeWriter, endpoint: endpoint),
-            options: options
+            options: options,
+            loop: loop
         )
         try PosixThread.detach(name: "ipc-port-read") { connection.clientReadLoop(replyQueue: replyQueue) }
         try connection.watchPeer(pid: serverPID)

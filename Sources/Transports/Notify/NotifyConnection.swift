@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCFraming
 import IPCPosix
 import Synchronization
@@ -18,7 +19,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     private let inbound: NotifyStore.Ring
     private let outbound: NotifyStore.Ring
     private let isClient: Bool
-    public let core: ConnectionCore
+    package let core: ConnectionCore
     private let encoder: BinaryFrameEncoder
     /// Held for each frame's write, so frames from concurrent senders never interleave.
     private let sendLock = Mutex(())
@@ -29,13 +30,13 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
     /// directly, as ``ReceiveOwnership`` decides (its lock orders every hand-over).
     private let reassembler: FrameReassembler<BinaryFrameDecoder>
 
-    init(store: NotifyStore, isClient: Bool, peerPID: Int32, options: ConnectionOptions, onInvalidated: (@Sendable (NotifyConnection) -> Void)? = nil) {
+    init(store: NotifyStore, isClient: Bool, peerPID: Int32, options: ConnectionOptions, onInvalidated: (@Sendable (NotifyConnection) -> Void)? = nil) throws {
         self.store = store
         self.isClient = isClient
         self.inbound = isClient ? store.serverToClient : store.clientToServer
         self.outbound = isClient ? store.clientToServer : store.serverToClient
         self.peer = PeerCredentials(pid: peerPID, uid: getuid(), gid: getgid())
-        self.core = ConnectionCore(options: options)
+        self.core = ConnectionCore(options: options, loop: try EventLoop.shared())
         self.encoder = BinaryFrameEncoder(maximumPayloadLength: options.maximumPayloadLength)
         self.onInvalidated = onInvalidated
         self.reassembler = FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: options.maximumPayloadLength))

@@ -99,12 +99,12 @@ public final class NotifyListener: MessageListener, @unchecked Sendable {
                 return true
             }
             guard isNew, let store = try? NotifyStore.open(path: path), store.state == .waiting else { continue }
-            let connection = NotifyConnection(store: store, isClient: false, peerPID: store.clientPID, options: options) { [weak self] _ in
+            guard let connection = try? NotifyConnection(store: store, isClient: false, peerPID: store.clientPID, options: options, onInvalidated: { [weak self] _ in
                 _ = self?.state.withLock { state in
                     state.active.removeValue(forKey: path)
                     state.known.remove(path)
                 }
-            }
+            }) else { continue }
             state.withLock { $0.active[path] = connection }
             do {
                 try connection.start()

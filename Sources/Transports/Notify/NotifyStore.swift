@@ -112,7 +112,7 @@ final class NotifyStore: @unchecked Sendable {
     /// Waits up to `timeout` for the server to accept. Returns the state then; gives up early if
     /// the server's process `serverPID` dies, so a connect never waits out a dead server.
     func awaitAcceptance(timeout: Duration, serverPID: Int32) -> State {
-        let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(timeout)
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         while state == .waiting {
             let now = monotonicNanoseconds()
             guard now < deadline, ProcessWatcher.isAlive(pid: serverPID) else { break }

@@ -65,7 +65,7 @@ public struct NotifyTransport: MessageTransport {
             unlink(path)
             throw IPCError(code: .endpointNotFound, message: "the listener on \(endpoint) did not accept (it died, or took longer than \(connectTimeout))")
         }
-        let connection = NotifyConnection(store: store, isClient: true, peerPID: store.serverPID, options: options)
+        let connection = try NotifyConnection(store: store, isClient: true, peerPID: store.serverPID, options: options)
         try connection.start()
         return connection
     }

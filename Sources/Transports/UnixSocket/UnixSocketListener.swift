@@ -1,15 +1,16 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCFraming
 import IPCPosix
 import Synchronization
 
-/// A listening `AF_UNIX` socket: accepts clients on a thread of its own, passes each through the
-/// accept filter with its kernel-verified credentials, and keeps the valid connections for
-/// broadcast and per-client sends.
+/// A listening `AF_UNIX` socket: accepts clients on the event loop (draining the accept queue on
+/// each wake-up; backlog `SOMAXCONN`), passes each through the accept filter with its
+/// kernel-verified credentials, and keeps the valid connections for broadcast and per-client
+/// sends.
 public final class UnixSocketListener: MessageListener, Sendable {
     public let endpoint: Endpoint
-    public let connections: AsyncStream<UnixSocketConnection>
 
     private let path: String
     private let listenFD: CInt
@@ -17,14 +18,9 @@ public final class UnixSocketListener: MessageListener, Sendable {
     private let framing: Framing
     private let options: ConnectionOptions
     private let acceptFilter: AcceptFilter?
-    private let connectionSink: AsyncStream<UnixSocketConnection>.Continuation
-
-    private struct State {
-        var closed = false
-        var active: [ObjectIdentifier: UnixSocketConnection] = [:]
-    }
-
-    private let state = Mutex(State())
+    private let registry = ConnectionRegistry<UnixSocketConnection>()
+    private let loop: EventLoop
+    private let token = Mutex<UInt64?>(nil)
 
     init(endpoint: Endpoint, framing: Framing, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws {
         try GroupDirectories.prepare(endpoint.group)
@@ -32,7 +28,9 @@ public final class UnixSocketListener: MessageListener, Sendable {
         let path = UnixSocketTransport.socketPath(endpoint)
         // We hold the endpoint's lock, so a socket file still here belongs to a dead listener.
         unlink(path)
+        let loop: EventLoop
         do {
+            loop = try EventLoop.shared()
             listenFD = try UnixSocket.listen(path: path)
         } catch {
             lock.release()
@@ -44,60 +42,91 @@ public final class UnixSocketListener: MessageListener, Sendable {
         self.framing = framing
         self.options = options
         self.acceptFilter = acceptFilter
-        (connections, connectionSink) = AsyncStream.makeStream(of: UnixSocketConnection.self)
+        self.loop = loop
+        let handler = AcceptHandler()
         do {
-            try PosixThread.detach(name: "ipc-unix-accept") { [self] in acceptLoop() }
+            let registered = try loop.register(listenFD, interest: .readable, handler: handler)
+            token.withLock { $0 = registered }
         } catch {
-            close()
+            unlink(path)
             closeDescriptor(listenFD)
+            lock.release()
             throw error
+        }
+        handler.listener = self
+    }
+
+    /// Forwards readiness to the listener without the loop's table keeping it alive.
+    private final class AcceptHandler: EventHandler, @unchecked Sendable {
+        // @unchecked: set once, before the registration reports anything that uses it.
+        weak var listener: UnixSocketListener?
+
+        func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
+            listener?.acceptWaiting()
         }
     }
 
-    public var activeConnections: [UnixSocketConnection] {
-        state.withLock { Array($0.active.values) }
-    }
+    public var connections: AsyncStream<UnixSocketConnection> { registry.connections }
+
+    public var activeConnections: [UnixSocketConnection] { registry.activeConnections }
 
     @discardableResult
     public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
-        activeConnections.broadcast(payload, msgid: msgid, timeout: timeout)
+        registry.broadcast(payload, msgid: msgid, timeout: timeout)
     }
 
     public func close() {
-        let toInvalidate: [UnixSocketConnection]? = state.withLock { state in
-            guard !state.closed else { return nil }
-            state.closed = true
-            return Array(state.active.values)
-        }
-        guard let toInvalidate else { return }
+        guard let toInvalidate = registry.close() else { return }
         // Remove the socket file before giving up the name, so a successor never loses its own file.
         unlink(path)
         UnixSocket.shutdown(listenFD)
         lock.release()
-        connectionSink.finish()
+        // The loop may be accepting right now: it stops watching and closes, in its own time.
+        let token = token.withLock { $0 }
+        loop.execute { [listenFD, loop] in
+            if let token { loop.deregister(token) }
+            closeDescriptor(listenFD)
+        }
         for connection in toInvalidate { connection.invalidate() }
     }
 
-    private func acceptLoop() {
-        while let fd = try? UnixSocket.accept(listenFD) {
+    deinit {
+        close()
+    }
+
+    /// Accepts every connection waiting (on the loop's thread).
+    private func acceptWaiting() {
+        while !registry.isClosed {
+            let fd: CInt
+            do {
+                switch try UnixSocket.acceptIfReady(listenFD) {
+                case .accepted(let accepted): fd = accepted
+                case .none, .closed: return
+                }
+            } catch {
+                // A shortage of descriptors or memory: the connection stays queued; try again
+                // shortly instead of spinning on a readable socket.
+                pauseAccepting()
+                return
+            }
             guard let peer = try? UnixSocket.peerCredentials(fd), acceptFilter?(peer) ?? true else {
                 closeDescriptor(fd)
                 continue
             }
-            let connection = UnixSocketConnection(fd: fd, peer: peer, framing: framing, options: options) { [weak self] connection in
-                _ = self?.state.withLock { $0.active.removeValue(forKey: ObjectIdentifier(connection)) }
-            }
-            let accepted = state.withLock { state in
-                guard !state.closed else { return false }
-                state.active[ObjectIdentifier(connection)] = connection
-                return true
-            }
-            guard accepted, (try? connection.start()) != nil else {
-                if !accepted { closeDescriptor(fd) }
-                continue
-            }
-            connectionSink.yield(connection)
+            let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
+            guard let connection = try? EngineConnection(channel: channel, peer: peer, options: options, loop: loop, onInvalidated: { [weak registry] connection in
+                registry?.remove(connection)
+            }) else { continue }
+            if !registry.add(connection) { connection.invalidate() }
         }
-        closeDescriptor(listenFD)
+    }
+
+    private func pauseAccepting() {
+        guard let token = token.withLock({ $0 }) else { return }
+        loop.setInterest(token, [])
+        loop.schedule(at: monotonicNanoseconds() &+ 10_000_000) { [weak self] in
+            guard let self, !registry.isClosed else { return }
+            loop.setInterest(token, .readable)
+        }
     }
 }

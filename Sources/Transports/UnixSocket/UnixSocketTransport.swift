@@ -1,4 +1,5 @@
 import IPCCore
+import IPCEngine
 import IPCFraming
 import IPCPosix
 
@@ -42,9 +43,8 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
             closeDescriptor(fd)
             throw error
         }
-        let connection = UnixSocketConnection(fd: fd, peer: peer, framing: framing, options: options)
-        try connection.start()
-        return connection
+        let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
+        return try EngineConnection(channel: channel, peer: peer, options: options)
     }
 
     /// The socket file of `endpoint`: `<group>/<name>.sock`.

@@ -1,5 +1,4 @@
 import DequeModule
-import Glibc
 import IPCCore
 
 /// The messages a connection has received and its application has not yet taken, behind
@@ -7,64 +6,51 @@ import IPCCore
 /// application reads cannot make the process grow without limit.
 ///
 /// When the buffer holds ``ConnectionOptions/messageBufferLimit`` (messages or payload bytes),
-/// the receive thread waits until the application takes one: it stops reading, the kernel's
-/// buffer fills, and the peer's sends wait and then time out (`sendTimeout`). Nothing is
-/// dropped. A requester reading its own reply never waits here (see ``push(_:waitForRoom:)``).
+/// the receive path stops reading until the application takes one: the kernel's buffer fills,
+/// and the peer's sends wait and then time out (`sendTimeout`). Nothing is dropped. The event
+/// loop stops watching the connection and asks to be told when there is room
+/// (``whenRoom(_:)``); a receive thread of its own waits (``push(_:waitForRoom:)``).
 /// One consumer, as for any `AsyncStream`; cancelling it ends its iteration.
-final class MessageBuffer: @unchecked Sendable {
+final class MessageBuffer: Sendable {
     private struct State {
         var queue = Deque<ReceivedMessage>()
         var bytes = 0
         var finished = false
         var consumer: UnsafeContinuation<ReceivedMessage?, Never>?
+        /// Runs once the buffer has room again.
+        var roomHandler: (@Sendable () -> Void)?
     }
 
     private let limit: ConnectionOptions.BufferLimit
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let room: UnsafeMutablePointer<pthread_cond_t>
-    /// Guarded by `mutex`.
-    private var state = State()
+    private let lock = ConditionLock()
+    /// Guarded by `lock`.
+    private nonisolated(unsafe) var state = State()
 
     init(limit: ConnectionOptions.BufferLimit) {
         self.limit = limit
-        mutex = .allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
-        room = .allocate(capacity: 1)
-        pthread_cond_init(room, nil)
-    }
-
-    deinit {
-        pthread_cond_destroy(room)
-        pthread_mutex_destroy(mutex)
-        room.deallocate()
-        mutex.deallocate()
     }
 
     /// Messages waiting for the consumer.
-    var count: Int {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        return state.queue.count
-    }
+    var count: Int { lock.withLock { state.queue.count } }
 
     private var isFull: Bool { state.queue.count >= limit.messages || state.bytes >= limit.bytes }
 
     /// Adds a message, or hands it straight to a consumer that is waiting. With `waitForRoom`,
-    /// first waits while the buffer is full (the receive thread's backpressure); without, the
+    /// first waits while the buffer is full (a receive thread's backpressure); without, the
     /// message is added anyway and the caller should stop reading (see the return value).
     /// Returns whether the buffer is full now. After ``finish()`` the message is dropped, as
     /// the connection is over.
     @discardableResult
     func push(_ message: ReceivedMessage, waitForRoom: Bool) -> Bool {
-        pthread_mutex_lock(mutex)
+        lock.lock()
         while waitForRoom, isFull, !state.finished, state.consumer == nil {
-            pthread_cond_wait(room, mutex)
+            lock.wait()
         }
         // A consumer waits only when nothing is buffered: handing it this message keeps the order.
         // (Checked after waiting: the consumer may have emptied the buffer and begun to wait.)
         if let consumer = state.consumer {
             state.consumer = nil
-            pthread_mutex_unlock(mutex)
+            lock.unlock()
             consumer.resume(returning: message)
             return false
         }
@@ -73,19 +59,31 @@ final class MessageBuffer: @unchecked Sendable {
             state.bytes += message.payload.count
         }
         let full = isFull
-        pthread_mutex_unlock(mutex)
+        lock.unlock()
         return full
+    }
+
+    /// Runs `handler` once the buffer has room (at once, on the calling thread, if it has room
+    /// now or is finished). For a receive path that cannot wait: it stops reading and resumes here.
+    func whenRoom(_ handler: @escaping @Sendable () -> Void) {
+        let now: Bool = lock.withLock {
+            guard isFull, !state.finished else { return true }
+            state.roomHandler = handler
+            return false
+        }
+        if now { handler() }
     }
 
     /// No more messages: the consumer gets what is buffered, then the end; a producer waiting
     /// for room stops waiting.
     func finish() {
-        pthread_mutex_lock(mutex)
+        lock.lock()
         state.finished = true
+        state.roomHandler = nil
         let consumer = state.queue.isEmpty ? state.consumer : nil
         if consumer != nil { state.consumer = nil }
-        pthread_cond_broadcast(room)
-        pthread_mutex_unlock(mutex)
+        lock.broadcast()
+        lock.unlock()
         consumer?.resume(returning: nil)
     }
 
@@ -93,25 +91,31 @@ final class MessageBuffer: @unchecked Sendable {
     func next() async -> ReceivedMessage? {
         await withTaskCancellationHandler {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<ReceivedMessage?, Never>) in
-                pthread_mutex_lock(mutex)
+                lock.lock()
                 if let message = state.queue.popFirst() {
                     state.bytes -= message.payload.count
-                    pthread_cond_signal(room)
-                    pthread_mutex_unlock(mutex)
+                    lock.signal()
+                    var room: (@Sendable () -> Void)?
+                    if !isFull {
+                        room = state.roomHandler
+                        state.roomHandler = nil
+                    }
+                    lock.unlock()
+                    room?()
                     continuation.resume(returning: message)
                 } else if state.finished || Task.isCancelled {
-                    pthread_mutex_unlock(mutex)
+                    lock.unlock()
                     continuation.resume(returning: nil)
                 } else {
                     state.consumer = continuation
-                    pthread_mutex_unlock(mutex)
+                    lock.unlock()
                 }
             }
         } onCancel: {
-            pthread_mutex_lock(mutex)
-            let consumer = state.consumer
-            state.consumer = nil
-            pthread_mutex_unlock(mutex)
+            let consumer: UnsafeContinuation<ReceivedMessage?, Never>? = lock.withLock {
+                defer { state.consumer = nil }
+                return state.consumer
+            }
             consumer?.resume(returning: nil)
         }
     }

@@ -1,25 +1,29 @@
 import IPCCore
+import IPCPosix
 
 /// The part of a connection that is the same in every transport: the invalidation latch, the
 /// pending requests, the stream of received messages, and what each kind of incoming frame
-/// means. A transport adds only how bytes move (`send`) and how its resources are released.
-public final class ConnectionCore: Sendable {
-    public let options: ConnectionOptions
-    public let latch = InvalidationLatch()
-    public let requests = RequestTable()
+/// means. ``EngineConnection`` drives it from the event loop; the transports that still read on
+/// threads of their own drive it from there. Never reachable by users of a connection: whoever
+/// can dispatch a frame can complete another's request.
+package final class ConnectionCore: Sendable {
+    package let options: ConnectionOptions
+    package let latch = InvalidationLatch()
+    package let requests: RequestTable
     /// Whether a requester may read its own reply (see ``ReceiveOwnership``). Used by transports
     /// whose receive thread calls ``ReceiveOwnership/parkIfRequested()``; for the others it
     /// never lets a requester read.
-    public let ownership = ReceiveOwnership()
+    package let ownership = ReceiveOwnership()
     /// How the receive path sends replies; see ``ReplyRoute``.
-    public let replyRoute = ReplyRoute()
-    public let messages: AsyncStream<ReceivedMessage>
+    package let replyRoute = ReplyRoute()
+    package let messages: AsyncStream<ReceivedMessage>
     private let buffer: MessageBuffer
     /// This connection's ``ConnectionOptions/makeMessageHandler`` product.
     private let messageHandler: MessageHandler?
 
-    public init(options: ConnectionOptions) {
+    package init(options: ConnectionOptions, loop: EventLoop) {
         self.options = options
+        requests = RequestTable(loop: loop)
         let buffer = MessageBuffer(limit: options.messageBufferLimit)
         self.buffer = buffer
         messages = AsyncStream(unfolding: { await buffer.next() })
@@ -28,10 +32,15 @@ public final class ConnectionCore: Sendable {
 
     /// Messages received and not yet taken from ``messages`` (at most
     /// ``ConnectionOptions/messageBufferLimit``, but for a receive path that cannot wait).
-    public var bufferedMessageCount: Int { buffer.count }
+    package var bufferedMessageCount: Int { buffer.count }
+
+    /// Runs `handler` once ``messages``' buffer has room (at once if it has).
+    package func whenMessagesHaveRoom(_ handler: @escaping @Sendable () -> Void) {
+        buffer.whenRoom(handler)
+    }
 
     /// - Throws: ``IPCError/Code/invalidated`` if the connection is no longer valid.
-    public func checkValid() throws {
+    package func checkValid() throws {
         if let reason = latch.reason {
             throw IPCError(code: .invalidated, message: "the connection is invalid (\(reason))")
         }
@@ -44,7 +53,7 @@ public final class ConnectionCore: Sendable {
     /// that request is finished, the deadline (monotonic nanoseconds) passes or reading fails,
     /// and ends the direct read with ``endDirectRead(for:failed:)``. Whatever it leaves
     /// unfinished is waited for the usual way.
-    public func request(
+    package func request(
         _ payload: [UInt8],
         msgid: UInt32,
         receiveTimeout: Duration,
@@ -63,7 +72,7 @@ public final class ConnectionCore: Sendable {
         // Only once the request is sent: a sender blocked on a full queue must not hold the right
         // to read, or a peer blocked writing replies into a full queue of ours waits for it.
         if let readDirectly, ownership.beginDirectRead() {
-            let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(receiveTimeout)
+            let deadline = monotonicNanoseconds() &+ receiveTimeout.wholeNanoseconds
             readDirectly(correlation, deadline)
             if let finished = requests.takeFinished(correlation) { return try finished.get() }
             let now = monotonicNanoseconds()
@@ -74,19 +83,19 @@ public final class ConnectionCore: Sendable {
 
     /// Lets the receive thread park between reads if requests asked it to step aside and none is
     /// waiting for a reply it would have to read (see ``ReceiveOwnership``).
-    public func parkReceiveThreadIfRequested() {
+    package func parkReceiveThreadIfRequested() {
         ownership.parkIfRequested(unless: { requests.anyWaiting() })
     }
 
     /// Ends a direct read for request `correlation`, handing reading back to the receive thread
     /// if the read failed or other requests are waiting.
-    public func endDirectRead(for correlation: UInt64, failed: Bool) {
+    package func endDirectRead(for correlation: UInt64, failed: Bool) {
         ownership.endDirectRead(handBack: failed || requests.anyWaiting(except: correlation))
     }
 
     /// What ``dispatch(_:reply:whenFull:)`` does with a message for ``messages`` while that
     /// buffer is full (``ConnectionOptions/messageBufferLimit``).
-    public enum WhenFull: Sendable {
+    package enum WhenFull: Sendable {
         /// Wait until the application takes one: the backpressure of a receive thread of its own.
         case wait
         /// Add it anyway, and say so: for a requester reading its own reply (which then hands
@@ -99,7 +108,7 @@ public final class ConnectionCore: Sendable {
     /// calling thread for requests the handler answers, and kept for requests delivered through
     /// ``messages``. Returns whether ``messages``' buffer is full.
     @discardableResult
-    public func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) -> Bool {
+    package func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) -> Bool {
         switch frame.kind {
         case .message:
             let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload)
@@ -137,7 +146,7 @@ public final class ConnectionCore: Sendable {
     /// and dispatches what is left.
     /// - Throws: what `next` throws (a malformed frame).
     @discardableResult
-    public func dispatchAll(_ next: () throws -> Frame?, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) throws -> Bool {
+    package func dispatchAll(_ next: () throws -> Frame?, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) throws -> Bool {
         while let frame = try next() {
             if dispatch(frame, reply: reply, whenFull: whenFull), whenFull == .keep { return true }
         }
@@ -147,7 +156,7 @@ public final class ConnectionCore: Sendable {
     /// Ends the connection, once: records `reason` unless another reason was recorded first,
     /// lets the transport release its resources, ends the message stream, fails pending
     /// requests, and runs the invalidation handler last.
-    public func finish(_ reason: InvalidationReason, releasingResources release: () -> Void) {
+    package func finish(_ reason: InvalidationReason, releasingResources release: () -> Void) {
         _ = latch.invalidate(reason)
         ownership.stop()
         let final = latch.reason ?? reason
@@ -162,13 +171,14 @@ public final class ConnectionCore: Sendable {
 /// connection, and a reply sender per frame costs an allocation and sends every later retain of
 /// the connection down the runtime's slow path. Used only by the thread that reads for the
 /// connection (one at a time, as ``ReceiveOwnership`` decides).
-public final class ReplyRoute: @unchecked Sendable {
+package final class ReplyRoute: @unchecked Sendable {
+    // @unchecked: one thread at a time reads for a connection, and only that thread uses this.
     private var send: (@Sendable (Frame) throws -> Void)?
 
-    public init() {}
+    package init() {}
 
     /// The sender, made by `make` the first time.
-    public func sender(_ make: () -> @Sendable (Frame) throws -> Void) -> @Sendable (Frame) throws -> Void {
+    package func sender(_ make: () -> @Sendable (Frame) throws -> Void) -> @Sendable (Frame) throws -> Void {
         // `if let`, not `??`: a closure passed through a generic operator comes back wrapped in
         // conversion thunks, and stored back it would grow a layer per frame.
         if let send { return send }
@@ -181,7 +191,7 @@ public final class ReplyRoute: @unchecked Sendable {
 /// A connection built on ``ConnectionCore``: it provides how a frame is sent and how an
 /// invalidation starts; the rest of ``MessageConnection`` comes from here, so every transport
 /// behaves the same way.
-public protocol FrameConnection: MessageConnection {
+package protocol FrameConnection: MessageConnection {
     var core: ConnectionCore { get }
 
     /// Sends one frame whole, or throws without having sent any of it (a torn frame must
@@ -215,13 +225,13 @@ extension FrameConnection {
 
     /// The connection's reply sender (``replySender(timeout:)``), made once; for the thread
     /// that reads.
-    public func cachedReplySender(timeout: Duration) -> @Sendable (Frame) throws -> Void {
+    package func cachedReplySender(timeout: Duration) -> @Sendable (Frame) throws -> Void {
         core.replyRoute.sender { replySender(timeout: timeout) }
     }
 
     /// Sends `frame` as a reply from the receive path, through a weak reference so that a
     /// request delivered through ``MessageConnection/messages`` does not keep its connection alive.
-    public func replySender(timeout: Duration) -> @Sendable (Frame) throws -> Void {
+    package func replySender(timeout: Duration) -> @Sendable (Frame) throws -> Void {
         { [weak self] frame in
             guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
             try self.sendFrame(frame, timeout: timeout)
@@ -232,7 +242,7 @@ extension FrameConnection {
 extension Sequence where Element: FrameConnection {
     /// Sends a one-way message to every connection and returns how many took it. A connection
     /// whose send fails is invalidated; the others still get the message.
-    public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
+    package func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
         reduce(0) { delivered, connection in
             do {
                 try connection.send(payload, msgid: msgid, timeout: timeout)

@@ -1,4 +1,5 @@
 import IPCCore
+import IPCPosix
 import Synchronization
 
 /// The requests a connection has sent and not yet had answered, keyed by correlation id.
@@ -8,9 +9,12 @@ import Synchronization
 /// reply that overtakes the waiting task is kept, not lost.
 ///
 /// Receive timeouts cost the reply path nothing: each request records its deadline, and the
-/// table keeps one wake-up with the ``DeadlineScheduler`` for its earliest deadline; when it fires,
-/// the table fails what has expired and arms the next. A completed request leaves nothing behind.
-public final class RequestTable: Sendable {
+/// table keeps one timer on the ``EventLoop`` for its earliest deadline; when it fires, the
+/// table fails what has expired and arms the next. A completed request leaves nothing behind.
+///
+/// A waiting request's continuation is resumed on the thread that completes it; the task then
+/// runs on its preferred executor, which is that same thread when the task prefers the loop.
+package final class RequestTable: Sendable {
     private enum Slot {
         case waiting(CheckedContinuation<[UInt8], any Error>?)
         case finished(Result<[UInt8], IPCError>)
@@ -28,15 +32,18 @@ public final class RequestTable: Sendable {
     }
 
     private let state = Mutex(State())
+    private let loop: EventLoop
 
-    public init() {}
+    package init(loop: EventLoop) {
+        self.loop = loop
+    }
 
     /// The number of requests still waiting for a reply.
-    public var pendingCount: Int { state.withLock { $0.slots.count } }
+    package var pendingCount: Int { state.withLock { $0.slots.count } }
 
     /// Reserves a correlation id for a request about to be sent.
     /// - Throws: the invalidation error if the connection is already invalid.
-    public func register() throws -> UInt64 {
+    package func register() throws -> UInt64 {
         try state.withLock { state in
             if let closed = state.closedWith { throw closed }
             let correlation = state.nextCorrelation
@@ -48,7 +55,7 @@ public final class RequestTable: Sendable {
     }
 
     /// Forgets a request whose send failed.
-    public func cancel(_ correlation: UInt64) {
+    package func cancel(_ correlation: UInt64) {
         state.withLock { state in
             state.slots[correlation] = nil
             state.deadlines[correlation] = nil
@@ -59,11 +66,12 @@ public final class RequestTable: Sendable {
     /// thread first polls for the reply (the receive path completes it) without suspending.
     /// - Throws: ``IPCError/Code/receiveTimeout`` after `timeout`; the invalidation error if
     ///   the connection becomes invalid first; `CancellationError` if the task is cancelled.
-    public func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
-        if let finished = SpinWait.poll(strategy, { takeFinished(correlation) }) {
+    package func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
+        // Never spin on the loop's own thread: the loop reads the reply once this task suspends.
+        if !loop.inEventLoop, let finished = SpinWait.poll(strategy, { takeFinished(correlation) }) {
             return try finished.get()
         }
-        let deadline = monotonicNanoseconds() &+ DeadlineScheduler.nanoseconds(timeout)
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         let arm: Bool = state.withLock { state in
             guard state.slots[correlation] != nil else { return false }
             state.deadlines[correlation] = (deadline, timeout)
@@ -97,7 +105,7 @@ public final class RequestTable: Sendable {
     }
 
     /// Whether the request's outcome is in (and not yet taken).
-    public func isFinished(_ correlation: UInt64) -> Bool {
+    package func isFinished(_ correlation: UInt64) -> Bool {
         state.withLock { state in
             if case .finished = state.slots[correlation] { return true }
             return false
@@ -105,7 +113,7 @@ public final class RequestTable: Sendable {
     }
 
     /// Whether a request (other than `correlation`, if given) is still waiting for its outcome.
-    public func anyWaiting(except correlation: UInt64? = nil) -> Bool {
+    package func anyWaiting(except correlation: UInt64? = nil) -> Bool {
         state.withLock { state in
             state.slots.contains { key, slot in
                 guard key != correlation, case .waiting = slot else { return false }
@@ -115,7 +123,7 @@ public final class RequestTable: Sendable {
     }
 
     /// The outcome of a request that has one, which is then forgotten.
-    public func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
+    package func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
         state.withLock { state in
             guard case .finished(let result) = state.slots[correlation] else { return nil }
             state.slots[correlation] = nil
@@ -134,7 +142,7 @@ public final class RequestTable: Sendable {
     }
 
     private func armWake(at deadline: UInt64) {
-        DeadlineScheduler.shared.schedule(at: deadline) { [weak self] in self?.expire() }
+        loop.schedule(at: deadline) { [weak self] in self?.expire() }
     }
 
     /// Fails every request whose deadline has passed, then arms a wake-up for the next deadline.
@@ -161,7 +169,7 @@ public final class RequestTable: Sendable {
     /// Delivers the outcome of a request. Returns `false` if no such request is pending (a late
     /// reply after a timeout, or a reply the peer made up), which the caller may ignore.
     @discardableResult
-    public func complete(_ correlation: UInt64, with result: Result<[UInt8], IPCError>) -> Bool {
+    package func complete(_ correlation: UInt64, with result: Result<[UInt8], IPCError>) -> Bool {
         let continuation: CheckedContinuation<[UInt8], any Error>?? = state.withLock { state in
             switch state.slots[correlation] {
             case .waiting(let continuation?):
@@ -181,7 +189,7 @@ public final class RequestTable: Sendable {
     }
 
     /// Fails every pending request and every later one with `error`.
-    public func close(with error: IPCError) {
+    package func close(with error: IPCError) {
         let waiting: [CheckedContinuation<[UInt8], any Error>] = state.withLock { state in
             state.closedWith = error
             state.deadlines.removeAll()

@@ -1,0 +1,60 @@
+import IPCCore
+import SystemPackage
+
+/// What a transport supplies to the connection engine for one connection: a descriptor to wait
+/// on, how to read what is there and cut it into frames, how to write a frame, how to close.
+/// Everything else — request/reply correlation, timeouts, cancellation, the message stream and
+/// its bound, invalidation, backpressure, replies from handlers — is ``EngineConnection``'s.
+///
+/// Threads: the reading requirements (``readAvailable()``, ``nextFrame()``,
+/// ``hasPartialFrame``, ``finishReading()``) are called on the event loop's thread only.
+/// ``write(_:from:)`` is called by one thread at a time (the engine serializes writers), from
+/// any thread. ``close()`` is called once, when nothing else runs on the channel, and nothing
+/// is called after it.
+///
+/// How the peer's death shows: as the end of the stream (``readAvailable()`` returns 0) or a
+/// write error (``IPCError/Code/peerInvalidated``), which is what a socket gives when the peer's
+/// process dies, whatever killed it.
+public protocol EngineChannel: AnyObject, Sendable {
+    /// The descriptor the loop waits on: readable when ``readAvailable()`` has something to
+    /// read (or the peer hung up), writable when ``write(_:from:)`` can make progress.
+    var descriptor: FileDescriptor { get }
+
+    /// Reads what the kernel holds, without blocking: the number of bytes read, `0` at the end
+    /// of the stream, `nil` if nothing was there.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the read fails; a typed framing error
+    ///   (``IPCError/Code/frameTooLarge``, ``IPCError/Code/malformedFrame``) if the bytes can
+    ///   already be seen to be wrong.
+    func readAvailable() throws -> Int?
+
+    /// The next whole frame among the bytes read so far, or `nil` if there is none yet.
+    /// - Throws: a typed framing error; the engine then invalidates the connection.
+    func nextFrame() throws -> Frame?
+
+    /// Whether part of a frame has been read and not the rest: the engine drops a peer that
+    /// stalls there (``ConnectionOptions/stalledFrameTimeout``).
+    var hasPartialFrame: Bool { get }
+
+    /// The stream ended.
+    /// - Throws: ``IPCError/Code/truncatedFrame`` if it ended inside a frame.
+    func finishReading() throws
+
+    /// The number of bytes `frame` takes on the wire.
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` if the payload is above what the channel
+    ///   carries; the frame is then not sent.
+    func encodedLength(of frame: Frame) throws -> Int
+
+    /// Writes as much of `frame`'s encoding, from byte `offset` on, as the kernel takes now,
+    /// without blocking; returns how many bytes it took (0 if none). A channel that carries
+    /// each frame in one datagram writes all of it or nothing.
+    /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer is gone;
+    ///   ``IPCError/Code/transportFailure`` for any other failure.
+    func write(_ frame: Frame, from offset: Int) throws -> Int
+
+    /// Wakes whatever waits on the descriptor (a reader sees the end of the stream, a writer an
+    /// error), without closing it: the engine closes later, once nothing uses it.
+    func shutdown()
+
+    /// Closes the descriptor.
+    func close()
+}

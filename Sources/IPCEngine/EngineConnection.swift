@@ -1,0 +1,575 @@
+import DequeModule
+import IPCCore
+import IPCPosix
+import Synchronization
+
+/// A ``MessageConnection`` driven by the event loop over any ``EngineChannel``: the one
+/// implementation of connection behaviour that every engine-based transport shares.
+///
+/// **Receiving** happens on the loop's thread when the channel's descriptor is readable: frames
+/// are cut, replies complete their requests, requests go to the request handler (whose reply is
+/// written from the loop) or to ``messages``, one-way messages to the message handler or to
+/// ``messages``. When ``messages`` holds ``ConnectionOptions/messageBufferLimit``, the loop
+/// stops watching this connection until the application takes one (the peer's sends then wait
+/// and time out; nothing is dropped). A peer that stops inside a frame for
+/// ``ConnectionOptions/stalledFrameTimeout`` is dropped with ``IPCError/Code/truncatedFrame``
+/// (detected between one and two such periods after its last byte).
+///
+/// **Sending** writes on the caller's thread without blocking when the kernel takes the frame
+/// at once (the usual case). Otherwise the frame waits in the connection's outbound queue,
+/// behind any frame already there (frames never interleave), and:
+/// - ``request(_:msgid:sendTimeout:receiveTimeout:)`` suspends until its frame is written
+///   (cancelling the task takes out a frame not yet started);
+/// - ``send(_:msgid:timeout:)``, the synchronous send, waits on the caller's thread — or, on the
+///   loop's own thread (a handler, or a task that prefers the loop), returns at once and leaves
+///   the loop to write the rest.
+/// A frame not written by its timeout fails with ``IPCError/Code/sendTimeout`` if none of it
+/// was written, and invalidates the connection if part of it was (the stream cannot carry
+/// another frame after a torn one).
+///
+/// **Replies without a hand-over**: a task that prefers ``eventLoop`` as its executor is resumed
+/// on the loop's thread right after the loop reads its reply.
+public final class EngineConnection: MessageConnection, @unchecked Sendable {
+    // @unchecked: the reading state (`paused`, `bytesRead`, `stallTimerArmed`, `finished`) is
+    // touched only on the loop's thread; everything else is immutable or behind `writeState`.
+
+    public let peer: PeerCredentials?
+    /// The loop this connection is served by: prefer it as a task executor for hop-free replies.
+    public let eventLoop: EventLoop
+
+    private let channel: any EngineChannel
+    private let core: ConnectionCore
+    private let token: UInt64
+    private let onInvalidated: (@Sendable (EngineConnection) -> Void)?
+    /// How long a reply from a handler may wait to be written.
+    private let replySendTimeout: Duration = .seconds(5)
+    /// Outbound bytes the loop's own sends may leave queued before they fail at once.
+    private let outboundLimit: Int
+
+    private struct WriteState {
+        /// The descriptor is closed, or is closed as soon as the active writer stops.
+        var closed = false
+        /// A thread is writing to the descriptor now.
+        var writerActive = false
+        var queue = Deque<PendingWrite>()
+        var queuedBytes = 0
+        /// What the loop watches the descriptor for.
+        var watchingReadable = true
+        var watchingWritable = false
+    }
+
+    private let writeState = Mutex(WriteState())
+
+    // Loop thread only.
+    private var paused = false
+    private var finished = false
+    private var bytesRead: UInt64 = 0
+    private var stallTimerArmed = false
+    private lazy var replySender: @Sendable (Frame) throws -> Void = { [weak self] frame in
+        guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
+        try self.sendFrame(frame, timeout: self.replySendTimeout)
+    }
+
+    /// Serves `channel` on `loop` (the process's shared loop by default) from now on.
+    /// - Parameter onInvalidated: runs once, during invalidation, before the invalidation
+    ///   handler (a listener's bookkeeping).
+    /// - Throws: ``IPCError/Code/transportFailure`` if the loop cannot watch the descriptor;
+    ///   the channel is then closed.
+    public init(
+        channel: any EngineChannel,
+        peer: PeerCredentials?,
+        options: ConnectionOptions,
+        loop: EventLoop? = nil,
+        onInvalidated: (@Sendable (EngineConnection) -> Void)? = nil
+    ) throws {
+        let serving: EventLoop
+        do {
+            serving = try loop ?? EventLoop.shared()
+        } catch {
+            channel.close()
+            throw error
+        }
+        self.channel = channel
+        self.peer = peer
+        self.eventLoop = serving
+        self.core = ConnectionCore(options: options, loop: serving)
+        self.onInvalidated = onInvalidated
+        self.outboundLimit = options.messageBufferLimit.bytes
+        let handler = ReadinessHandler()
+        do {
+            token = try serving.register(channel.descriptor.rawValue, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
+        } catch {
+            channel.close()
+            throw error
+        }
+        handler.connection = self
+    }
+
+    /// Forwards readiness to the connection without the loop's table keeping it alive.
+    private final class ReadinessHandler: EventHandler, @unchecked Sendable {
+        // @unchecked: set once, before the registration can report anything that uses it.
+        weak var connection: EngineConnection?
+
+        func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
+            connection?.handleEvent(readable: readable, writable: writable)
+        }
+    }
+
+    // MARK: MessageConnection
+
+    public var messages: AsyncStream<ReceivedMessage> { core.messages }
+
+    public var invalidationReason: InvalidationReason? { core.latch.reason }
+
+    /// Messages received and not yet taken from ``messages``.
+    public var bufferedMessageCount: Int { core.bufferedMessageCount }
+
+    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
+        core.latch.setHandler(handler)
+    }
+
+    public func invalidate() {
+        invalidate(InvalidationReason(.invalidatedLocally))
+    }
+
+    /// Sends a one-way message. Synchronous: see the type's notes on sending.
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
+        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        try core.checkValid()
+        let correlation = try core.requests.register()
+        do {
+            try await sendFrameSuspending(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload), timeout: sendTimeout)
+        } catch {
+            core.requests.cancel(correlation)
+            throw error
+        }
+        return try await core.requests.reply(to: correlation, timeout: receiveTimeout, strategy: core.options.waitStrategy)
+    }
+
+    // MARK: Invalidation
+
+    /// Starts invalidation with `reason`, if the connection is still valid. Finishes at once on
+    /// the loop's thread, else soon after on it.
+    func invalidate(_ reason: InvalidationReason) {
+        guard core.latch.invalidate(reason) else { return }
+        if eventLoop.inEventLoop {
+            finish(reason)
+        } else {
+            // Wake a writer waiting on its own thread; the loop does the rest.
+            channel.shutdown()
+            eventLoop.execute { [self] in finish(reason) }
+        }
+    }
+
+    /// Runs once, on the loop's thread: stops watching, closes (or leaves the closing to a
+    /// writer still active), fails queued writes, then reports through the core.
+    private func finish(_ reason: InvalidationReason) {
+        guard !finished else { return }
+        finished = true
+        core.finish(reason) {
+            eventLoop.deregister(token)
+            let final = core.latch.reason ?? reason
+            let failed: [PendingWrite] = writeState.withLock { state in
+                state.closed = true
+                if !state.writerActive { channel.close() }
+                defer { state.queue.removeAll(); state.queuedBytes = 0 }
+                return Array(state.queue)
+            }
+            for write in failed {
+                write.complete(.failure(IPCError(code: .peerInvalidated, message: "the connection became invalid before the frame was written: \(final)")))
+            }
+            onInvalidated?(self)
+        }
+    }
+
+    // MARK: Reading (loop thread)
+
+    private func handleEvent(readable: Bool, writable: Bool) {
+        if writable { flush() }
+        if readable, !paused, !finished { readSome() }
+    }
+
+    private func readSome() {
+        // A few reads per wake-up, so one busy connection cannot starve the others.
+        for _ in 0..<4 {
+            let count: Int?
+            do {
+                count = try channel.readAvailable()
+            } catch let error as IPCError where error.code != .transportFailure {
+                invalidate(InvalidationReason(.protocolError, error: error))
+                return
+            } catch {
+                invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+                return
+            }
+            guard let count else { break }
+            if count == 0 {
+                // Whole frames read before the end still count.
+                guard dispatchFrames() else { return }
+                do {
+                    try channel.finishReading()
+                    invalidate(InvalidationReason(.peerClosed))
+                } catch {
+                    invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
+                }
+                return
+            }
+            bytesRead &+= UInt64(count)
+            guard dispatchFrames() else { return }
+        }
+        if channel.hasPartialFrame { armStallTimer() }
+    }
+
+    /// Dispatches the whole frames read so far. Returns `false` if reading must stop: the
+    /// connection ended, or ``messages``' buffer is full (reading is then paused).
+    private func dispatchFrames() -> Bool {
+        do {
+            while let frame = try channel.nextFrame() {
+                let full = core.dispatch(frame, reply: replySender, whenFull: .keep)
+                if finished || !core.latch.isValid { return false }
+                if full {
+                    pauseReading()
+                    return false
+                }
+            }
+            return true
+        } catch {
+            invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
+            return false
+        }
+    }
+
+    private func pauseReading() {
+        paused = true
+        updateInterest { $0.watchingReadable = false }
+        core.whenMessagesHaveRoom { [weak self] in
+            guard let self else { return }
+            eventLoop.execute { self.resumeReading() }
+        }
+    }
+
+    private func resumeReading() {
+        guard paused, !finished else { return }
+        paused = false
+        // Frames already read first; they may fill the buffer again.
+        guard dispatchFrames() else { return }
+        updateInterest { $0.watchingReadable = true }
+    }
+
+    private func armStallTimer() {
+        guard !stallTimerArmed, let stall = core.options.stalledFrameTimeout else { return }
+        stallTimerArmed = true
+        let seen = bytesRead
+        eventLoop.schedule(at: monotonicNanoseconds() &+ stall.wholeNanoseconds) { [weak self] in
+            self?.checkStall(seen: seen, stall: stall)
+        }
+    }
+
+    private func checkStall(seen: UInt64, stall: Duration) {
+        stallTimerArmed = false
+        guard !finished, !paused, channel.hasPartialFrame else { return }
+        if bytesRead == seen {
+            invalidate(InvalidationReason(.protocolError, error: IPCError(
+                code: .truncatedFrame, message: "the peer sent part of a frame and then nothing for \(stall)"
+            )))
+        } else {
+            armStallTimer()
+        }
+    }
+
+    // MARK: Writing
+
+    /// One frame waiting in the outbound queue. Its fields are guarded by `writeState`'s lock.
+    private final class PendingWrite: @unchecked Sendable {
+        // @unchecked: mutated only under the connection's `writeState` lock.
+        let frame: Frame
+        let total: Int
+        var written: Int
+        let deadline: UInt64
+        var completion: Completion
+        var done = false
+
+        enum Completion {
+            /// Nobody waits (a send from the loop's thread).
+            case none
+            case task(CheckedContinuation<Void, any Error>)
+            case thread(ConditionLock)
+        }
+
+        init(frame: Frame, total: Int, written: Int, deadline: UInt64, completion: Completion) {
+            self.frame = frame
+            self.total = total
+            self.written = written
+            self.deadline = deadline
+            self.completion = completion
+        }
+
+        /// Reports the outcome once. Called with the connection's lock released.
+        func complete(_ result: Result<Void, any Error>) {
+            switch completion {
+            case .none: break
+            case .task(let continuation): continuation.resume(with: result)
+            case .thread(let lock):
+                lock.withLock {
+                    outcome = result
+                    lock.signal()
+                }
+            }
+            completion = .none
+        }
+
+        var outcome: Result<Void, any Error>?
+    }
+
+    private func checkWritable(_ frame: Frame) throws -> Int {
+        try core.checkValid()
+        guard frame.payload.count <= core.options.maximumPayloadLength else {
+            throw IPCError(code: .payloadTooLarge, message: "payload of \(frame.payload.count) bytes is above the maximum of \(core.options.maximumPayloadLength)")
+        }
+        return try channel.encodedLength(of: frame)
+    }
+
+    /// Takes the right to write if nobody has it and nothing is queued.
+    private func beginWriting() throws -> Bool {
+        try writeState.withLock { state in
+            if state.closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
+            guard state.queue.isEmpty, !state.writerActive else { return false }
+            state.writerActive = true
+            return true
+        }
+    }
+
+    /// Gives the right to write back; the loop flushes what was queued meanwhile.
+    private func endWriting() {
+        let close: Bool = writeState.withLock { state in
+            state.writerActive = false
+            if state.closed { return true }
+            if !state.queue.isEmpty, !state.watchingWritable {
+                state.watchingWritable = true
+                applyInterest(state)
+            }
+            return false
+        }
+        if close { channel.close() }
+    }
+
+    /// Writes what the kernel takes now. Errors invalidate the connection when they must.
+    private func writeNow(_ frame: Frame, from offset: Int) throws -> Int {
+        do {
+            return try channel.write(frame, from: offset)
+        } catch let error as IPCError {
+            failedWrite(error, torn: offset > 0)
+            throw error
+        }
+    }
+
+    private func failedWrite(_ error: IPCError, torn: Bool) {
+        if error.code == .peerInvalidated {
+            invalidate(InvalidationReason(.peerClosed, error: error))
+        } else if error.code == .transportFailure || torn {
+            invalidate(InvalidationReason(.transportFailure, error: error))
+        }
+    }
+
+    /// The synchronous send behind ``send(_:msgid:timeout:)`` and handler replies.
+    func sendFrame(_ frame: Frame, timeout: Duration) throws {
+        let total = try checkWritable(frame)
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
+        let onLoop = eventLoop.inEventLoop
+        if try beginWriting() {
+            var written: Int
+            do { written = try writeNow(frame, from: 0) } catch {
+                endWriting()
+                throw error
+            }
+            if written == total {
+                endWriting()
+                return
+            }
+            if onLoop {
+                enqueue(PendingWrite(frame: frame, total: total, written: written, deadline: deadline, completion: .none), first: true)
+                endWriting()
+                return
+            }
+            // On a thread of the caller's own: keep the right to write and wait here for room.
+            defer { endWriting() }
+            while written < total {
+                guard waitUntilWritable(channel.descriptor.rawValue, deadline: deadline) else {
+                    let error = IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
+                    if written > 0 { failedWrite(error, torn: true) }
+                    throw error
+                }
+                written += try writeNow(frame, from: written)
+            }
+            return
+        }
+        if onLoop {
+            let over = writeState.withLock { $0.queuedBytes + total > outboundLimit && !$0.queue.isEmpty }
+            if over {
+                throw IPCError(code: .sendTimeout, message: "\(outboundLimit) bytes already wait to be written to a peer that does not read")
+            }
+            enqueue(PendingWrite(frame: frame, total: total, written: 0, deadline: deadline, completion: .none), first: false)
+            return
+        }
+        let lock = ConditionLock()
+        let write = PendingWrite(frame: frame, total: total, written: 0, deadline: deadline, completion: .thread(lock))
+        enqueue(write, first: false)
+        let outcome: Result<Void, any Error>? = lock.withLock {
+            while write.outcome == nil, lock.wait(until: deadline) {}
+            return write.outcome
+        }
+        if let outcome { return try outcome.get() }
+        // The deadline passed: the loop's timer settles it; wait for its word.
+        try lock.withLock {
+            while write.outcome == nil { lock.wait() }
+            return write.outcome!
+        }.get()
+    }
+
+    /// The suspending send behind ``request(_:msgid:sendTimeout:receiveTimeout:)``.
+    private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
+        let total = try checkWritable(frame)
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
+        var written = 0
+        let writing = try beginWriting()
+        if writing {
+            do { written = try writeNow(frame, from: 0) } catch {
+                endWriting()
+                throw error
+            }
+            if written == total {
+                endWriting()
+                return
+            }
+        }
+        // The loop writes the rest (or all of it, behind what is queued); wait without a thread.
+        let holder = Mutex<PendingWrite?>(nil)
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let write = PendingWrite(frame: frame, total: total, written: written, deadline: deadline, completion: .task(continuation))
+                holder.withLock { $0 = write }
+                enqueue(write, first: writing)
+                if writing { endWriting() }
+                if Task.isCancelled { cancel(write) }
+            }
+        } onCancel: {
+            if let write = holder.withLock({ $0 }) { cancel(write) }
+        }
+    }
+
+    /// Queues `write` (at the front for the rest of a frame already begun) and makes sure the
+    /// loop watches for room; its deadline is checked by a loop timer.
+    private func enqueue(_ write: PendingWrite, first: Bool) {
+        let closed: Bool = writeState.withLock { state in
+            if state.closed { return true }
+            if first { state.queue.prepend(write) } else { state.queue.append(write) }
+            state.queuedBytes += write.total - write.written
+            if !state.writerActive, !state.watchingWritable {
+                state.watchingWritable = true
+                applyInterest(state)
+            }
+            return false
+        }
+        if closed {
+            write.complete(.failure(IPCError(code: .invalidated, message: "the connection is closed")))
+            return
+        }
+        eventLoop.schedule(at: write.deadline) { [weak self, weak write] in
+            guard let self, let write else { return }
+            self.expire(write)
+        }
+    }
+
+    /// A queued write's deadline passed: fail it if none of it was written, else end the
+    /// connection (a torn frame).
+    private func expire(_ write: PendingWrite) {
+        let outcome: (remove: Bool, torn: Bool)? = writeState.withLock { state in
+            guard !write.done, let index = state.queue.firstIndex(where: { $0 === write }) else { return nil }
+            if write.written == 0 {
+                state.queue.remove(at: index)
+                state.queuedBytes -= write.total
+                write.done = true
+                return (true, false)
+            }
+            return (false, true)
+        }
+        guard let outcome else { return }
+        let error = IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(write.written) of \(write.total) bytes sent before the send timeout")
+        if outcome.torn {
+            invalidate(InvalidationReason(.transportFailure, error: error))
+        } else {
+            write.complete(.failure(error))
+        }
+    }
+
+    /// A task waiting for its frame to be written was cancelled: take the frame out if none of
+    /// it is written yet (a frame begun must be finished, or the stream is torn).
+    private func cancel(_ write: PendingWrite) {
+        let removed: Bool = writeState.withLock { state in
+            guard !write.done, write.written == 0, let index = state.queue.firstIndex(where: { $0 === write }) else { return false }
+            state.queue.remove(at: index)
+            state.queuedBytes -= write.total
+            write.done = true
+            return true
+        }
+        if removed { write.complete(.failure(CancellationError())) }
+    }
+
+    /// Writes queued frames while the kernel takes them (loop thread, on a writable event).
+    private func flush() {
+        let mayWrite: Bool = writeState.withLock { state in
+            guard !state.closed, !state.writerActive else { return false }
+            state.writerActive = true
+            return true
+        }
+        guard mayWrite else { return }
+        while true {
+            guard let head = writeState.withLock({ $0.queue.first }) else { break }
+            let count: Int
+            do {
+                count = try writeNow(head.frame, from: head.written)
+            } catch {
+                break
+            }
+            let finishedFrame: Bool = writeState.withLock { state in
+                head.written += count
+                state.queuedBytes -= count
+                guard head.written == head.total else { return false }
+                state.queue.removeFirst()
+                head.done = true
+                return true
+            }
+            guard finishedFrame else { break }
+            head.complete(.success(()))
+        }
+        let close: Bool = writeState.withLock { state in
+            state.writerActive = false
+            if state.closed { return true }
+            if state.queue.isEmpty, state.watchingWritable {
+                state.watchingWritable = false
+                applyInterest(state)
+            }
+            return false
+        }
+        if close { channel.close() }
+    }
+
+    private func updateInterest(_ change: (inout WriteState) -> Void) {
+        writeState.withLock { state in
+            change(&state)
+            applyInterest(state)
+        }
+    }
+
+    /// Tells the loop what to watch for; called with the lock held, so changes apply in order.
+    private func applyInterest(_ state: WriteState) {
+        guard !state.closed else { return }
+        var interest: Poller.Interest = []
+        if state.watchingReadable { interest.insert(.readable) }
+        if state.watchingWritable { interest.insert(.writable) }
+        eventLoop.setInterest(token, interest)
+    }
+}

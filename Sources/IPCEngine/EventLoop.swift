@@ -1,0 +1,241 @@
+import CIPCShims
+import DequeModule
+import HeapModule
+import IPCCore
+import IPCPosix
+import Synchronization
+
+/// What runs on the event loop when a registered descriptor is ready.
+package protocol EventHandler: AnyObject, Sendable {
+    /// Called on the loop's thread. `hangUp` means the peer hung up or the descriptor has an
+    /// error pending: reading tells which.
+    func handleEvent(readable: Bool, writable: Bool, hangUp: Bool)
+}
+
+/// One thread per process that waits for every registered descriptor at once (epoll, through
+/// ``Poller``), runs timers, and runs jobs — including Swift tasks: it is a `TaskExecutor`
+/// (SE-0417).
+///
+/// Connections of every engine-based transport register here, so a process with a thousand
+/// connections still runs one loop thread. A task that prefers this executor
+/// (`withTaskExecutorPreference(EventLoop.shared)`, or ``MessageConnection``'s preferred executor
+/// in the harness) sends a request, suspends, and is resumed *on this thread* right after the
+/// loop reads its reply: no thread hand-over on the reply path beyond the kernel's own wake-up.
+/// A task that does not prefer it is resumed on Swift's global executor, one hand-over more.
+///
+/// Work on this thread must not block: handlers, accept filters and message handlers that run
+/// here delay every connection of the process.
+public final class EventLoop: TaskExecutor, @unchecked Sendable {
+    // @unchecked: every mutable field is behind `state` (a Mutex) or an Atomic; the event buffer
+    // is a local of the loop thread.
+
+    private enum Job {
+        case closure(@Sendable () -> Void)
+        case task(UnownedJob)
+    }
+
+    private struct Timer: Comparable {
+        var deadline: UInt64
+        var sequence: UInt64
+        var action: @Sendable () -> Void
+
+        static func < (lhs: Timer, rhs: Timer) -> Bool { (lhs.deadline, lhs.sequence) < (rhs.deadline, rhs.sequence) }
+        static func == (lhs: Timer, rhs: Timer) -> Bool { lhs.deadline == rhs.deadline && lhs.sequence == rhs.sequence }
+    }
+
+    private struct Registration {
+        var fd: CInt
+        var handler: any EventHandler
+        var interest: Poller.Interest
+        var spinNanoseconds: Int64
+    }
+
+    private struct State {
+        var jobs = Deque<Job>()
+        var timers = Heap<Timer>()
+        var timerSequence: UInt64 = 0
+        var registrations: [UInt64: Registration] = [:]
+        var nextToken: UInt64 = 1
+    }
+
+    private let poller: Poller
+    private let state = Mutex(State())
+    /// The loop is about to block, or blocks, in the poller: a job from another thread must wake it.
+    private let sleeping = Atomic<Bool>(false)
+    /// The loop thread's identity, once it runs.
+    private let loopThread = Atomic<UInt>(0)
+    /// How long the loop polls before it blocks: the longest spin of any registration that asked.
+    private let spinNanoseconds = Atomic<Int64>(0)
+
+    private static let sharedLoop = Mutex<EventLoop?>(nil)
+
+    /// The process's event loop, made on first use.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses an epoll instance or
+    ///   an eventfd (descriptor table full); the next call tries again.
+    public static func shared() throws -> EventLoop {
+        try sharedLoop.withLock { loop in
+            if let loop { return loop }
+            let made = try EventLoop(name: "ipc-loop")
+            loop = made
+            return made
+        }
+    }
+
+    /// A loop of its own, with its thread started (tests; a process normally uses ``shared()``).
+    /// The thread runs for the rest of the process.
+    package init(name: String) throws {
+        poller = try Poller()
+        try PosixThread.detach(name: name) { [self] in run() }
+    }
+
+    /// Whether the caller runs on this loop's thread.
+    public var inEventLoop: Bool { loopThread.load(ordering: .relaxed) == ThreadIdentity.current }
+
+    /// The number of descriptors registered.
+    package var registrationCount: Int { state.withLock { $0.registrations.count } }
+
+    // MARK: Jobs
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        push(.task(UnownedJob(job)))
+    }
+
+    /// Runs `work` on the loop's thread, after what is already queued.
+    package func execute(_ work: @escaping @Sendable () -> Void) {
+        push(.closure(work))
+    }
+
+    private func push(_ job: Job) {
+        state.withLock { $0.jobs.append(job) }
+        if !inEventLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
+    }
+
+    // MARK: Timers
+
+    /// Runs `action` on the loop's thread once `deadline` (``monotonicNanoseconds()``) has
+    /// passed, to millisecond precision. Timers are not cancelled: an action checks whether it
+    /// still has something to do.
+    package func schedule(at deadline: UInt64, _ action: @escaping @Sendable () -> Void) {
+        let earliest = state.withLock { state in
+            state.timerSequence &+= 1
+            let earliest = state.timers.min.map { deadline < $0.deadline } ?? true
+            state.timers.insert(Timer(deadline: deadline, sequence: state.timerSequence, action: action))
+            return earliest
+        }
+        if earliest, !inEventLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
+    }
+
+    // MARK: Registrations
+
+    /// Starts watching `fd` for `interest`; `handler` runs on the loop's thread. With a spinning
+    /// `waitStrategy` the loop polls for that long before it blocks while this registration lasts.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses.
+    package func register(_ fd: CInt, interest: Poller.Interest, waitStrategy: WaitStrategy = .blocking, handler: any EventHandler) throws -> UInt64 {
+        let token = state.withLock { state in
+            let token = state.nextToken
+            state.nextToken += 1
+            state.registrations[token] = Registration(fd: fd, handler: handler, interest: interest, spinNanoseconds: waitStrategy.spinNanoseconds)
+            return token
+        }
+        do {
+            try poller.add(fd, token: token, interest: interest)
+        } catch {
+            _ = state.withLock { $0.registrations.removeValue(forKey: token) }
+            throw error
+        }
+        if waitStrategy.spins { updateSpin() }
+        return token
+    }
+
+    /// Changes what registration `token` waits for.
+    package func setInterest(_ token: UInt64, _ interest: Poller.Interest) {
+        let fd: CInt? = state.withLock { state in
+            guard var registration = state.registrations[token], registration.interest != interest else { return nil }
+            registration.interest = interest
+            state.registrations[token] = registration
+            return registration.fd
+        }
+        if let fd { try? poller.modify(fd, token: token, interest: interest) }
+    }
+
+    /// Stops watching registration `token`; its handler is not called afterwards (from an event
+    /// already read in this round, neither: events are looked up by token). Call before closing
+    /// the descriptor.
+    package func deregister(_ token: UInt64) {
+        guard let registration = state.withLock({ $0.registrations.removeValue(forKey: token) }) else { return }
+        poller.remove(registration.fd)
+        if registration.spinNanoseconds > 0 { updateSpin() }
+    }
+
+    private func updateSpin() {
+        let longest = state.withLock { $0.registrations.values.map(\.spinNanoseconds).max() ?? 0 }
+        spinNanoseconds.store(longest, ordering: .relaxed)
+    }
+
+    // MARK: The loop
+
+    private func run() {
+        loopThread.store(ThreadIdentity.current, ordering: .relaxed)
+        var events: [Poller.Event] = []
+        events.reserveCapacity(64)
+        while true {
+            runJobs()
+            let nextDeadline = runTimers()
+            events.removeAll(keepingCapacity: true)
+            var timeout: CInt = -1
+            if let nextDeadline {
+                let now = monotonicNanoseconds()
+                timeout = nextDeadline <= now ? 0 : CInt(clamping: (nextDeadline - now + 999_999) / 1_000_000)
+            }
+            let spin = spinNanoseconds.load(ordering: .relaxed)
+            if spin > 0, timeout != 0 {
+                let end = monotonicNanoseconds() &+ UInt64(spin)
+                repeat {
+                    poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
+                    if !events.isEmpty || hasJobs() { break }
+                    ipc_cpu_relax()
+                } while monotonicNanoseconds() < end
+            }
+            if events.isEmpty {
+                sleeping.store(true, ordering: .sequentiallyConsistent)
+                if hasJobs() { timeout = 0 }
+                poller.wait(into: &events, capacity: 64, timeoutMilliseconds: timeout)
+                sleeping.store(false, ordering: .relaxed)
+            }
+            for event in events {
+                guard let handler = state.withLock({ $0.registrations[event.token]?.handler }) else { continue }
+                handler.handleEvent(readable: event.readable, writable: event.writable, hangUp: event.hangUp)
+            }
+        }
+    }
+
+    private func hasJobs() -> Bool {
+        state.withLock { !$0.jobs.isEmpty }
+    }
+
+    private func runJobs() {
+        var jobs = state.withLock { state -> Deque<Job> in
+            defer { state.jobs = Deque() }
+            return state.jobs
+        }
+        while let job = jobs.popFirst() {
+            switch job {
+            case .closure(let work): work()
+            case .task(let task): task.runSynchronously(on: asUnownedTaskExecutor())
+            }
+        }
+    }
+
+    /// Runs the timers that are due; returns the next deadline.
+    private func runTimers() -> UInt64? {
+        while true {
+            let now = monotonicNanoseconds()
+            let due: Timer? = state.withLock { state in
+                guard let first = state.timers.min, first.deadline <= now else { return nil }
+                return state.timers.removeMin()
+            }
+            guard let due else { return state.withLock { $0.timers.min?.deadline } }
+            due.action()
+        }
+    }
+}

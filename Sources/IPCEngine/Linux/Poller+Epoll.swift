@@ -1,0 +1,187 @@
+#if canImport(Glibc)
+import CIPCShims
+import Glibc
+import IPCCore
+import IPCPosix
+import SystemPackage
+
+/// The event loop's seam to the kernel's readiness API: epoll on Linux (kqueue would sit beside
+/// it on Darwin, with the same four operations). Level-triggered: a descriptor that still has
+/// something to read is reported again on the next wait.
+package final class Poller: Sendable {
+    /// What a registration waits for.
+    package struct Interest: OptionSet, Sendable {
+        package let rawValue: UInt8
+        package init(rawValue: UInt8) { self.rawValue = rawValue }
+        package static let readable = Interest(rawValue: 1)
+        package static let writable = Interest(rawValue: 2)
+    }
+
+    /// One readiness report: the token given at registration and what happened.
+    struct Event {
+        var token: UInt64
+        var readable: Bool
+        var writable: Bool
+        /// Hang-up or error: reading tells which, and the handler should read.
+        var hangUp: Bool
+    }
+
+    /// The token that ``wake()`` reports; registrations never use it.
+    static let wakeToken: UInt64 = 0
+
+    private let epollFD: CInt
+    private let wakeFD: CInt
+
+    init() throws {
+        let epollFD = epoll_create1(CInt(EPOLL_CLOEXEC))
+        guard epollFD >= 0 else { throw IPCError.syscall("epoll_create1", Errno(rawValue: errno)) }
+        let wakeFD = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
+        guard wakeFD >= 0 else {
+            let error = Errno(rawValue: errno)
+            closeDescriptor(epollFD)
+            throw IPCError.syscall("eventfd", error)
+        }
+        self.epollFD = epollFD
+        self.wakeFD = wakeFD
+        try add(wakeFD, token: Self.wakeToken, interest: .readable)
+    }
+
+    deinit {
+        closeDescriptor(wakeFD)
+        closeDescriptor(epollFD)
+    }
+
+    private static func mask(_ interest: Interest) -> UInt32 {
+        var mask: UInt32 = 0
+        if interest.contains(.readable) { mask |= EPOLLIN.rawValue | EPOLLRDHUP.rawValue }
+        if interest.contains(.writable) { mask |= EPOLLOUT.rawValue }
+        return mask
+    }
+
+    private func control(_ operation: CInt, _ fd: CInt, token: UInt64, interest: Interest) throws {
+        var event = epoll_event()
+        event.events = Self.mask(interest)
+        event.data.u64 = token
+        do { _ = try syscallRetryingInterrupts { epoll_ctl(epollFD, operation, fd, &event) } } catch {
+            throw IPCError.syscall("epoll_ctl", error, context: "descriptor \(fd)")
+        }
+    }
+
+    func add(_ fd: CInt, token: UInt64, interest: Interest) throws {
+        try control(EPOLL_CTL_ADD, fd, token: token, interest: interest)
+    }
+
+    func modify(_ fd: CInt, token: UInt64, interest: Interest) throws {
+        try control(EPOLL_CTL_MOD, fd, token: token, interest: interest)
+    }
+
+    /// Stops watching `fd` (before it is closed: a closed descriptor leaves epoll on its own only
+    /// once no duplicate of it is open).
+    func remove(_ fd: CInt) {
+        _ = epoll_ctl(epollFD, EPOLL_CTL_DEL, fd, nil)
+    }
+
+    /// Waits at most `timeoutMilliseconds` (-1: no limit, 0: only looks) and appends what is
+    /// ready to `events`. A wake-up (``wake()``) is consumed here and not reported.
+    func wait(into events: inout [Event], capacity: Int, timeoutMilliseconds: CInt) {
+        withUnsafeTemporaryAllocation(of: epoll_event.self, capacity: capacity) { buffer in
+            let count = epoll_wait(epollFD, buffer.baseAddress, CInt(capacity), timeoutMilliseconds)
+            guard count > 0 else { return }
+            for index in 0..<Int(count) {
+                let raw = buffer[index]
+                if raw.data.u64 == Self.wakeToken {
+                    var value: UInt64 = 0
+                    _ = read(wakeFD, &value, 8)
+                    continue
+                }
+                let hangUp = raw.events & (EPOLLHUP.rawValue | EPOLLERR.rawValue | EPOLLRDHUP.rawValue) != 0
+                events.append(Event(
+                    token: raw.data.u64,
+                    readable: raw.events & EPOLLIN.rawValue != 0 || hangUp,
+                    writable: raw.events & EPOLLOUT.rawValue != 0,
+                    hangUp: hangUp
+                ))
+            }
+        }
+    }
+
+    /// Makes a ``wait(into:capacity:timeoutMilliseconds:)`` in progress, or the next one, return.
+    func wake() {
+        var one: UInt64 = 1
+        _ = write(wakeFD, &one, 8)
+    }
+}
+
+/// Identifies the calling kernel thread cheaply (no system call).
+enum ThreadIdentity {
+    static var current: UInt { UInt(bitPattern: Int(bitPattern: UInt(pthread_self()))) }
+}
+
+/// A mutex with a condition variable, heap-allocated (a pthread mutex must not move): for the
+/// few places where a thread of the caller's own must sleep until another thread says so — a
+/// synchronous send waiting for its turn, a dedicated receive thread waiting for room. Nothing
+/// `async` waits on it.
+final class ConditionLock: @unchecked Sendable {
+    // @unchecked: the pthread objects are used only through their own locking calls.
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+
+    init() {
+        mutex = .allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+        condition = .allocate(capacity: 1)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        pthread_mutex_destroy(mutex)
+        condition.deallocate()
+        mutex.deallocate()
+    }
+
+    func lock() { pthread_mutex_lock(mutex) }
+    func unlock() { pthread_mutex_unlock(mutex) }
+
+    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body()
+    }
+
+    /// Waits (the lock held) until signalled or, with a deadline (``monotonicNanoseconds()``),
+    /// until it passes. Returns `false` once the deadline has passed.
+    @discardableResult
+    func wait(until deadline: UInt64? = nil) -> Bool {
+        guard let deadline else {
+            pthread_cond_wait(condition, mutex)
+            return true
+        }
+        if monotonicNanoseconds() >= deadline { return false }
+        var time = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        pthread_cond_timedwait(condition, mutex, &time)
+        return monotonicNanoseconds() < deadline
+    }
+
+    func signal() { pthread_cond_signal(condition) }
+    func broadcast() { pthread_cond_broadcast(condition) }
+}
+
+/// Waits on the calling thread until `fd` can take more bytes, at most until `deadline`.
+/// Returns `false` if the deadline passed first. For synchronous senders on their own threads.
+func waitUntilWritable(_ fd: CInt, deadline: UInt64) -> Bool {
+    while true {
+        let now = monotonicNanoseconds()
+        guard now < deadline else { return false }
+        let milliseconds = CInt(clamping: (deadline - now + 999_999) / 1_000_000)
+        var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+        let result = poll(&descriptor, 1, milliseconds)
+        if result > 0 { return true }
+        if result < 0, errno != EINTR { return true }
+    }
+}
+#endif
