@@ -103,6 +103,8 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // The engine in process, over a socketpair channel of the tests' own.
+        .testTarget(name: "IPCEngineTests", dependencies: ["IPCCore", "IPCEngine", "CIPCShims"]),
         .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming", "IPCTestSupport"]),
         .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding", "IPCTestSupport"]),
         // Helpers shared by the test targets: temporary group directories, deadlines, probes.
