@@ -90,7 +90,7 @@ public enum HTMLReport {
     }
 
     private static func seriesName(_ result: LatencyResult) -> String {
-        [result.transport, result.framing?.rawValue, result.spins ? "spinning" : nil].compactMap { $0 }.joined(separator: " ")
+        [result.transport, result.framing?.rawValue, result.spins ? "spinning" : nil, result.onGlobalExecutor ? "global executor" : nil].compactMap { $0 }.joined(separator: " ")
     }
 
     /// One-way throughput by payload size, per placement, in MB/s of payload.

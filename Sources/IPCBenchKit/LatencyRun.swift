@@ -21,6 +21,11 @@ public struct LatencyPlan: Sendable {
     public var waitStrategies: [WaitStrategy]
     /// Also measure one-way throughput for each payload size.
     public var includeThroughput: Bool
+    /// Besides the hop-free path (the harness's requests run on the connection's
+    /// ``IPCCore/MessageConnection/preferredTaskExecutor``), also measure what a task gets by
+    /// default, resumed on Swift's global executor: blocking, binary framing, for the transports
+    /// that have a preferred executor.
+    public var includeGlobalExecutor: Bool
 
     public init(
         transports: [String] = TransportCatalog.names,
@@ -30,7 +35,8 @@ public struct LatencyPlan: Sendable {
         sampleScale: Double = 1,
         includeFloors: Bool = true,
         waitStrategies: [WaitStrategy] = [.blocking, .spinThenBlock()],
-        includeThroughput: Bool = true
+        includeThroughput: Bool = true,
+        includeGlobalExecutor: Bool = true
     ) {
         self.transports = transports
         self.framings = framings
@@ -40,6 +46,7 @@ public struct LatencyPlan: Sendable {
         self.includeFloors = includeFloors
         self.waitStrategies = waitStrategies
         self.includeThroughput = includeThroughput
+        self.includeGlobalExecutor = includeGlobalExecutor
     }
 
     /// Messages per throughput repetition: about 8 MiB of payload, between 20 and 5,000
@@ -104,6 +111,8 @@ public struct LatencyRunner: Sendable {
         let framing: Framing?
         let placement: Placement
         let waitStrategy: WaitStrategy
+        /// Which executor the requests' task runs on (``LatencyResult/executor``).
+        let executor: String?
         let peerPID: Int32
         /// Makes `count` round trips of `size` bytes; returns each one's time in nanoseconds.
         let roundTrips: (_ size: Int, _ count: Int) async throws -> [UInt64]
@@ -114,13 +123,14 @@ public struct LatencyRunner: Sendable {
         var measurements: [Int: LatencyAccumulator] = [:]
         var throughput: [Int: ThroughputAccumulator] = [:]
 
-        init(name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, peerPID: Int32,
+        init(name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, peerPID: Int32,
              roundTrips: @escaping (Int, Int) async throws -> [UInt64],
              stream: ((Int, Int) async throws -> UInt64)?, close: @escaping () -> Void) {
             self.name = name
             self.framing = framing
             self.placement = placement
             self.waitStrategy = waitStrategy
+            self.executor = executor
             self.peerPID = peerPID
             self.roundTrips = roundTrips
             self.stream = stream
@@ -128,7 +138,8 @@ public struct LatencyRunner: Sendable {
         }
 
         var label: String {
-            [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil].compactMap { $0 }.joined(separator: " ")
+            [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil, executor == LatencyResult.globalExecutor ? "global executor" : nil]
+                .compactMap { $0 }.joined(separator: " ")
         }
     }
 
@@ -176,7 +187,11 @@ public struct LatencyRunner: Sendable {
         for name in plan.transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
             for framing in TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil] {
                 for placement in placements where !strategy.spins || placement.spreadsProcesses {
-                    sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, group: group))
+                    let session = try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, group: group)
+                    sessions.append(session.main)
+                    if plan.includeGlobalExecutor, !strategy.spins, framing ?? .binary == .binary, let global = session.global {
+                        sessions.append(global)
+                    }
                 }
             }
         }
@@ -217,7 +232,10 @@ public struct LatencyRunner: Sendable {
         }
     }
 
-    private func transportSession(_ name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy, group: GroupDirectory) throws -> Session {
+    /// A session over a new peer and connection; for a connection with a preferred executor,
+    /// also a second session over the same connection whose requests run on the global
+    /// executor (measured in blocks of its own, so the two never overlap).
+    private func transportSession(_ name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy, group: GroupDirectory) throws -> (main: Session, global: Session?) {
         let transport = try TransportCatalog.transport(named: name, framing: framing ?? .binary)
         let variant = [name, framing?.rawValue, waitStrategy.spins ? "spin" : nil].compactMap { $0 }.joined(separator: "-")
         let endpoint = try Endpoint(group: group, name: "\(group.identifier).bench-\(variant)-\(placement)")
@@ -231,17 +249,35 @@ public struct LatencyRunner: Sendable {
         }
         let label = [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil].compactMap { $0 }.joined(separator: " ")
         let sinkReports = SinkReports(connection.messages)
-        return Session(
-            name: name, framing: framing, placement: placement, waitStrategy: waitStrategy, peerPID: peer.pid,
-            roundTrips: { size, count in try await timedEchoRoundTrips(connection, size: size, count: count, label: label) },
+        let executor = connection.preferredTaskExecutor
+        let global = executor.map { _ in
+            Session(
+                name: name, framing: framing, placement: placement, waitStrategy: waitStrategy, executor: LatencyResult.globalExecutor, peerPID: peer.pid,
+                roundTrips: { size, count in
+                    try await withTaskExecutorPreference(nil) {
+                        try await timedEchoRoundTrips(connection, size: size, count: count, label: label + " global executor")
+                    }
+                },
+                stream: nil, close: {}
+            )
+        }
+        let main = Session(
+            name: name, framing: framing, placement: placement, waitStrategy: waitStrategy,
+            executor: executor == nil ? nil : LatencyResult.preferredExecutor, peerPID: peer.pid,
+            roundTrips: { size, count in
+                // The hop-free path: the task runs on the loop that reads its replies.
+                try await withTaskExecutorPreference(executor) {
+                    try await timedEchoRoundTrips(connection, size: size, count: count, label: label)
+                }
+            },
             stream: { size, count in
                 let payload = [UInt8](repeating: 0x5A, count: size)
                 let timeout = Duration.seconds(30)
                 let start = monotonicNanoseconds()
                 for _ in 0..<count {
-                    try connection.send(payload, msgid: ConformancePeer.Sink.message, timeout: timeout)
+                    try await connection.send(payload, msgid: ConformancePeer.Sink.message, timeout: timeout)
                 }
-                try connection.send([], msgid: ConformancePeer.Sink.end, timeout: timeout)
+                try await connection.send([], msgid: ConformancePeer.Sink.end, timeout: timeout)
                 let report = try await sinkReports.next(orInvalidate: connection, after: .seconds(60))
                 let elapsed = monotonicNanoseconds() - start
                 guard report.messages == count, report.bytes == UInt64(count * size) else {
@@ -254,6 +290,7 @@ public struct LatencyRunner: Sendable {
                 peer.stop()
             }
         )
+        return (main, global)
     }
 
     private func measureBlock(_ session: Session, size: Int, samples: Int, record: Bool) async throws {
@@ -277,7 +314,8 @@ public struct LatencyRunner: Sendable {
 
     private func result(_ session: Session, size: Int) -> LatencyResult {
         (session.measurements[size] ?? LatencyAccumulator()).result(
-            transport: session.name, framing: session.framing, placement: session.placement, waitStrategy: session.waitStrategy, payloadBytes: size,
+            transport: session.name, framing: session.framing, placement: session.placement, waitStrategy: session.waitStrategy,
+            executor: session.executor, payloadBytes: size,
             warmup: max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions) * LatencyResult.repetitions
         )
     }

@@ -91,13 +91,14 @@ struct LatencyAccumulator {
         cpu.add(from: cpuBefore, to: cpuAfter)
     }
 
-    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, payloadBytes: Int, warmup: Int) -> LatencyResult {
+    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, payloadBytes: Int, warmup: Int) -> LatencyResult {
         let perRoundTrip = cpu.perOperation(samples)
         return LatencyResult(
             transport: transport,
             framing: framing,
             placement: placement,
             waitStrategy: waitStrategy.name,
+            executor: executor,
             payloadBytes: payloadBytes,
             warmup: warmup,
             samples: samples,

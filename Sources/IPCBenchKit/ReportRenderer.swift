@@ -11,7 +11,7 @@ public enum ReportRenderer {
             }
             let cpu = result.localCPUPerRoundTrip.flatMap { local in result.peerCPUPerRoundTrip.map { UInt64(local + $0) } }
             return [
-                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitStrategy ?? "blocking",
+                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitDescription,
                 formatBytes(result.payloadBytes), String(result.samples), formatMicroseconds(result.p50), formatMicroseconds(result.p90),
                 formatMicroseconds(result.p99), formatMicroseconds(result.p999), formatMicroseconds(result.maximum),
                 floor.map { String(format: "%.2f×", Double(result.p50) / Double(max(1, $0.p50))) } ?? "-",

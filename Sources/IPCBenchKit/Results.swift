@@ -181,6 +181,11 @@ public struct LatencyResult: Codable, Sendable {
     /// `blocking` or `spin-then-block` (``IPCCore/WaitStrategy/name``); absent in files from
     /// before wait strategies were measured, which were all blocking.
     public var waitStrategy: String?
+    /// The executor the harness's requests ran on, for transports that offer one
+    /// (``IPCCore/MessageConnection/preferredTaskExecutor``): ``preferredExecutor``, the
+    /// hop-free path, or ``globalExecutor``, what a task gets by default. `nil` for the others
+    /// and in files from before it was recorded.
+    public var executor: String? = nil
     public var payloadBytes: Int
     public var warmup: Int
     public var samples: Int
@@ -211,10 +216,24 @@ public struct LatencyResult: Codable, Sendable {
     /// Whether both ends spun before blocking.
     public var spins: Bool { (waitStrategy ?? "blocking") != "blocking" }
 
+    /// ``executor`` when the harness's task preferred the connection's executor.
+    public static let preferredExecutor = "preferred"
+    /// ``executor`` when the harness's task ran on Swift's global executor.
+    public static let globalExecutor = "global"
+
+    /// Whether the requests ran on the global executor although the transport offers its own.
+    public var onGlobalExecutor: Bool { executor == Self.globalExecutor }
+
+    /// The wait strategy, and the executor when it is not the preferred one: the report's
+    /// `wait` column.
+    public var waitDescription: String {
+        (waitStrategy ?? "blocking") + (onGlobalExecutor ? ", global executor" : "")
+    }
+
     /// A stable name for this measurement:
-    /// `latency/<transport>[/<framing>]/<placement>[/spin-then-block]/<bytes>`.
+    /// `latency/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor]/<bytes>`.
     public var name: String {
         (["latency", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
-            + (spins ? [waitStrategy ?? ""] : []) + [String(payloadBytes)]).joined(separator: "/")
+            + (spins ? [waitStrategy ?? ""] : []) + (onGlobalExecutor ? ["global-executor"] : []) + [String(payloadBytes)]).joined(separator: "/")
     }
 }

@@ -149,7 +149,7 @@ enum FramingCases {
     /// Checks that a well-behaved client of the transport is still served.
     static func checkServesAnotherClient(_ listener: ListenerProbe, context: CaseContext) async throws {
         let client = try await context.connect(listener.endpoint)
-        try client.connection.send(Array("still there?".utf8), msgid: 99, timeout: .seconds(5))
+        try await client.connection.send(Array("still there?".utf8), msgid: 99, timeout: .seconds(5))
         let accepted = try await listener.nextConnection(within: .seconds(5), "a well-behaved client after the hostile ones")
         let messages = try await accepted.messages(1, within: .seconds(5), "a well-behaved client's message")
         try check(messages[0].msgid == 99, "the well-behaved client's message arrived as \(messages[0].msgid)")

@@ -142,7 +142,7 @@ enum PeerDeathCases {
         let other = try await listener.nextConnection(within: .seconds(10), "the second client")
         let killedAt = doomed.kill()
         let (delay, _) = try await survivorInvalidated(doomedConnection, killedAt: killedAt, context, "the killed client's connection")
-        try other.connection.send(Array("still here".utf8), msgid: 5, timeout: .seconds(5))
+        try await other.connection.send(Array("still here".utf8), msgid: 5, timeout: .seconds(5))
         let echo = try await other.messages(1, within: .seconds(10), "the other client's echo")
         try check(echo[0].msgid == 5, "the other client echoed message \(echo[0].msgid)")
         let cleared = await poll(within: context.deadline) { listener.listener.activeConnections().count == 1 }
@@ -197,7 +197,7 @@ enum PeerDeathCases {
     private static func checkServesNewClient(_ listener: ListenerProbe, _ context: CaseContext) async throws {
         _ = try await context.launchPeer(.client, at: listener.endpoint)
         let connection = try await listener.nextConnection(within: .seconds(10), "a new client")
-        try connection.connection.send(Array("hello".utf8), msgid: 7, timeout: .seconds(5))
+        try await connection.connection.send(Array("hello".utf8), msgid: 7, timeout: .seconds(5))
         let echo = try await connection.messages(1, within: .seconds(10), "the new client's echo")
         try check(echo[0].msgid == 7, "the new client echoed message \(echo[0].msgid)")
     }

@@ -81,7 +81,7 @@ enum SecureDecodingCases {
     /// Sends `bytes` to the peer as a one-way message and returns the echo.
     private static func echo(_ bytes: [UInt8], msgid: inout UInt32, on connection: ConnectionProbe) async throws -> [UInt8] {
         defer { msgid += 1 }
-        try connection.connection.send(bytes, msgid: msgid, timeout: .seconds(10))
+        try await connection.connection.send(bytes, msgid: msgid, timeout: .seconds(10))
         let echoed = try await connection.messages(Int(msgid) + 1, within: .seconds(10), "the echo of a \(bytes.count)-byte payload")[Int(msgid)]
         try check(echoed.payload == bytes, "the payload was altered in transit")
         return echoed.payload

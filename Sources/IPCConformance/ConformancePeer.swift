@@ -185,7 +185,7 @@ public struct ConformancePeer: Sendable {
 
     private static func echoMessages(on connection: some MessageConnection) async {
         for await message in connection.messages {
-            try? connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
+            try? await connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
         }
     }
 

@@ -141,11 +141,26 @@ public protocol MessageConnection: AnyObject, Sendable {
     /// Finishes when the connection is invalidated. Single consumer.
     var messages: AsyncStream<ReceivedMessage> { get }
 
-    /// Sends a one-way message; returns once the kernel has it.
+    /// Sends a one-way message; returns once the kernel has it. Synchronous: when the peer's
+    /// buffer is full it waits on the calling thread (for callers on threads of their own, and
+    /// for handlers on the receive path). From `async` code the suspending overload
+    /// ``send(_:msgid:timeout:)-async`` is chosen instead.
     /// - Throws: ``IPCError/Code/invalidated`` if the connection is invalid,
     ///   ``IPCError/Code/payloadTooLarge`` above the maximum, ``IPCError/Code/sendTimeout`` if it
     ///   could not be queued in time, ``IPCError/Code/peerInvalidated`` if the peer went away.
     func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws
+
+    /// Sends a one-way message, suspending (not blocking a thread) while the peer's buffer is
+    /// full. Cancelling the task fails a send whose frame has not begun to be written with
+    /// `CancellationError`; one already begun is finished (or times out), so the stream is never
+    /// torn. A transport without a suspending path gets a default that calls the synchronous send.
+    /// - Throws: what the synchronous send throws; `CancellationError`.
+    func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws
+
+    /// The executor on which a task should run to have its replies delivered without a thread
+    /// hand-over (the event loop that reads this connection), or `nil` if the transport has none.
+    /// Use it with `withTaskExecutorPreference(_:operation:)`.
+    var preferredTaskExecutor: (any TaskExecutor)? { get }
 
     /// Sends a request and waits for its reply.
     /// - Throws: everything ``send(_:msgid:timeout:)`` throws; ``IPCError/Code/receiveTimeout``
@@ -163,6 +178,17 @@ public protocol MessageConnection: AnyObject, Sendable {
 
     /// Invalidates the connection and releases its resources. Idempotent.
     func invalidate()
+}
+
+extension MessageConnection {
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+        try Task.checkCancellation()
+        // A non-async closure, so that the synchronous overload is the one called.
+        let sendNow: () throws -> Void = { try self.send(payload, msgid: msgid, timeout: timeout) }
+        try sendNow()
+    }
+
+    public var preferredTaskExecutor: (any TaskExecutor)? { nil }
 }
 
 /// The listening side of an endpoint.

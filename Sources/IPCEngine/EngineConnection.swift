@@ -137,6 +137,13 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
     }
 
+    /// Sends a one-way message, suspending while the peer's buffer is full.
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+        try await sendFrameSuspending(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
+
+    public var preferredTaskExecutor: (any TaskExecutor)? { eventLoop }
+
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         try core.checkValid()
         let correlation = try core.requests.register()
@@ -192,34 +199,34 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         if readable, !paused, !finished { readSome() }
     }
 
+    /// One read per readiness report: the loop is level-triggered, so what is left is reported
+    /// again on its next round, after the other connections had their turn. (Reading until the
+    /// kernel says it has nothing would cost a system call more per message.)
     private func readSome() {
-        // A few reads per wake-up, so one busy connection cannot starve the others.
-        for _ in 0..<4 {
-            let count: Int?
-            do {
-                count = try channel.readAvailable()
-            } catch let error as IPCError where error.code != .transportFailure {
-                invalidate(InvalidationReason(.protocolError, error: error))
-                return
-            } catch {
-                invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
-                return
-            }
-            guard let count else { break }
-            if count == 0 {
-                // Whole frames read before the end still count.
-                guard dispatchFrames() else { return }
-                do {
-                    try channel.finishReading()
-                    invalidate(InvalidationReason(.peerClosed))
-                } catch {
-                    invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
-                }
-                return
-            }
-            bytesRead &+= UInt64(count)
-            guard dispatchFrames() else { return }
+        let count: Int?
+        do {
+            count = try channel.readAvailable()
+        } catch let error as IPCError where error.code != .transportFailure {
+            invalidate(InvalidationReason(.protocolError, error: error))
+            return
+        } catch {
+            invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+            return
         }
+        guard let count else { return }
+        if count == 0 {
+            // Whole frames read before the end still count.
+            guard dispatchFrames() else { return }
+            do {
+                try channel.finishReading()
+                invalidate(InvalidationReason(.peerClosed))
+            } catch {
+                invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
+            }
+            return
+        }
+        bytesRead &+= UInt64(count)
+        guard dispatchFrames() else { return }
         if channel.hasPartialFrame { armStallTimer() }
     }
 

@@ -113,8 +113,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     // MARK: Timers
 
     /// Runs `action` on the loop's thread once `deadline` (``monotonicNanoseconds()``) has
-    /// passed, to millisecond precision. Timers are not cancelled: an action checks whether it
-    /// still has something to do.
+    /// passed. Timers are not cancelled: an action checks whether it still has something to do.
     package func schedule(at deadline: UInt64, _ action: @escaping @Sendable () -> Void) {
         let earliest = state.withLock { state in
             state.timerSequence &+= 1
@@ -178,17 +177,17 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         loopThread.store(ThreadIdentity.current, ordering: .relaxed)
         var events: [Poller.Event] = []
         events.reserveCapacity(64)
+        var armedDeadline: UInt64?
         while true {
             runJobs()
             let nextDeadline = runTimers()
-            events.removeAll(keepingCapacity: true)
-            var timeout: CInt = -1
-            if let nextDeadline {
-                let now = monotonicNanoseconds()
-                timeout = nextDeadline <= now ? 0 : CInt(clamping: (nextDeadline - now + 999_999) / 1_000_000)
+            if nextDeadline != armedDeadline {
+                poller.armTimer(at: nextDeadline)
+                armedDeadline = nextDeadline
             }
+            events.removeAll(keepingCapacity: true)
             let spin = spinNanoseconds.load(ordering: .relaxed)
-            if spin > 0, timeout != 0 {
+            if spin > 0 {
                 let end = monotonicNanoseconds() &+ UInt64(spin)
                 repeat {
                     poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
@@ -198,8 +197,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             }
             if events.isEmpty {
                 sleeping.store(true, ordering: .sequentiallyConsistent)
-                if hasJobs() { timeout = 0 }
-                poller.wait(into: &events, capacity: 64, timeoutMilliseconds: timeout)
+                poller.wait(into: &events, capacity: 64, timeoutMilliseconds: hasJobs() ? 0 : -1)
                 sleeping.store(false, ordering: .relaxed)
             }
             for event in events {

@@ -82,13 +82,20 @@ package final class RequestTable: Sendable {
         if arm { armWake(at: deadline) }
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
-                let finished: Result<[UInt8], IPCError>? = state.withLock { state in
+                let finished: Result<[UInt8], any Error>? = state.withLock { state in
                     switch state.slots[correlation] {
                     case .finished(let result):
                         state.slots[correlation] = nil
                         state.deadlines[correlation] = nil
-                        return result
+                        return result.mapError { $0 }
                     case .waiting:
+                        // Cancelled before the continuation was stored: the cancellation handler
+                        // found nothing to resume, so the request ends here.
+                        if Task.isCancelled {
+                            state.slots[correlation] = nil
+                            state.deadlines[correlation] = nil
+                            return .failure(CancellationError())
+                        }
                         state.slots[correlation] = .waiting(continuation)
                         return nil
                     case nil:

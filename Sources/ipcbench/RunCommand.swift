@@ -52,6 +52,12 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(help: "Skip one-way throughput.")
     var skipThroughput = false
 
+    @Flag(help: ArgumentHelp(
+        "Skip the global-executor rows.",
+        discussion: "Round trips run on the connection's preferred executor (the event loop that reads its replies, for transports built on the connection engine). By default the run also measures the same connections from a task on Swift's global executor, what a task gets without a preference."
+    ))
+    var skipGlobalExecutor = false
+
     @Option(help: "Spin time of the spin-then-block wait strategy, in microseconds; 0 measures blocking waits only.")
     var spinMicroseconds: Int64 = 50
 
@@ -106,7 +112,8 @@ struct RunCommand: AsyncParsableCommand {
             sampleScale: quick ? 0.05 : sampleScale,
             includeFloors: !skipFloor,
             waitStrategies: spinMicroseconds > 0 ? [.blocking, WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)] : [.blocking],
-            includeThroughput: !skipThroughput
+            includeThroughput: !skipThroughput,
+            includeGlobalExecutor: !skipGlobalExecutor
         )
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")

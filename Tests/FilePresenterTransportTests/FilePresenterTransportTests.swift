@@ -54,7 +54,7 @@ struct FilePresenterTransportTests {
         // 200-byte payloads: about 2.3 MB through each journal, over twice the compaction threshold.
         let receiving = Task { try await collect(count, from: connection, seconds: 120) }
         for index in 0..<count {
-            try connection.send(PeerService.burstPayload(index, size: 200), msgid: UInt32(index), timeout: .seconds(30))
+            try await connection.send(PeerService.burstPayload(index, size: 200), msgid: UInt32(index), timeout: .seconds(30))
         }
         let received = try await receiving.value
         #expect(received.count == count)
@@ -103,8 +103,8 @@ struct FilePresenterTransportTests {
         await expectIPCError(.sendTimeout) { try survivor.send([0], msgid: 1, timeout: .milliseconds(200)) }
 
         writer.kill()
-        try survivor.send(Array("next".utf8), msgid: 2, timeout: .seconds(1))
-        try survivor.send(Array("after".utf8), msgid: 3, timeout: .seconds(1))
+        try await survivor.send(Array("next".utf8), msgid: 2, timeout: .seconds(1))
+        try await survivor.send(Array("after".utf8), msgid: 3, timeout: .seconds(1))
         let received = try await collect(2, from: survivorSide)
         #expect(received.map(\.msgid) == [2, 3])
         #expect(received.map(\.payload) == [Array("next".utf8), Array("after".utf8)])

@@ -58,9 +58,9 @@ struct WaitStrategyTests {
         let (peer, connection) = try Self.connectSpinning(transportName, group: group)
         defer { connection.invalidate(); peer.stop() }
         for _ in 0..<500 {
-            try connection.send([UInt8](repeating: 1, count: 100), msgid: ConformancePeer.Sink.message, timeout: .seconds(10))
+            try await connection.send([UInt8](repeating: 1, count: 100), msgid: ConformancePeer.Sink.message, timeout: .seconds(10))
         }
-        try connection.send([], msgid: ConformancePeer.Sink.end, timeout: .seconds(10))
+        try await connection.send([], msgid: ConformancePeer.Sink.end, timeout: .seconds(10))
         let reply = try #require(try await collect(1, from: connection).first)
         #expect(reply.msgid == ConformancePeer.Sink.report)
         let report = try #require(ConformancePeer.Sink.parseReport(reply.payload))

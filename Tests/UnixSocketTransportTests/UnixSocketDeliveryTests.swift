@@ -53,7 +53,7 @@ struct UnixSocketDeliveryTests {
         for connection in connections {
             // The peer echoes each one-way message back with its msgid.
             for index in 0..<200 {
-                try connection.send([UInt8(index & 0xFF)], msgid: UInt32(index), timeout: .seconds(10))
+                try await connection.send([UInt8(index & 0xFF)], msgid: UInt32(index), timeout: .seconds(10))
             }
             let passed = try await collect(100, from: connection)
             #expect(passed.map(\.msgid) == Array(stride(from: 1, through: 199, by: 2)).map(UInt32.init))

@@ -68,7 +68,7 @@ struct UnixSocketPeerDeathTests {
         peer.waitForExit()
         var failure: IPCError?
         for _ in 0..<1000 where failure == nil {
-            do { try connection.send([UInt8](repeating: 1, count: 4096), msgid: 1, timeout: .seconds(1)) } catch let error as IPCError {
+            do { try await connection.send([UInt8](repeating: 1, count: 4096), msgid: 1, timeout: .seconds(1)) } catch let error as IPCError {
                 failure = error
             }
         }

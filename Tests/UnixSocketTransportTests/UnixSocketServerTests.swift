@@ -42,7 +42,7 @@ struct UnixSocketServerTests {
         }
 
         // Only the chosen client echoes; the next thing the others echo is the second broadcast.
-        try connections[1].send(Array("just you".utf8), msgid: 8, timeout: .seconds(5))
+        try await connections[1].send(Array("just you".utf8), msgid: 8, timeout: .seconds(5))
         #expect(listener.broadcast(Array("again".utf8), msgid: 9, timeout: .seconds(5)) == 3)
         for (index, connection) in connections.enumerated() {
             let expected = index == 1 ? [UInt32(8), 9] : [9]

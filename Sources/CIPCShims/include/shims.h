@@ -28,6 +28,7 @@ int ipc_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 #include <mqueue.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 
 /// mq_open(3) is variadic. Opens (or with O_CREAT creates, with the given mode and attributes)
 /// a POSIX message queue. Returns the descriptor or -1 with errno set.

@@ -28,9 +28,14 @@ package final class Poller: Sendable {
 
     /// The token that ``wake()`` reports; registrations never use it.
     static let wakeToken: UInt64 = 0
+    /// The token of the timer (``armTimer(at:)``); registrations never use it.
+    static let timerToken: UInt64 = UInt64.max
 
     private let epollFD: CInt
     private let wakeFD: CInt
+    /// A timerfd on `CLOCK_MONOTONIC`: the loop's next deadline, armed only when it changes, so
+    /// that waiting costs no timer set-up per call (epoll_wait's own timeout would).
+    private let timerFD: CInt
 
     init() throws {
         let epollFD = epoll_create1(CInt(EPOLL_CLOEXEC))
@@ -41,14 +46,36 @@ package final class Poller: Sendable {
             closeDescriptor(epollFD)
             throw IPCError.syscall("eventfd", error)
         }
+        let timerFD = timerfd_create(CLOCK_MONOTONIC, CInt(TFD_CLOEXEC) | CInt(TFD_NONBLOCK))
+        guard timerFD >= 0 else {
+            let error = Errno(rawValue: errno)
+            closeDescriptor(wakeFD)
+            closeDescriptor(epollFD)
+            throw IPCError.syscall("timerfd_create", error)
+        }
         self.epollFD = epollFD
         self.wakeFD = wakeFD
+        self.timerFD = timerFD
         try add(wakeFD, token: Self.wakeToken, interest: .readable)
+        try add(timerFD, token: Self.timerToken, interest: .readable)
     }
 
     deinit {
+        closeDescriptor(timerFD)
         closeDescriptor(wakeFD)
         closeDescriptor(epollFD)
+    }
+
+    /// Makes a wait return once `deadline` (``monotonicNanoseconds()``) has passed; `nil`
+    /// disarms. Replaces the previous deadline.
+    func armTimer(at deadline: UInt64?) {
+        var value = itimerspec()
+        if let deadline {
+            // Zero would disarm: a deadline already passed fires at the next nanosecond.
+            let at = max(deadline, 1)
+            value.it_value = timespec(tv_sec: Int(at / 1_000_000_000), tv_nsec: Int(at % 1_000_000_000))
+        }
+        _ = timerfd_settime(timerFD, CInt(TFD_TIMER_ABSTIME), &value, nil)
     }
 
     private static func mask(_ interest: Interest) -> UInt32 {
@@ -82,16 +109,16 @@ package final class Poller: Sendable {
     }
 
     /// Waits at most `timeoutMilliseconds` (-1: no limit, 0: only looks) and appends what is
-    /// ready to `events`. A wake-up (``wake()``) is consumed here and not reported.
+    /// ready to `events`. A wake-up (``wake()``) or the timer is consumed here and not reported.
     func wait(into events: inout [Event], capacity: Int, timeoutMilliseconds: CInt) {
         withUnsafeTemporaryAllocation(of: epoll_event.self, capacity: capacity) { buffer in
             let count = epoll_wait(epollFD, buffer.baseAddress, CInt(capacity), timeoutMilliseconds)
             guard count > 0 else { return }
             for index in 0..<Int(count) {
                 let raw = buffer[index]
-                if raw.data.u64 == Self.wakeToken {
+                if raw.data.u64 == Self.wakeToken || raw.data.u64 == Self.timerToken {
                     var value: UInt64 = 0
-                    _ = read(wakeFD, &value, 8)
+                    _ = read(raw.data.u64 == Self.wakeToken ? wakeFD : timerFD, &value, 8)
                     continue
                 }
                 let hangUp = raw.events & (EPOLLHUP.rawValue | EPOLLERR.rawValue | EPOLLRDHUP.rawValue) != 0
