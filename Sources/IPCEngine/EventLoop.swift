@@ -66,6 +66,10 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     private let loopThread = Atomic<UInt>(0)
     /// How long the loop polls before it blocks: the longest spin of any registration that asked.
     private let spinNanoseconds = Atomic<Int64>(0)
+    /// Jobs queued and not yet taken: read without the lock between rounds.
+    private let pendingJobs = Atomic<Int>(0)
+    /// A timer became the earliest since the loop last looked: it must re-arm.
+    private let timersChanged = Atomic<Bool>(true)
 
     private static let sharedLoop = Mutex<EventLoop?>(nil)
 
@@ -107,6 +111,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     private func push(_ job: Job) {
         state.withLock { $0.jobs.append(job) }
+        pendingJobs.add(1, ordering: .sequentiallyConsistent)
         if !inEventLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
     }
 
@@ -121,6 +126,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             state.timers.insert(Timer(deadline: deadline, sequence: state.timerSequence, action: action))
             return earliest
         }
+        if earliest { timersChanged.store(true, ordering: .sequentiallyConsistent) }
         if earliest, !inEventLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
     }
 
@@ -178,26 +184,32 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         var events: [Poller.Event] = []
         events.reserveCapacity(64)
         var armedDeadline: UInt64?
+        var timerFired = false
         while true {
             runJobs()
-            let nextDeadline = runTimers()
-            if nextDeadline != armedDeadline {
-                poller.armTimer(at: nextDeadline)
-                armedDeadline = nextDeadline
+            // Timers are looked at only when the timer fired or a new earliest one came: no clock
+            // read and no lock on the rounds between.
+            if timerFired || timersChanged.exchange(false, ordering: .sequentiallyConsistent) {
+                let nextDeadline = runTimers()
+                if nextDeadline != armedDeadline {
+                    poller.armTimer(at: nextDeadline)
+                    armedDeadline = nextDeadline
+                }
             }
+            timerFired = false
             events.removeAll(keepingCapacity: true)
             let spin = spinNanoseconds.load(ordering: .relaxed)
             if spin > 0 {
                 let end = monotonicNanoseconds() &+ UInt64(spin)
                 repeat {
-                    poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
-                    if !events.isEmpty || hasJobs() { break }
+                    timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
+                    if !events.isEmpty || timerFired || hasJobs() { break }
                     ipc_cpu_relax()
                 } while monotonicNanoseconds() < end
             }
-            if events.isEmpty {
+            if events.isEmpty, !timerFired {
                 sleeping.store(true, ordering: .sequentiallyConsistent)
-                poller.wait(into: &events, capacity: 64, timeoutMilliseconds: hasJobs() ? 0 : -1)
+                timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: hasJobs() ? 0 : -1)
                 sleeping.store(false, ordering: .relaxed)
             }
             for event in events {
@@ -208,14 +220,16 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     }
 
     private func hasJobs() -> Bool {
-        state.withLock { !$0.jobs.isEmpty }
+        pendingJobs.load(ordering: .sequentiallyConsistent) > 0
     }
 
     private func runJobs() {
+        guard hasJobs() else { return }
         var jobs = state.withLock { state -> Deque<Job> in
             defer { state.jobs = Deque() }
             return state.jobs
         }
+        pendingJobs.subtract(jobs.count, ordering: .sequentiallyConsistent)
         while let job = jobs.popFirst() {
             switch job {
             case .closure(let work): work()

@@ -14,9 +14,11 @@ import Synchronization
 ///
 /// A waiting request's continuation is resumed on the thread that completes it; the task then
 /// runs on its preferred executor, which is that same thread when the task prefers the loop.
+/// The continuations are unchecked (a checked one allocates per request): each is taken out of
+/// the table under its lock before it is resumed, so it is resumed exactly once.
 package final class RequestTable: Sendable {
     private enum Slot {
-        case waiting(CheckedContinuation<[UInt8], any Error>?)
+        case waiting(UnsafeContinuation<[UInt8], any Error>?)
         case finished(Result<[UInt8], IPCError>)
     }
 
@@ -81,7 +83,7 @@ package final class RequestTable: Sendable {
         }
         if arm { armWake(at: deadline) }
         return try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { continuation in
+            try await withUnsafeThrowingContinuation { continuation in
                 let finished: Result<[UInt8], any Error>? = state.withLock { state in
                     switch state.slots[correlation] {
                     case .finished(let result):
@@ -139,7 +141,7 @@ package final class RequestTable: Sendable {
         }
     }
 
-    private func takeContinuation(_ correlation: UInt64) -> CheckedContinuation<[UInt8], any Error>? {
+    private func takeContinuation(_ correlation: UInt64) -> UnsafeContinuation<[UInt8], any Error>? {
         state.withLock { state in
             guard case .waiting(let continuation?) = state.slots[correlation] else { return nil }
             state.slots[correlation] = nil
@@ -177,7 +179,7 @@ package final class RequestTable: Sendable {
     /// reply after a timeout, or a reply the peer made up), which the caller may ignore.
     @discardableResult
     package func complete(_ correlation: UInt64, with result: Result<[UInt8], IPCError>) -> Bool {
-        let continuation: CheckedContinuation<[UInt8], any Error>?? = state.withLock { state in
+        let continuation: UnsafeContinuation<[UInt8], any Error>?? = state.withLock { state in
             switch state.slots[correlation] {
             case .waiting(let continuation?):
                 state.slots[correlation] = nil
@@ -197,10 +199,10 @@ package final class RequestTable: Sendable {
 
     /// Fails every pending request and every later one with `error`.
     package func close(with error: IPCError) {
-        let waiting: [CheckedContinuation<[UInt8], any Error>] = state.withLock { state in
+        let waiting: [UnsafeContinuation<[UInt8], any Error>] = state.withLock { state in
             state.closedWith = error
             state.deadlines.removeAll()
-            var continuations: [CheckedContinuation<[UInt8], any Error>] = []
+            var continuations: [UnsafeContinuation<[UInt8], any Error>] = []
             for (correlation, slot) in state.slots {
                 switch slot {
                 case .waiting(let continuation?):

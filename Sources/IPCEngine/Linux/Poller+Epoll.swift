@@ -109,16 +109,20 @@ package final class Poller: Sendable {
     }
 
     /// Waits at most `timeoutMilliseconds` (-1: no limit, 0: only looks) and appends what is
-    /// ready to `events`. A wake-up (``wake()``) or the timer is consumed here and not reported.
-    func wait(into events: inout [Event], capacity: Int, timeoutMilliseconds: CInt) {
+    /// ready to `events`. A wake-up (``wake()``) or the timer is consumed here and not reported
+    /// as an event; returns whether the timer fired.
+    @discardableResult
+    func wait(into events: inout [Event], capacity: Int, timeoutMilliseconds: CInt) -> Bool {
         withUnsafeTemporaryAllocation(of: epoll_event.self, capacity: capacity) { buffer in
             let count = epoll_wait(epollFD, buffer.baseAddress, CInt(capacity), timeoutMilliseconds)
-            guard count > 0 else { return }
+            guard count > 0 else { return false }
+            var timerFired = false
             for index in 0..<Int(count) {
                 let raw = buffer[index]
                 if raw.data.u64 == Self.wakeToken || raw.data.u64 == Self.timerToken {
                     var value: UInt64 = 0
                     _ = read(raw.data.u64 == Self.wakeToken ? wakeFD : timerFD, &value, 8)
+                    timerFired = timerFired || raw.data.u64 == Self.timerToken
                     continue
                 }
                 let hangUp = raw.events & (EPOLLHUP.rawValue | EPOLLERR.rawValue | EPOLLRDHUP.rawValue) != 0
@@ -129,6 +133,7 @@ package final class Poller: Sendable {
                     hangUp: hangUp
                 ))
             }
+            return timerFired
         }
     }
 
