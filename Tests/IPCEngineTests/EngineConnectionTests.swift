@@ -77,19 +77,27 @@ struct EngineConnectionTests {
     func cancellation() async throws {
         let (connection, peer) = try connect()
         defer { connection.invalidate(); peer.close() }
-        let started = monotonicNanoseconds()
-        let task = Task {
-            try await connection.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
+        // The request's task runs on the loop, so the time it takes to see its cancellation does
+        // not depend on how busy Swift's pool is with the other tests running beside this one.
+        let failedAt = Mutex<UInt64>(0)
+        let task = Task(executorPreference: connection.eventLoop) {
+            do {
+                return try await connection.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
+            } catch {
+                failedAt.withLock { $0 = monotonicNanoseconds() }
+                throw error
+            }
         }
         let request = try #require(await blocking { peer.readFrame() })
         let cancelled = monotonicNanoseconds()
         task.cancel()
         let outcome = await task.result
-        let elapsed = Double(monotonicNanoseconds() - cancelled) / 1e6
         #expect(throws: CancellationError.self) { try outcome.get() }
-        // Generous: the point is that it does not wait for the 60 s receive timeout.
-        #expect(elapsed < 1_000, "cancellation took \(elapsed) ms")
-        #expect(Double(monotonicNanoseconds() - started) / 1e9 < 30)
+        let elapsed = Double(failedAt.withLock { $0 } - cancelled) / 1e6
+        // The goal is 10 ms; the bound is generous for a shared machine (the receive timeout
+        // it must not wait for is 60 s).
+        #expect(elapsed < 100, "cancellation took \(elapsed) ms")
+        print("engine: a cancelled request failed \(String(format: "%.3f", elapsed)) ms after cancel()")
         // The late reply is discarded; the connection serves the next request.
         peer.send(Frame(kind: .reply, msgid: 1, correlation: request.correlation, payload: [7]))
         onThread {
