@@ -10,8 +10,12 @@ let package = Package(
         .package(name: "ipcbench", path: "../.."),
     ],
     targets: [
-        // The transport: AF_UNIX sequenced-packet sockets, one packet per message.
-        .target(name: "ToyTransport", dependencies: [.product(name: "IPCCore", package: "ipcbench")]),
+        // The transport: AF_UNIX sequenced-packet sockets, one packet per message, served by
+        // ipcbench's connection engine (the transport supplies only an EngineChannel).
+        .target(
+            name: "ToyTransport",
+            dependencies: [.product(name: "IPCCore", package: "ipcbench"), .product(name: "IPCEngine", package: "ipcbench")]
+        ),
         // The peer the suite starts in another process: ConformancePeer over the toy transport.
         .executableTarget(
             name: "toy-peer",

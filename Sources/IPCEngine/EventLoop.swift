@@ -4,6 +4,7 @@ import HeapModule
 import IPCCore
 import IPCPosix
 import Synchronization
+import SystemPackage
 
 /// What runs on the event loop when a registered descriptor is ready.
 package protocol EventHandler: AnyObject, Sendable {
@@ -104,8 +105,8 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         push(.task(UnownedJob(job)))
     }
 
-    /// Runs `work` on the loop's thread, after what is already queued.
-    package func execute(_ work: @escaping @Sendable () -> Void) {
+    /// Runs `work` on the loop's thread, after what is already queued. It must not block.
+    public func execute(_ work: @escaping @Sendable () -> Void) {
         push(.closure(work))
     }
 
@@ -128,6 +129,47 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         }
         if earliest { timersChanged.store(true, ordering: .sequentiallyConsistent) }
         if earliest, !inEventLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
+    }
+
+    // MARK: Watching a descriptor (for transport authors)
+
+    /// A descriptor being watched with ``watchReadable(_:_:)``.
+    public struct ReadinessWatch: Sendable, Hashable {
+        fileprivate let token: UInt64
+    }
+
+    /// Calls `handler` on the loop's thread whenever `descriptor` is readable (level-triggered:
+    /// again and again while it stays readable), until ``cancel(_:)``. For what is not a
+    /// connection, such as a listening socket: accept what is waiting in the handler, without
+    /// blocking. Cancel before closing the descriptor.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses.
+    public func watchReadable(_ descriptor: FileDescriptor, _ handler: @escaping @Sendable () -> Void) throws -> ReadinessWatch {
+        ReadinessWatch(token: try register(descriptor.rawValue, interest: .readable, handler: ClosureHandler(handler)))
+    }
+
+    /// Stops a watch; its handler does not run afterwards, unless it is running now (on the loop).
+    public func cancel(_ watch: ReadinessWatch) {
+        deregister(watch.token)
+    }
+
+    /// Stops calling a watch's handler for `nanoseconds`, then resumes it, unless it was
+    /// cancelled meanwhile: for a handler that met a shortage it cannot resolve at once (the
+    /// descriptor table full), so that a level-triggered descriptor does not spin the loop.
+    public func pause(_ watch: ReadinessWatch, forNanoseconds nanoseconds: UInt64) {
+        setInterest(watch.token, [])
+        schedule(at: monotonicNanoseconds() &+ nanoseconds) { [self] in setInterest(watch.token, .readable) }
+    }
+
+    private final class ClosureHandler: EventHandler {
+        let handler: @Sendable () -> Void
+
+        init(_ handler: @escaping @Sendable () -> Void) {
+            self.handler = handler
+        }
+
+        func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
+            handler()
+        }
     }
 
     // MARK: Registrations

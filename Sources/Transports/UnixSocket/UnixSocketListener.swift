@@ -4,6 +4,7 @@ import IPCEngine
 import IPCFraming
 import IPCPosix
 import Synchronization
+import SystemPackage
 
 /// A listening `AF_UNIX` socket: accepts clients on the event loop (draining the accept queue on
 /// each wake-up; backlog `SOMAXCONN`), passes each through the accept filter with its
@@ -20,7 +21,7 @@ public final class UnixSocketListener: MessageListener, Sendable {
     private let acceptFilter: AcceptFilter?
     private let registry = ConnectionRegistry<UnixSocketConnection>()
     private let loop: EventLoop
-    private let token = Mutex<UInt64?>(nil)
+    private let watch = Mutex<EventLoop.ReadinessWatch?>(nil)
 
     init(endpoint: Endpoint, framing: Framing, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws {
         try GroupDirectories.prepare(endpoint.group)
@@ -43,26 +44,15 @@ public final class UnixSocketListener: MessageListener, Sendable {
         self.options = options
         self.acceptFilter = acceptFilter
         self.loop = loop
-        let handler = AcceptHandler()
         do {
-            let registered = try loop.register(listenFD, interest: .readable, handler: handler)
-            token.withLock { $0 = registered }
+            // Weak: the loop's table must not keep a listener alive that its owner dropped.
+            let watching = try loop.watchReadable(FileDescriptor(rawValue: listenFD)) { [weak self] in self?.acceptWaiting() }
+            watch.withLock { $0 = watching }
         } catch {
             unlink(path)
             closeDescriptor(listenFD)
             lock.release()
             throw error
-        }
-        handler.listener = self
-    }
-
-    /// Forwards readiness to the listener without the loop's table keeping it alive.
-    private final class AcceptHandler: EventHandler, @unchecked Sendable {
-        // @unchecked: set once, before the registration reports anything that uses it.
-        weak var listener: UnixSocketListener?
-
-        func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
-            listener?.acceptWaiting()
         }
     }
 
@@ -82,9 +72,9 @@ public final class UnixSocketListener: MessageListener, Sendable {
         UnixSocket.shutdown(listenFD)
         lock.release()
         // The loop may be accepting right now: it stops watching and closes, in its own time.
-        let token = token.withLock { $0 }
+        let watch = watch.withLock { $0 }
         loop.execute { [listenFD, loop] in
-            if let token { loop.deregister(token) }
+            if let watch { loop.cancel(watch) }
             closeDescriptor(listenFD)
         }
         for connection in toInvalidate { connection.invalidate() }
@@ -122,11 +112,7 @@ public final class UnixSocketListener: MessageListener, Sendable {
     }
 
     private func pauseAccepting() {
-        guard let token = token.withLock({ $0 }) else { return }
-        loop.setInterest(token, [])
-        loop.schedule(at: monotonicNanoseconds() &+ 10_000_000) { [weak self] in
-            guard let self, !registry.isClosed else { return }
-            loop.setInterest(token, .readable)
-        }
+        guard let watch = watch.withLock({ $0 }) else { return }
+        loop.pause(watch, forNanoseconds: 10_000_000)
     }
 }

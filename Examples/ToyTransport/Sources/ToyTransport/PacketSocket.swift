@@ -38,8 +38,10 @@ enum PacketSocket {
         return fd
     }
 
+    /// A non-blocking listening socket (accept when the event loop says it is readable).
     static func listen(path: String) throws -> CInt {
         let fd = try makeSocket()
+        _ = fcntl(fd, F_SETFL, O_NONBLOCK)
         let code = try withAddress(path) { address, length in bind(fd, address, length) == 0 ? 0 : errno }
         guard code == 0, Glibc.listen(fd, 64) == 0 else {
             close(fd)
@@ -64,45 +66,35 @@ enum PacketSocket {
         return fd
     }
 
-    /// Sends one packet, waiting at most `timeout` for room.
-    /// - Throws: ``IPCError/Code/sendTimeout``; ``IPCError/Code/peerInvalidated`` if the peer is gone.
-    static func send(_ fd: CInt, _ packet: [UInt8], timeout: Duration) throws {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            let (result, code) = retrying {
-                packet.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
-            }
-            if result >= 0 { return }
-            switch code {
-            case EAGAIN:
-                let remaining = ContinuousClock.now.duration(to: deadline)
-                guard remaining > .zero else {
-                    throw IPCError(code: .sendTimeout, message: "the peer's queue stayed full")
-                }
-                var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
-                let (seconds, attoseconds) = remaining.components
-                _ = poll(&descriptor, 1, CInt(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1))
-            case EPIPE, ECONNRESET, ENOTCONN:
-                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection")
-            default:
-                throw failure("send", code)
-            }
+    /// Sends one packet if the socket has room now: its length, or 0 if it has none.
+    /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer is gone.
+    static func sendIfReady(_ fd: CInt, _ packet: [UInt8]) throws -> Int {
+        let (result, code) = retrying {
+            packet.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+        }
+        if result >= 0 { return result }
+        switch code {
+        case EAGAIN: return 0
+        case EPIPE, ECONNRESET, ENOTCONN: throw IPCError(code: .peerInvalidated, message: "the peer closed the connection")
+        default: throw failure("send", code)
         }
     }
 
-    /// Blocks until the next packet and returns it; `nil` at end of stream.
+    /// Takes the next packet if one is waiting: the packet, an empty array at end of stream, or
+    /// `nil` if none is there.
     /// - Throws: ``IPCError/Code/frameTooLarge`` for a packet above `maximumLength`, before
     ///   allocating for it.
-    static func receive(_ fd: CInt, maximumLength: Int) throws -> [UInt8]? {
+    static func receiveIfReady(_ fd: CInt, maximumLength: Int) throws -> [UInt8]? {
         // Peek at the packet's real length (MSG_TRUNC) without taking it.
-        let (length, code) = retrying { recv(fd, nil, 0, CInt(MSG_PEEK | MSG_TRUNC)) }
-        if length == 0 || code == ECONNRESET { return nil }
+        let (length, code) = retrying { recv(fd, nil, 0, CInt(MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT)) }
+        if length < 0, code == EAGAIN { return nil }
+        if length == 0 || code == ECONNRESET { return [] }
         guard length > 0 else { throw failure("recv", code) }
         guard length <= maximumLength else {
             throw IPCError(code: .frameTooLarge, message: "a packet of \(length) bytes is above the maximum of \(maximumLength)")
         }
         var packet = [UInt8](repeating: 0, count: length)
-        let (received, receiveCode) = retrying { packet.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }
+        let (received, receiveCode) = retrying { packet.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT)) } }
         guard received == length else { throw failure("recv", receiveCode) }
         return packet
     }

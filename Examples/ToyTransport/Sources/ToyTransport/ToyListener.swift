@@ -1,22 +1,25 @@
-import Foundation
+import Glibc
 import IPCCore
-import Synchronization
+import IPCEngine
+import SystemPackage
 
 /// A listening toy endpoint: `G/name.toy`, guarded by an `flock` on `G/name.toy-lock` that the
 /// listener holds while it lives, so a second listener is refused and a dead one's socket file
-/// is known to be stale.
+/// is known to be stale. Accepts on the engine's event loop; the engine's registry keeps the
+/// connections.
 public final class ToyListener: MessageListener, Sendable {
     public let endpoint: Endpoint
-    public let connections: AsyncStream<ToyConnection>
 
     private let fd: CInt
     private let lockFD: CInt
     private let path: String
     private let options: ConnectionOptions
-    private let sink: AsyncStream<ToyConnection>.Continuation
-    private let state = Mutex<(closed: Bool, active: [ObjectIdentifier: ToyConnection])>((false, [:]))
+    private let loop: EventLoop
+    private let registry = ConnectionRegistry<ToyConnection>()
+    private let watch: EventLoop.ReadinessWatch
 
     init(endpoint: Endpoint, options: ConnectionOptions) throws {
+        loop = try EventLoop.shared()
         mkdir(endpoint.group.path, 0o700)
         lockFD = open(endpoint.path(suffix: ".toy-lock"), O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
         guard lockFD >= 0 else { throw PacketSocket.failure("open lock file", errno) }
@@ -35,52 +38,57 @@ public final class ToyListener: MessageListener, Sendable {
         }
         self.endpoint = endpoint
         self.options = options
-        (connections, sink) = AsyncStream.makeStream(of: ToyConnection.self)
-        Thread.detachNewThread { [self] in acceptLoop() }
+        let registry = registry
+        let (fd, loop, options) = (fd, loop, options)
+        do {
+            watch = try loop.watchReadable(FileDescriptor(rawValue: fd)) {
+                Self.acceptWaiting(fd, options: options, loop: loop, registry: registry)
+            }
+        } catch {
+            Glibc.close(fd)
+            Glibc.close(lockFD)
+            throw error
+        }
     }
 
-    public var activeConnections: [ToyConnection] { state.withLock { Array($0.active.values) } }
+    public var connections: AsyncStream<ToyConnection> { registry.connections }
+
+    public var activeConnections: [ToyConnection] { registry.activeConnections }
 
     @discardableResult
     public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
-        activeConnections.filter { (try? $0.send(payload, msgid: msgid, timeout: timeout)) != nil }.count
+        registry.broadcast(payload, msgid: msgid, timeout: timeout)
     }
 
     public func close() {
-        let connections: [ToyConnection]? = state.withLock { state in
-            guard !state.closed else { return nil }
-            state.closed = true
-            return Array(state.active.values)
-        }
-        guard let connections else { return }
+        guard let connections = registry.close() else { return }
         unlink(path)
-        shutdown(fd, CInt(SHUT_RDWR))
         Glibc.close(lockFD)
-        sink.finish()
+        // The loop may be accepting right now: stop watching and close on it.
+        loop.execute { [loop, watch, fd] in
+            loop.cancel(watch)
+            Glibc.close(fd)
+        }
         connections.forEach { $0.invalidate() }
     }
 
-    private func acceptLoop() {
-        while true {
+    /// Accepts every connection waiting (on the loop's thread; the socket is non-blocking).
+    private static func acceptWaiting(_ fd: CInt, options: ConnectionOptions, loop: EventLoop, registry: ConnectionRegistry<ToyConnection>) {
+        while !registry.isClosed {
             let client = PacketSocket.retrying { Int(accept(fd, nil, nil)) }
             if client.result < 0 {
-                // ECONNABORTED is a client gone before it was accepted; anything else is the end.
+                // ECONNABORTED is a client gone before it was accepted; EAGAIN, none waiting.
                 if client.errno == ECONNABORTED { continue }
-                break
+                return
             }
             // Glibc's module hides accept4, so close-on-exec is set just after: a process
             // spawned in that instant could inherit this one descriptor.
             _ = fcntl(CInt(client.result), F_SETFD, FD_CLOEXEC)
-            let connection = ToyConnection(fd: CInt(client.result), options: options) { [weak self] connection in
-                _ = self?.state.withLock { $0.active.removeValue(forKey: ObjectIdentifier(connection)) }
-            }
-            let accepted = state.withLock { state in
-                guard !state.closed else { return false }
-                state.active[ObjectIdentifier(connection)] = connection
-                return true
-            }
-            if accepted { sink.yield(connection) } else { connection.invalidate() }
+            let channel = ToyChannel(fd: CInt(client.result), maximumPayloadLength: options.maximumPayloadLength)
+            guard let connection = try? EngineConnection(channel: channel, peer: nil, options: options, loop: loop, onInvalidated: { [weak registry] in
+                registry?.remove($0)
+            }) else { continue }
+            if !registry.add(connection) { connection.invalidate() }
         }
-        Glibc.close(fd)
     }
 }

@@ -1,4 +1,5 @@
 import IPCCore
+import IPCEngine
 
 /// A minimal transport written against ipcbench's protocol from outside the package: `AF_UNIX`
 /// sequenced-packet sockets in the group directory, one packet per message, peer death seen as
@@ -36,6 +37,7 @@ public struct ToyTransport: MessageTransport {
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> ToyConnection {
-        ToyConnection(fd: try PacketSocket.connect(path: endpoint.path(suffix: ".toy")), options: options)
+        let fd = try PacketSocket.connect(path: endpoint.path(suffix: ".toy"))
+        return try EngineConnection(channel: ToyChannel(fd: fd, maximumPayloadLength: options.maximumPayloadLength), peer: nil, options: options)
     }
 }
