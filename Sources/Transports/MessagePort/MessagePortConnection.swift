@@ -6,15 +6,18 @@ import Synchronization
 
 /// One side of a message port conversation.
 ///
-/// A client owns a reply queue and a thread that blocks in `mq_receive` on it. On the server,
-/// one thread reads the port's queue for all clients and hands each client's fragments to that
-/// client's connection. Either way, sends write fragments on the calling thread, under a lock so
-/// that one sender's fragments stay contiguous, and the other side's death is seen through its
-/// process (a pidfd), since a message queue has no connection to break.
+/// A client owns a reply queue, which the process's event loop reads (a POSIX message queue is
+/// a pollable descriptor on Linux). On the server, the loop reads the port's queue for all
+/// clients and hands each client's fragments to that client's connection. Either way, sends
+/// write fragments on the calling thread, under a lock so that one sender's fragments stay
+/// contiguous, and the other side's death is seen through its process (a pidfd), since a
+/// message queue has no connection to break.
 ///
-/// A client's requests made back to back read their own replies from the reply queue while the
-/// reader thread parks (``ReceiveOwnership``), so no reply is handed from thread to thread.
+/// A task that prefers the loop (``preferredTaskExecutor``) is resumed on the loop's thread
+/// right after its reply is read: no reply is handed from thread to thread.
 public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
+    // @unchecked: `assembler`, `readBuffer`, `readToken` and `paused` are touched only by the
+    // loop's thread (the one reader); the rest is immutable or behind a Mutex.
     public let peer: PeerCredentials?
 
     package let core: ConnectionCore
@@ -26,16 +29,19 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     private let replySendTimeout: Duration = .seconds(5)
     private let role: Role
     private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
-    /// Touched only by the thread that reads for this connection (on a client, the reader thread
-    /// or a requester reading directly, as ``ReceiveOwnership`` decides).
+    private let loop: EventLoop
+    /// Touched only by the loop's thread, which reads for this connection.
     private var assembler: FragmentAssembler
     /// A client's receive buffer, one queue message long; touched like ``assembler``.
     private let readBuffer: UnsafeMutableRawBufferPointer
+    /// A client's registration of its reply queue with the loop, once reading has started.
+    private let readToken = Mutex<UInt64?>(nil)
+    /// A client stopped reading because ``MessageConnection/messages`` is full (loop thread only).
+    private var paused = false
 
     enum Role {
-        /// The client: its own reply queue (read by its reader thread, and a write descriptor to
-        /// wake that thread), which it removes when it ends.
-        case client(replyQueue: MessageQueue, wakeWriter: MessageQueue, endpoint: Endpoint)
+        /// The client: its own reply queue, read by the event loop, which it removes when it ends.
+        case client(replyQueue: MessageQueue, endpoint: Endpoint)
         /// The server's view of one client: the listener reads for it and removes it on
         /// invalidation; the client's reply queue name is removed if the client died.
         case server(clientQueueName: String, onInvalidated: @Sendable (MessagePortConnection) -> Void)
@@ -44,6 +50,7 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     init(peer: PeerCredentials?, outbound: MessageQueue, messageSize: Int, senderID: UInt32, role: Role, options: ConnectionOptions, loop: EventLoop) {
         self.peer = peer
         self.core = ConnectionCore(options: options, loop: loop)
+        self.loop = loop
         self.writer = FragmentWriter(queue: outbound, messageSize: messageSize)
         self.senderID = senderID
         self.role = role
@@ -65,8 +72,67 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
 
     /// The client's reply queue, which it removes when it ends.
     var replyQueueName: String? {
-        if case .client(let replyQueue, _, _) = role { return replyQueue.name }
+        if case .client(let replyQueue, _) = role { return replyQueue.name }
         return nil
+    }
+
+    public var preferredTaskExecutor: (any TaskExecutor)? { loop }
+
+    /// A client starts reading its reply queue on the loop.
+    func startReading(_ replyQueue: MessageQueue) throws {
+        let handler = QueueReader()
+        handler.connection = self
+        let token = try loop.register(replyQueue.descriptor, interest: .readable, waitStrategy: core.options.waitStrategy, handler: handler)
+        readToken.withLock { $0 = token }
+    }
+
+    /// Forwards readiness to the connection without the loop's table keeping it alive.
+    private final class QueueReader: EventHandler, @unchecked Sendable {
+        // @unchecked: set once, before the registration can report anything.
+        weak var connection: MessagePortConnection?
+
+        func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
+            guard let connection, case .client(let replyQueue, _) = connection.role else { return }
+            connection.readQueue(replyQueue)
+        }
+    }
+
+    /// Takes what waits in the reply queue, a few messages per readiness report (loop thread).
+    private func readQueue(_ replyQueue: MessageQueue) {
+        for _ in 0..<16 {
+            guard core.latch.isValid, !paused else { return }
+            let count: Int?
+            do {
+                count = try replyQueue.receiveIfReady(into: readBuffer)
+            } catch {
+                invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+                return
+            }
+            guard let count else { return }
+            switch handleQueueMessage(count, whenFull: .keep) {
+            case .handled: continue
+            case .malformed: return
+            case .bufferFull:
+                // Stop watching the queue until the application takes a message: the server's
+                // sends then wait on a full queue (its backpressure); nothing is dropped.
+                pauseReading()
+                return
+            }
+        }
+    }
+
+    private func pauseReading() {
+        guard let token = readToken.withLock({ $0 }) else { return }
+        paused = true
+        loop.setInterest(token, [])
+        core.whenMessagesHaveRoom { [weak self] in
+            guard let self else { return }
+            loop.execute {
+                guard self.paused, self.core.latch.isValid else { return }
+                self.paused = false
+                self.loop.setInterest(token, .readable)
+            }
+        }
     }
 
     /// On the server's side, the client's reply queue.
@@ -78,55 +144,12 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     public func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
         switch role {
-        case .client(_, let wakeWriter, _):
-            // The reader thread releases everything; wake it, parked or reading (with a message
-            // in its own queue). A requester reading directly sees the invalidation and hands back.
-            core.ownership.stop()
-            try? FragmentWriter(queue: wakeWriter, messageSize: writer.messageSize)
-                .sendControl(PortFragmentHeader(kind: .wake), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+        case .client:
+            // The loop reads the reply queue: release it there, between two of its reads.
+            if loop.inEventLoop { finish(reason) } else { loop.execute { [self] in finish(reason) } }
         case .server:
             finish(reason)
         }
-    }
-
-    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        guard case .client(let replyQueue, _, _) = role else {
-            return try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
-        }
-        return try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) {
-            try sendFrame($0, timeout: sendTimeout)
-        } readDirectly: { correlation, deadline in
-            self.readDirectly(replyQueue, until: correlation, deadline: deadline)
-        }
-    }
-
-    /// A client requester's direct read (see ``ReceiveOwnership``): takes queue messages and
-    /// handles them until request `correlation` is finished. Anything else (the deadline, an
-    /// invalidation, a queue failure) hands reading back to the reader thread.
-    private func readDirectly(_ replyQueue: MessageQueue, until correlation: UInt64, deadline: UInt64) {
-        var failed = true
-        defer { core.endDirectRead(for: correlation, failed: failed) }
-        let strategy = core.options.waitStrategy
-        while !core.requests.isFinished(correlation) {
-            guard core.latch.isValid else { return }
-            let count: Int
-            do {
-                if let ready = try SpinWait.poll(strategy, { try replyQueue.receiveIfReady(into: readBuffer) }) {
-                    count = ready
-                } else {
-                    let now = monotonicNanoseconds()
-                    guard now < deadline,
-                        let received = try replyQueue.receive(into: readBuffer, deadline: MessageQueue.realtimeDeadline(after: .nanoseconds(Int64(clamping: deadline - now))))
-                    else { return }
-                    count = received
-                }
-            } catch {
-                return
-            }
-            // A full message buffer: stop, and let the reader thread wait for room.
-            guard handleQueueMessage(count, whenFull: .keep) == .handled else { return }
-        }
-        failed = false
     }
 
     /// Parses and handles one message of `count` bytes in ``readBuffer``: `.malformed` (after
@@ -173,13 +196,13 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         return false
     }
 
-    /// Handles one fragment addressed to this connection. Called only by its reading thread.
+    /// Handles one fragment addressed to this connection. Called only on the loop's thread.
     /// Returns whether ``MessageConnection/messages``' buffer is full (see
-    /// ``ConnectionCore/WhenFull``): the client's reader thread waits for room (`.wait`); a
-    /// requester reading directly (`.keep`) then hands reading back; the server's listener
-    /// thread, which reads for every client, cannot wait for one: it invalidates this connection.
+    /// ``ConnectionCore/WhenFull``): a client then stops reading its queue until there is room;
+    /// the server's reading of the port queue, which serves every client, cannot wait for one:
+    /// it invalidates this connection.
     @discardableResult
-    func receive(_ header: PortFragmentHeader, _ bytes: UnsafeRawBufferPointer, whenFull: ConnectionCore.WhenFull = .wait) -> Bool {
+    func receive(_ header: PortFragmentHeader, _ bytes: UnsafeRawBufferPointer, whenFull: ConnectionCore.WhenFull = .keep) -> Bool {
         guard core.latch.isValid else { return false }
         switch header.kind {
         case .goodbye:
@@ -202,28 +225,6 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         return false
     }
 
-    /// The client's reader thread: runs until a wake after invalidation, or a queue failure.
-    func clientReadLoop(replyQueue: MessageQueue) {
-        var reason = InvalidationReason(.invalidatedLocally)
-        while core.latch.isValid {
-            let count: Int
-            do {
-                count = try SpinWait.poll(core.options.waitStrategy) { try replyQueue.receiveIfReady(into: readBuffer) }
-                    ?? replyQueue.receive(into: readBuffer)
-            } catch {
-                reason = InvalidationReason(.transportFailure, error: error as? IPCError)
-                break
-            }
-            guard handleQueueMessage(count, whenFull: .wait) != .malformed else {
-                reason = core.latch.reason ?? InvalidationReason(.protocolError)
-                break
-            }
-            // Requests are following one another: let them read their own replies for a while.
-            core.parkReceiveThreadIfRequested()
-        }
-        finish(reason)
-    }
-
     /// Releases everything, once, and reports the invalidation last.
     private func finish(_ reason: InvalidationReason) {
         core.finish(reason) {
@@ -239,9 +240,9 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
                 writer.queue.close()
             }
             switch role {
-            case .client(let replyQueue, let wakeWriter, let endpoint):
+            case .client(let replyQueue, let endpoint):
+                if let token = readToken.withLock({ $0.take() }) { loop.deregister(token) }
                 replyQueue.close()
-                wakeWriter.close()
                 MessageQueue.unlink(name: replyQueue.name)
                 if peerDied {
                     // A dead server cannot remove its queue; remove it unless a successor holds the name.

@@ -4,16 +4,20 @@ import IPCEngine
 import IPCPosix
 import Synchronization
 
-/// A local message port: a queue registered under a name, served by one thread that reads every
-/// client's fragments and answers requests in arrival order (like a CFMessagePort's run-loop
-/// source).
+/// A local message port: a queue registered under a name, read by the process's event loop,
+/// which takes every client's fragments and answers requests in arrival order (like a
+/// CFMessagePort's run-loop source).
 public final class MessagePortListener: MessageListener, @unchecked Sendable {
+    // @unchecked: `readBuffer` is touched only by the loop's thread; the rest is immutable or
+    // behind a Mutex.
     public let endpoint: Endpoint
     public let connections: AsyncStream<MessagePortConnection>
 
     private let queue: MessageQueue
-    private let wakeWriter: MessageQueue
     private let messageSize: Int
+    /// The port queue's receive buffer, one message long (loop thread only).
+    private let readBuffer: UnsafeMutableRawBufferPointer
+    private let readToken = Mutex<UInt64?>(nil)
     private let lock: EndpointLock
     private let options: ConnectionOptions
     private let loop: EventLoop
@@ -43,7 +47,6 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             throw error
         }
         do {
-            wakeWriter = try MessageQueue.open(name: name, forWriting: true)
             messageSize = try queue.messageSize()
         } catch {
             queue.close()
@@ -54,12 +57,30 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         self.endpoint = endpoint
         self.lock = lock
         self.options = options
+        readBuffer = .allocate(byteCount: messageSize, alignment: 8)
         (connections, connectionSink) = AsyncStream.makeStream(of: MessagePortConnection.self)
+        let handler = PortReader()
+        handler.listener = self
         do {
-            try PosixThread.detach(name: "ipc-port-serve") { [self] in serve() }
+            let token = try loop.register(queue.descriptor, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
+            readToken.withLock { $0 = token }
         } catch {
             close()
             throw error
+        }
+    }
+
+    deinit {
+        readBuffer.deallocate()
+    }
+
+    /// Forwards readiness to the listener without the loop's table keeping it alive.
+    private final class PortReader: EventHandler, @unchecked Sendable {
+        // @unchecked: set once, before the registration can report anything.
+        weak var listener: MessagePortListener?
+
+        func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
+            listener?.readPort()
         }
     }
 
@@ -84,16 +105,19 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         lock.release()
         connectionSink.finish()
         for client in clients { client.invalidate() }
-        try? FragmentWriter(queue: wakeWriter, messageSize: messageSize)
-            .sendControl(PortFragmentHeader(kind: .wake), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+        // The loop may be reading the queue right now: it stops watching and closes it.
+        let token = readToken.withLock { $0.take() }
+        loop.execute { [loop, queue] in
+            if let token { loop.deregister(token) }
+            queue.close()
+        }
     }
 
-    private func serve() {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: messageSize, alignment: 8)
-        defer { buffer.deallocate() }
-        while !state.withLock({ $0.closed }) {
-            guard let count = try? SpinWait.poll(options.waitStrategy, { try queue.receiveIfReady(into: buffer) }) ?? queue.receive(into: buffer) else { break }
-            let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<count])
+    /// Takes what waits in the port's queue, a few messages per readiness report (loop thread).
+    private func readPort() {
+        for _ in 0..<16 {
+            guard !state.withLock({ $0.closed }), let count = try? queue.receiveIfReady(into: readBuffer) else { return }
+            let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
             // Anyone who can open the queue can write to it; a message that does not parse, or
             // names no client, is dropped rather than taken out on a client.
             guard let header = try? PortFragmentHeader(parsing: bytes) else { continue }
@@ -107,8 +131,6 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
                 state.withLock { $0.clients[header.sender] }?.receive(header, body)
             }
         }
-        queue.close()
-        wakeWriter.close()
     }
 
     /// Whether `pid` names a running process whose owner is this process's user.

@@ -69,19 +69,10 @@ public struct MessagePortTransport: MessageTransport {
         let server = try MessageQueue.open(name: PortNames.serverQueue(endpoint), forWriting: true)
         let replyName = PortNames.replyQueue(endpoint, pid: getpid(), serial: Self.nextSerial())
         let replyQueue: MessageQueue
-        let wakeWriter: MessageQueue
         do {
             replyQueue = try MessageQueue.create(name: replyName, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize)
         } catch {
             server.close()
-            throw error
-        }
-        do {
-            wakeWriter = try MessageQueue.open(name: replyName, forWriting: true)
-        } catch {
-            server.close()
-            replyQueue.close()
-            MessageQueue.unlink(name: replyName)
             throw error
         }
         let messageSize = min(queueLimits.messageSize, (try? server.messageSize()) ?? queueLimits.messageSize)
@@ -91,7 +82,6 @@ public struct MessagePortTransport: MessageTransport {
         } catch {
             server.close()
             replyQueue.close()
-            wakeWriter.close()
             MessageQueue.unlink(name: replyName)
             throw error
         }
@@ -100,12 +90,17 @@ public struct MessagePortTransport: MessageTransport {
             outbound: server,
             messageSize: messageSize,
             senderID: clientID,
-            role: .client(replyQueue: replyQueue, wakeWriter: wakeWriter, endpoint: endpoint),
+            role: .client(replyQueue: replyQueue, endpoint: endpoint),
             options: options,
             loop: loop
         )
-        try PosixThread.detach(name: "ipc-port-read") { connection.clientReadLoop(replyQueue: replyQueue) }
-        try connection.watchPeer(pid: serverPID)
+        do {
+            try connection.startReading(replyQueue)
+            try connection.watchPeer(pid: serverPID)
+        } catch {
+            connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+            throw error
+        }
         return connection
     }
 
