@@ -181,3 +181,53 @@ struct UnixSocketMessageBufferTests {
         #expect(connection.bufferedMessageCount <= limit.messages)
     }
 }
+
+/// The listener on the event loop: many idle connections cost descriptors, not threads.
+@Suite("Unix socket: many connections on one event loop")
+struct UnixSocketScaleTests {
+    private static func threadCount() -> Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? 0
+    }
+
+    @Test("1,000 connections made in a burst are all accepted without a thread each, and a client process among them is served")
+    func thousandConnections() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("crowd")
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let before = Self.threadCount()
+        // Connected back to back, before the loop accepts any: the burst lands in the listen
+        // backlog (SOMAXCONN), and the loop drains it.
+        let count = 1_000
+        var clients: [UnixSocketConnection] = []
+        defer { clients.forEach { $0.invalidate() } }
+        for _ in 0..<count {
+            clients.append(try UnixSocketTransport().connect(to: endpoint, options: .defaults))
+        }
+        try await withDeadline(seconds: 60, "accepting \(count) connections") {
+            while listener.activeConnections.count < count { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(listener.activeConnections.count == count)
+        // The loop thread serves all 2,000 ends; other tests running beside this one start a
+        // few threads of their own meanwhile (a thread per connection would add thousands).
+        #expect(Self.threadCount() <= before + 16)
+        // Every client is served: each makes a request through the crowd.
+        for client in clients.shuffled().prefix(50) {
+            let reply = try await client.request([7, 7], msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+            #expect(reply == [7, 7])
+        }
+        // And a client in another process is accepted and answers requests among them.
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        defer { peer.stop() }
+        let remote = try await withDeadline(seconds: 30, "accepting the client process") {
+            while true {
+                if let found = listener.activeConnections.first(where: { $0.peer?.pid == peer.pid }) { return found }
+                try await Task.sleep(for: .milliseconds(10))
+            }
+        }
+        for index in 0..<100 {
+            let payload = [UInt8](repeating: UInt8(index), count: 64)
+            #expect(try await remote.request(payload, msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == payload)
+        }
+    }
+}
