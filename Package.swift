@@ -104,7 +104,7 @@ let package = Package(
             ]
         ),
         // The engine in process, over a socketpair channel of the tests' own.
-        .testTarget(name: "IPCEngineTests", dependencies: ["IPCCore", "IPCEngine", "CIPCShims"]),
+        .testTarget(name: "IPCEngineTests", dependencies: ["IPCCore", "IPCEngine", "CIPCShims", "IPCTestSupport"]),
         .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming", "IPCTestSupport"]),
         .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding", "IPCTestSupport"]),
         // Helpers shared by the test targets: temporary group directories, deadlines, probes.
