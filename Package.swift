@@ -108,7 +108,7 @@ let package = Package(
         .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming", "IPCTestSupport"]),
         .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding", "IPCTestSupport"]),
         // Helpers shared by the test targets: temporary group directories, deadlines, probes.
-        .target(name: "IPCTestSupport", dependencies: ["IPCCore"], path: "Tests/IPCTestSupport"),
+        .target(name: "IPCTestSupport", dependencies: ["IPCCore", "IPCConformance"], path: "Tests/IPCTestSupport"),
         .testTarget(
             name: "UnixSocketTransportTests",
             dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]

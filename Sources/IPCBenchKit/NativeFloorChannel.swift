@@ -1,14 +1,16 @@
 import CNativeFloor
 import Foundation
 import IPCCore
+import Synchronization
 
 /// The responder end, in the floor peer process.
 final class FloorResponder: @unchecked Sendable {
+    // @unchecked: the C channel is used by one serving thread, and released under `closed`'s
+    // lock so that a stop request from another thread never touches it afterwards.
     let mechanism: FloorMechanism
     private let channel: OpaquePointer
-    // Guards `closed` against a stop request that arrives while the channel is being released.
-    private let lock = NSLock()
-    private var closed = false
+    /// Whether the channel is released; held while a stop request unlinks its names.
+    private let closed = Mutex(false)
 
     /// Creates the mechanism's named objects in `directory`; an initiator may open them once this returns.
     /// - Throws: ``IPCError`` (``IPCError/Code/transportFailure``, or
@@ -26,7 +28,7 @@ final class FloorResponder: @unchecked Sendable {
     func serve() throws {
         let result = nf_responder_serve(channel)
         let error = errno
-        lock.withLock {
+        closed.withLock { closed in
             closed = true
             nf_close(channel)
         }
@@ -35,7 +37,7 @@ final class FloorResponder: @unchecked Sendable {
 
     /// Unlinks the channel's names, even while ``serve()`` runs on another thread.
     func removeNames() {
-        lock.withLock {
+        closed.withLock { closed in
             if !closed { nf_remove_names(channel) }
         }
     }
@@ -44,6 +46,7 @@ final class FloorResponder: @unchecked Sendable {
 /// The initiator end, in the measuring process. Sendable so that it can move to a measuring
 /// thread; its owner serializes the calls (``FloorSession`` keeps it in a `Mutex`).
 final class FloorInitiator: @unchecked Sendable {
+    // @unchecked: its owner serializes every call (see above).
     let mechanism: FloorMechanism
     private let channel: OpaquePointer
 

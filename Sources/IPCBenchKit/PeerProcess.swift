@@ -2,6 +2,7 @@ import Foundation
 import IPCConformance
 import IPCCore
 import IPCFraming
+import Synchronization
 
 /// A peer started as a separate process: the `ipcbench` executable in peer mode.
 ///
@@ -33,10 +34,8 @@ public final class PeerProcess: Sendable {
         let process = Process()
         process.executableURL = try executableURL()
         process.arguments = arguments
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
+        let output = try ChildProcess.run(process, output: true).output!
+        let data = output.readDataToEndOfFile()
         process.waitUntilExit()
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
     }
@@ -97,14 +96,13 @@ public final class PeerProcess: Sendable {
 }
 
 /// A value shared between threads under a lock.
-final class LockedBox<Value>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var stored: Value
+final class LockedBox<Value: Sendable>: Sendable {
+    private let stored: Mutex<Value>
 
-    init(_ value: Value) { stored = value }
+    init(_ value: Value) { stored = Mutex(value) }
 
     var value: Value {
-        get { lock.withLock { stored } }
-        set { lock.withLock { stored = newValue } }
+        get { stored.withLock { $0 } }
+        set { stored.withLock { $0 = newValue } }
     }
 }

@@ -24,8 +24,9 @@ public struct ExecutablePeerLauncher: ConformancePeerLauncher {
 public final class ExecutablePeer: ConformancePeerProcess {
     public let pid: Int32
     private let process: Process
-    private let input: Pipe
-    private let output: Pipe
+    /// This side's end of the peer's standard input, and of its standard output.
+    private let input: FileHandle
+    private let output: FileHandle
     private let state = Mutex<(announcement: ConformancePeer.Announcement?, stopped: Bool)>((nil, false))
 
     /// Starts `executable` with `arguments`.
@@ -34,14 +35,10 @@ public final class ExecutablePeer: ConformancePeerProcess {
         let process = Process()
         process.executableURL = executable
         process.arguments = arguments
-        let input = Pipe()
-        let output = Pipe()
-        process.standardInput = input
-        process.standardOutput = output
-        try process.run()
+        let (input, output) = try ChildProcess.run(process, input: true, output: true)
         self.process = process
-        self.input = input
-        self.output = output
+        self.input = input!
+        self.output = output!
         pid = process.processIdentifier
     }
 
@@ -63,7 +60,7 @@ public final class ExecutablePeer: ConformancePeerProcess {
     private func readFirstLine(timeout: Duration) -> String? {
         let line = Mutex<String?>(nil)
         let done = DispatchSemaphore(value: 0)
-        let handle = output.fileHandleForReading
+        let handle = output
         Thread.detachNewThread {
             var bytes: [UInt8] = []
             while let chunk = try? handle.read(upToCount: 1), let byte = chunk.first, byte != UInt8(ascii: "\n") {
@@ -86,7 +83,7 @@ public final class ExecutablePeer: ConformancePeerProcess {
             return !state.stopped
         }
         guard first else { return }
-        try? input.fileHandleForWriting.close()
+        try? input.close()
         process.waitUntilExit()
     }
 
@@ -95,8 +92,8 @@ public final class ExecutablePeer: ConformancePeerProcess {
     /// (`ipcbench load`); the report must be short enough for a pipe's buffer.
     public func stopReadingOutput() -> String {
         state.withLock { $0.stopped = true }
-        try? input.fileHandleForWriting.close()
-        let data = (try? output.fileHandleForReading.readToEnd()) ?? nil
+        try? input.close()
+        let data = (try? output.readToEnd()) ?? nil
         process.waitUntilExit()
         return String(decoding: data ?? Data(), as: UTF8.self)
     }

@@ -1,4 +1,4 @@
-import Glibc
+import IPCPosix
 import Synchronization
 
 /// Who reads a connection's incoming messages: the connection's own receive thread, or a
@@ -26,7 +26,8 @@ import Synchronization
 /// too, for a transport that learns of its peer's death only by reading). Reading is never done by two threads
 /// at once, and the lock orders every hand-over, so the reading state (a reassembler, say) moves
 /// between threads safely.
-public final class ReceiveOwnership: @unchecked Sendable {
+package final class ReceiveOwnership: @unchecked Sendable {
+    // @unchecked: `state` is guarded by `lock`.
     private struct State {
         /// The receive thread has handed reading over.
         var parked = false
@@ -42,40 +43,21 @@ public final class ReceiveOwnership: @unchecked Sendable {
     }
 
     /// How long the parked thread first waits before it checks for direct reads.
-    public static let firstParkPeriodNanoseconds: Int64 = 1_000_000
+    package static let firstParkPeriodNanoseconds: Int64 = 1_000_000
     /// The longest it waits between checks.
-    public static let longestParkPeriodNanoseconds: Int64 = 16_000_000
+    package static let longestParkPeriodNanoseconds: Int64 = 16_000_000
 
     /// A request found the thread reading and asked it to step aside. Written under `mutex`;
     /// the receive thread reads it first without the lock, as it does between every two reads.
     private let handOverRequested = Atomic<Bool>(false)
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let condition: UnsafeMutablePointer<pthread_cond_t>
-    /// Guarded by `mutex`.
+    private let lock = ConditionLock()
+    /// Guarded by `lock`.
     private var state = State()
 
-    public init() {
-        mutex = .allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
-        condition = .allocate(capacity: 1)
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(condition, &attributes)
-        pthread_condattr_destroy(&attributes)
-    }
-
-    deinit {
-        pthread_cond_destroy(condition)
-        pthread_mutex_destroy(mutex)
-        condition.deallocate()
-        mutex.deallocate()
-    }
+    package init() {}
 
     private func locked<T>(_ body: (inout State) -> T) -> T {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        return body(&state)
+        lock.withLock { body(&state) }
     }
 
     // MARK: Requester side
@@ -83,7 +65,7 @@ public final class ReceiveOwnership: @unchecked Sendable {
     /// Whether the caller may read now. If it may, it must call ``endDirectRead(handBack:)``
     /// when it stops. If not, the request waits the usual way, and the receive thread is asked
     /// to step aside for the next one.
-    public func beginDirectRead() -> Bool {
+    package func beginDirectRead() -> Bool {
         locked { state in
             if state.parked, !state.requesterReading, !state.stopped {
                 state.requesterReading = true
@@ -99,14 +81,14 @@ public final class ReceiveOwnership: @unchecked Sendable {
     /// Ends a direct read. Reading goes back to the receive thread at once if `handBack` is set
     /// (other requests are waiting for replies, or the read met the end of the stream or an
     /// error that the thread must act on) or a request was turned away meanwhile.
-    public func endDirectRead(handBack: Bool) {
+    package func endDirectRead(handBack: Bool) {
         locked { state in
             state.requesterReading = false
             // Decided under the lock, so a request turned away a moment ago is never stranded.
             if handBack || state.stopped || state.turnedAwayWhileReading {
                 state.turnedAwayWhileReading = false
                 state.parked = false
-                pthread_cond_signal(condition)
+                lock.signal()
             }
         }
     }
@@ -120,22 +102,17 @@ public final class ReceiveOwnership: @unchecked Sendable {
     /// (one that was turned away a moment ago, say): parking then would leave its reply unread
     /// until the period ends. It is asked under this object's lock, so a request that begins a
     /// direct read afterwards finds the thread parked.
-    public func parkIfRequested(unless awaitingReplies: () -> Bool) {
+    package func parkIfRequested(unless awaitingReplies: () -> Bool) {
         guard handOverRequested.load(ordering: .relaxed) else { return }
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
+        lock.lock()
+        defer { lock.unlock() }
         guard handOverRequested.load(ordering: .relaxed), !state.stopped, !awaitingReplies() else { return }
         handOverRequested.store(false, ordering: .relaxed)
         state.parked = true
         state.directReadsSinceCheck = 0
         var period = Self.firstParkPeriodNanoseconds
         while state.parked {
-            var deadline = timespec()
-            clock_gettime(CLOCK_MONOTONIC, &deadline)
-            let nanoseconds = Int64(deadline.tv_nsec) + period
-            deadline.tv_sec += Int(nanoseconds / 1_000_000_000)
-            deadline.tv_nsec = Int(nanoseconds % 1_000_000_000)
-            pthread_cond_timedwait(condition, mutex, &deadline)
+            lock.wait(until: monotonicNanoseconds() &+ UInt64(period))
             guard state.parked else { break }
             // Take reading back if nobody read directly for a period, or the connection is ending,
             // but never from under a requester that is reading.
@@ -149,11 +126,11 @@ public final class ReceiveOwnership: @unchecked Sendable {
 
     /// The connection is ending: refuse direct reads from now on, and wake a parked thread (it
     /// takes reading back once no requester reads).
-    public func stop() {
+    package func stop() {
         locked { state in
             state.stopped = true
             if !state.requesterReading { state.parked = false }
-            pthread_cond_signal(condition)
+            lock.signal()
         }
     }
 }

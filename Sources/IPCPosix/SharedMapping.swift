@@ -6,6 +6,7 @@ import SystemPackage
 /// A file mapped `MAP_SHARED` into memory: what the store-based transports share between
 /// processes. The file is created owner-only; the mapping stays valid after the file is unlinked.
 public final class SharedMapping: @unchecked Sendable {
+    // @unchecked: immutable; the memory it maps is shared with other processes, reached through atomics.
     public let path: String
     public let base: UnsafeMutableRawPointer
     public let length: Int
@@ -69,6 +70,7 @@ public final class SharedMapping: @unchecked Sendable {
 /// before it sleeps and the next post clears: a post makes the `FUTEX_WAKE` system call only when
 /// the flag was set, so posting with nobody waiting is one atomic read-modify-write.
 public struct FutexCounter: @unchecked Sendable {
+    // @unchecked: the word is only touched through atomic and futex calls.
     public let address: UnsafeMutablePointer<UInt32>
     /// The mapping that holds the word, kept alive as long as the counter is.
     private let mapping: SharedMapping

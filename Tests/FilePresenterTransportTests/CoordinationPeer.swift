@@ -1,4 +1,5 @@
 import Foundation
+import IPCConformance
 import IPCBenchKit
 import IPCCore
 import Synchronization
@@ -18,15 +19,11 @@ final class CoordinationPeer: Sendable {
             "peer", "--transport", "file-presenter", "--role", "coordinator",
             "--group", group.path, "--endpoint", "coordinator",
         ]
-        let input = Pipe()
-        let output = Pipe()
-        process.standardInput = input
-        process.standardOutput = output
-        try process.run()
+        let (input, output) = try ChildProcess.run(process, input: true, output: true)
         self.process = process
-        self.input = input.fileHandleForWriting
+        self.input = input!
         pid = process.processIdentifier
-        let reading = output.fileHandleForReading
+        let reading = output!
         Thread.detachNewThread { [answers] in
             var line: [UInt8] = []
             // availableData returns what one read gives (read(upToCount:) would wait for all of it).

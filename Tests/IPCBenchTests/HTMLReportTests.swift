@@ -1,4 +1,5 @@
 import Foundation
+import IPCConformance
 import IPCBenchKit
 import IPCTestSupport
 import Testing
@@ -34,11 +35,9 @@ struct HTMLReportTests {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: browser)
         process.arguments = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--user-data-dir=\(group.directory.path)/profile", "--dump-dom", "file://\(page)"]
-        let output = Pipe()
-        process.standardOutput = output
         process.standardError = FileHandle.nullDevice
-        try process.run()
-        let dom = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let output = try ChildProcess.run(process, output: true).output!
+        let dom = String(decoding: output.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
         func attribute(_ name: String) -> Int? {
             guard let range = dom.range(of: "\(name)=\"") else { return nil }

@@ -1,4 +1,5 @@
 import Foundation
+import IPCConformance
 import Testing
 
 /// Runs one test in a process of its own: the test bundle again, filtered to that test.
@@ -23,11 +24,9 @@ public enum ChildProcessTest {
         var environment = ProcessInfo.processInfo.environment
         environment[variable] = "1"
         process.environment = environment
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
+        // Its standard error joins its standard output (a copy of the same pipe).
+        let output = try ChildProcess.run(process, output: true, errorToOutput: true).output!
+        let data = output.readDataToEndOfFile()
         process.waitUntilExit()
         let text = String(decoding: data, as: UTF8.self)
         #expect(process.terminationStatus == 0, "the child run of \(filter) failed:\n\(text)", sourceLocation: sourceLocation)

@@ -1,4 +1,5 @@
 import Foundation
+import IPCConformance
 import IPCBenchKit
 import IPCCore
 import IPCTestSupport
@@ -39,17 +40,15 @@ struct NotifyCenterTests {
         let waiter = Process()
         waiter.executableURL = try PeerProcess.executableURL()
         waiter.arguments = ["notifyutil", "--group", group.directory.path, "--wait", "test.wake", "--timeout", "20"]
-        let output = Pipe()
-        waiter.standardOutput = output
-        try waiter.run()
+        let output = try ChildProcess.run(waiter, output: true).output!
         // Post only once the waiter has registered (it prints READY).
         var seen = Data()
-        while !String(decoding: seen, as: UTF8.self).contains("READY"), let chunk = try output.fileHandleForReading.read(upToCount: 1), !chunk.isEmpty {
+        while !String(decoding: seen, as: UTF8.self).contains("READY"), let chunk = try output.read(upToCount: 1), !chunk.isEmpty {
             seen += chunk
         }
         try center.post("test.wake")
         waiter.waitUntilExit()
-        seen += output.fileHandleForReading.readDataToEndOfFile()
+        seen += output.readDataToEndOfFile()
         #expect(waiter.terminationStatus == 0)
         #expect(String(decoding: seen, as: UTF8.self).contains("notified"))
     }

@@ -1,4 +1,5 @@
 import Foundation
+import IPCConformance
 import IPCBenchKit
 import IPCCore
 import IPCFraming
@@ -18,10 +19,8 @@ struct HTTPInteropTests {
             let curl = Process()
             curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
             curl.arguments = ["--silent", "--show-error", "--fail", "--max-time", "20", "-H", "Expect:", "--unix-socket", endpoint.path(suffix: ".sock"), "--data-binary", body, "http://localhost/echo"]
-            let output = Pipe()
-            curl.standardOutput = output
-            try curl.run()
-            let data = output.fileHandleForReading.readDataToEndOfFile()
+            let output = try ChildProcess.run(curl, output: true).output!
+            let data = output.readDataToEndOfFile()
             curl.waitUntilExit()
             #expect(curl.terminationStatus == 0)
             #expect(String(decoding: data, as: UTF8.self) == body)

@@ -153,12 +153,12 @@ enum ThreadIdentity {
 /// few places where a thread of the caller's own must sleep until another thread says so — a
 /// synchronous send waiting for its turn, a dedicated receive thread waiting for room. Nothing
 /// `async` waits on it.
-final class ConditionLock: @unchecked Sendable {
+package final class ConditionLock: @unchecked Sendable {
     // @unchecked: the pthread objects are used only through their own locking calls.
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
 
-    init() {
+    package init() {
         mutex = .allocate(capacity: 1)
         pthread_mutex_init(mutex, nil)
         condition = .allocate(capacity: 1)
@@ -176,10 +176,10 @@ final class ConditionLock: @unchecked Sendable {
         mutex.deallocate()
     }
 
-    func lock() { pthread_mutex_lock(mutex) }
-    func unlock() { pthread_mutex_unlock(mutex) }
+    package func lock() { pthread_mutex_lock(mutex) }
+    package func unlock() { pthread_mutex_unlock(mutex) }
 
-    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+    package func withLock<T>(_ body: () throws -> T) rethrows -> T {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         return try body()
@@ -188,7 +188,7 @@ final class ConditionLock: @unchecked Sendable {
     /// Waits (the lock held) until signalled or, with a deadline (``monotonicNanoseconds()``),
     /// until it passes. Returns `false` once the deadline has passed.
     @discardableResult
-    func wait(until deadline: UInt64? = nil) -> Bool {
+    package func wait(until deadline: UInt64? = nil) -> Bool {
         guard let deadline else {
             pthread_cond_wait(condition, mutex)
             return true
@@ -199,8 +199,8 @@ final class ConditionLock: @unchecked Sendable {
         return monotonicNanoseconds() < deadline
     }
 
-    func signal() { pthread_cond_signal(condition) }
-    func broadcast() { pthread_cond_broadcast(condition) }
+    package func signal() { pthread_cond_signal(condition) }
+    package func broadcast() { pthread_cond_broadcast(condition) }
 }
 
 /// Waits on the calling thread until `fd` can take more bytes, at most until `deadline`.

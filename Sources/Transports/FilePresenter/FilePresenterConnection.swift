@@ -14,6 +14,7 @@ import Synchronization
 /// the other side's death is seen through its process (a pidfd), since a file has no
 /// connection to break.
 public final class FilePresenterConnection: FrameConnection, @unchecked Sendable {
+    // @unchecked: mutable state is behind Mutexes; the role's reader is used under its slot's lock.
     public let peer: PeerCredentials?
 
     package let core: ConnectionCore

@@ -8,6 +8,7 @@ import Synchronization
 /// to, presented by one thread that reads it for all clients and answers requests in arrival
 /// order.
 public final class FilePresenterListener: MessageListener, @unchecked Sendable {
+    // @unchecked: every stored property is immutable or a Mutex; the reader slot locks itself.
     public let endpoint: Endpoint
     public let connections: AsyncStream<FilePresenterConnection>
 

@@ -40,6 +40,7 @@ enum Journal {
 /// no system call and makes no inotify event, so the reader is woken once per record, by the
 /// record's own write (after which it waits for the lock, so it sees the record committed).
 final class JournalFile: @unchecked Sendable {
+    // @unchecked: the mapped header is read and moved only while holding the file's lock.
     let file: CoordinatedFile
     /// The header as it was when the journal was opened (its owner and capacity do not change).
     let header: JournalHeader
@@ -134,6 +135,7 @@ struct JournalAppender: Sendable {
 /// Reads this process's own journal from the last consumed offset, and compacts it.
 /// Used by one thread at a time: a ``JournalReaderSlot`` holds it under a lock.
 final class JournalReader: @unchecked Sendable {
+    // @unchecked: used by one thread at a time, under its JournalReaderSlot's lock.
     let journal: JournalFile
     /// The journal's presenter, which is not told about compaction (this reader's own writes).
     var presenter: FilePresenter?

@@ -1,6 +1,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -156,12 +157,13 @@ public final class NotifyCheckToken: Sendable {
 /// A handler registered for a name. After ``cancel()`` returns, the handler is not running and
 /// never runs again; cancelling from inside the handler is allowed.
 public final class NotifyRegistration: @unchecked Sendable {
+    // @unchecked: `cancelled` and `runningOn` are guarded by `lock`.
     public let name: String
     private let counter: FutexCounter
     private let handler: @Sendable () -> Void
-    private var mutex = pthread_mutex_t()
-    private var idle = pthread_cond_t()
-    // Guarded by `mutex`.
+    /// Signalled when a handler call ends.
+    private let lock = ConditionLock()
+    // Guarded by `lock`.
     private var cancelled = false
     private var runningOn: pthread_t?
 
@@ -169,20 +171,18 @@ public final class NotifyRegistration: @unchecked Sendable {
         self.counter = counter
         self.name = name
         self.handler = handler
-        pthread_mutex_init(&mutex, nil)
-        pthread_cond_init(&idle, nil)
         let seen = counter.value
         try PosixThread.detach(name: "ipc-notify-obs") { [self] in observe(from: seen) }
     }
 
     public func cancel() {
-        pthread_mutex_lock(&mutex)
-        cancelled = true
-        // Wait out a handler running on another thread; from inside the handler, just return.
-        while let thread = runningOn, pthread_equal(thread, pthread_self()) == 0 {
-            pthread_cond_wait(&idle, &mutex)
+        lock.withLock {
+            cancelled = true
+            // Wait out a handler running on another thread; from inside the handler, just return.
+            while let thread = runningOn, pthread_equal(thread, pthread_self()) == 0 {
+                lock.wait()
+            }
         }
-        pthread_mutex_unlock(&mutex)
         counter.wakeAll()
     }
 
@@ -190,23 +190,24 @@ public final class NotifyRegistration: @unchecked Sendable {
         var seen = initial
         while true {
             let now = counter.wait(whileEqualTo: seen)
-            pthread_mutex_lock(&mutex)
-            if cancelled {
-                pthread_mutex_unlock(&mutex)
-                return
+            enum Next { case stop, skip, run }
+            let next: Next = lock.withLock {
+                if cancelled { return .stop }
+                guard now != seen else { return .skip }
+                runningOn = pthread_self()
+                return .run
             }
-            guard now != seen else {
-                pthread_mutex_unlock(&mutex)
-                continue
+            switch next {
+            case .stop: return
+            case .skip: continue
+            case .run: break
             }
             seen = now
-            runningOn = pthread_self()
-            pthread_mutex_unlock(&mutex)
             handler()
-            pthread_mutex_lock(&mutex)
-            runningOn = nil
-            pthread_cond_broadcast(&idle)
-            pthread_mutex_unlock(&mutex)
+            lock.withLock {
+                runningOn = nil
+                lock.broadcast()
+            }
         }
     }
 }

@@ -13,6 +13,8 @@ import Synchronization
 /// Requests made back to back read their own replies from the ring while the reader thread
 /// parks (``ReceiveOwnership``), so no reply is handed from thread to thread.
 public final class NotifyConnection: FrameConnection, @unchecked Sendable {
+    // @unchecked: the reassembler is used by one reading thread at a time, as ReceiveOwnership's
+    // lock orders; the rings are shared memory reached through atomics; the rest is immutable or a Mutex.
     public let peer: PeerCredentials?
 
     private let store: NotifyStore

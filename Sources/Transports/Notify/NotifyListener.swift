@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
@@ -7,6 +8,7 @@ import Synchronization
 /// store and posting the endpoint's connect name (`<endpoint>.connect` in the group's
 /// ``NotifyCenter``); the listener then scans the group directory for stores waiting for it.
 public final class NotifyListener: MessageListener, @unchecked Sendable {
+    // @unchecked: every stored property is immutable or a Mutex.
     public let endpoint: Endpoint
     public let connections: AsyncStream<NotifyConnection>
 

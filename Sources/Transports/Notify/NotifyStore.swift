@@ -1,6 +1,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 
 /// The shared store of one connection: a file `G/<endpoint>.<client pid>-<serial>.ring`, mapped
@@ -16,6 +17,8 @@ import IPCPosix
 /// advances after copying the bytes, and a frame whose writer died before finishing is discarded
 /// with the connection, so no reader acts on half a message.
 final class NotifyStore: @unchecked Sendable {
+    // @unchecked: its fields point into a shared mapping that is read and written only through
+    // atomics (indexes, counters) and by each ring's one writer and one reader.
     enum State: UInt32 {
         case waiting = 0, accepted = 1, closed = 2
     }
@@ -23,6 +26,7 @@ final class NotifyStore: @unchecked Sendable {
     /// One direction: the writer owns `writeIndex`, the reader owns `readIndex`. Both count bytes
     /// since the start and never wrap; positions in the ring are taken modulo the capacity.
     struct Ring: @unchecked Sendable {
+        // @unchecked: pointers into the shared mapping, used through atomics by one writer and one reader.
         let writeIndex: UnsafeMutablePointer<UInt64>
         let readIndex: UnsafeMutablePointer<UInt64>
         /// Posted by the writer after publishing bytes.

@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import Synchronization
 
