@@ -97,27 +97,23 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         }
     }
 
-    /// Takes what waits in the reply queue, a few messages per readiness report (loop thread).
+    /// Takes one message from the reply queue per readiness report (loop thread): the loop is
+    /// level-triggered, so a queue that still holds messages is reported again on its next round
+    /// (taking until the queue says it is empty would cost a system call more per message).
     private func readQueue(_ replyQueue: MessageQueue) {
-        for _ in 0..<16 {
-            guard core.latch.isValid, !paused else { return }
-            let count: Int?
-            do {
-                count = try replyQueue.receiveIfReady(into: readBuffer)
-            } catch {
-                invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
-                return
-            }
-            guard let count else { return }
-            switch handleQueueMessage(count, whenFull: .keep) {
-            case .handled: continue
-            case .malformed: return
-            case .bufferFull:
-                // Stop watching the queue until the application takes a message: the server's
-                // sends then wait on a full queue (its backpressure); nothing is dropped.
-                pauseReading()
-                return
-            }
+        guard core.latch.isValid, !paused else { return }
+        let count: Int?
+        do {
+            count = try replyQueue.receiveIfReady(into: readBuffer)
+        } catch {
+            invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+            return
+        }
+        guard let count else { return }
+        if handleQueueMessage(count, whenFull: .keep) == .bufferFull {
+            // Stop watching the queue until the application takes a message: the server's sends
+            // then wait on a full queue (its backpressure); nothing is dropped.
+            pauseReading()
         }
     }
 

@@ -113,23 +113,22 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
     }
 
-    /// Takes what waits in the port's queue, a few messages per readiness report (loop thread).
+    /// Takes one message from the port's queue per readiness report (loop thread; the loop is
+    /// level-triggered, so what is left is reported again on its next round).
     private func readPort() {
-        for _ in 0..<16 {
-            guard !state.withLock({ $0.closed }), let count = try? queue.receiveIfReady(into: readBuffer) else { return }
-            let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
-            // Anyone who can open the queue can write to it; a message that does not parse, or
-            // names no client, is dropped rather than taken out on a client.
-            guard let header = try? PortFragmentHeader(parsing: bytes) else { continue }
-            let body = UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...])
-            switch header.kind {
-            case .hello:
-                admit(body)
-            case .wake:
-                continue
-            default:
-                state.withLock { $0.clients[header.sender] }?.receive(header, body)
-            }
+        guard !state.withLock({ $0.closed }), let count = try? queue.receiveIfReady(into: readBuffer) else { return }
+        let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
+        // Anyone who can open the queue can write to it; a message that does not parse, or
+        // names no client, is dropped rather than taken out on a client.
+        guard let header = try? PortFragmentHeader(parsing: bytes) else { return }
+        let body = UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...])
+        switch header.kind {
+        case .hello:
+            admit(body)
+        case .wake:
+            return
+        default:
+            state.withLock { $0.clients[header.sender] }?.receive(header, body)
         }
     }
 
