@@ -11,7 +11,7 @@ struct CompareCommand: ParsableCommand {
         regression only if the median moved by more than --minimum-change AND a two-sided \
         Mann-Whitney U test over the blocks gives p < --alpha. Re-runs on a noisy machine differ \
         by a few percent; the defaults are chosen so that a build compared with a re-run of itself \
-        passes (see README).
+        passes (see docs/HARNESS.md).
         """
     )
 
