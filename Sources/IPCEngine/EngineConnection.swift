@@ -29,7 +29,7 @@ import Synchronization
 ///
 /// **Replies without a hand-over**: a task that prefers ``eventLoop`` as its executor is resumed
 /// on the loop's thread right after the loop reads its reply.
-public final class EngineConnection: MessageConnection, @unchecked Sendable {
+public final class EngineConnection: FrameConnection, @unchecked Sendable {
     // @unchecked: the reading state (`paused`, `bytesRead`, `stallTimerArmed`, `finished`) is
     // touched only on the loop's thread; everything else is immutable or behind `writeState`.
 
@@ -38,7 +38,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     public let eventLoop: EventLoop
 
     private let channel: any EngineChannel
-    private let core: ConnectionCore
+    package let core: ConnectionCore
     private let token: UInt64
     private let onInvalidated: (@Sendable (EngineConnection) -> Void)?
     /// How long a reply from a handler may wait to be written.
@@ -117,25 +117,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
 
     // MARK: MessageConnection
 
-    public var messages: AsyncStream<ReceivedMessage> { core.messages }
-
-    public var invalidationReason: InvalidationReason? { core.latch.reason }
+    // `messages`, `invalidationReason`, `setInvalidationHandler`, `invalidate()` and the
+    // synchronous `send` come from FrameConnection, as for every connection on ConnectionCore.
 
     /// Messages received and not yet taken from ``messages``.
     public var bufferedMessageCount: Int { core.bufferedMessageCount }
-
-    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
-        core.latch.setHandler(handler)
-    }
-
-    public func invalidate() {
-        invalidate(InvalidationReason(.invalidatedLocally))
-    }
-
-    /// Sends a one-way message. Synchronous: see the type's notes on sending.
-    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
-        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
-    }
 
     /// Sends a one-way message, suspending while the peer's buffer is full.
     public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
@@ -160,7 +146,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
 
     /// Starts invalidation with `reason`, if the connection is still valid. Finishes at once on
     /// the loop's thread, else soon after on it.
-    func invalidate(_ reason: InvalidationReason) {
+    package func invalidate(_ reason: InvalidationReason) {
         guard core.latch.invalidate(reason) else { return }
         if eventLoop.inEventLoop {
             finish(reason)
@@ -381,21 +367,27 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
     }
 
+    /// Takes the right to write if nobody has it and nothing is queued, and writes what the
+    /// kernel takes now. Returns `nil` if the frame must queue behind another writer, else the
+    /// bytes written; the right is given back when that is the whole frame, kept otherwise.
+    private func writeAtOnce(_ frame: Frame, total: Int) throws -> Int? {
+        guard try beginWriting() else { return nil }
+        let written: Int
+        do { written = try writeNow(frame, from: 0) } catch {
+            endWriting()
+            throw error
+        }
+        if written == total { endWriting() }
+        return written
+    }
+
     /// The synchronous send behind ``send(_:msgid:timeout:)`` and handler replies.
-    func sendFrame(_ frame: Frame, timeout: Duration) throws {
+    package func sendFrame(_ frame: Frame, timeout: Duration) throws {
         let total = try checkWritable(frame)
         let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         let onLoop = eventLoop.inEventLoop
-        if try beginWriting() {
-            var written: Int
-            do { written = try writeNow(frame, from: 0) } catch {
-                endWriting()
-                throw error
-            }
-            if written == total {
-                endWriting()
-                return
-            }
+        if var written = try writeAtOnce(frame, total: total) {
+            if written == total { return }
             if onLoop {
                 enqueue(PendingWrite(frame: frame, total: total, written: written, deadline: deadline, completion: .none), first: true)
                 endWriting()
@@ -440,18 +432,10 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
         let total = try checkWritable(frame)
         let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
-        var written = 0
-        let writing = try beginWriting()
-        if writing {
-            do { written = try writeNow(frame, from: 0) } catch {
-                endWriting()
-                throw error
-            }
-            if written == total {
-                endWriting()
-                return
-            }
-        }
+        let first = try writeAtOnce(frame, total: total)
+        if first == total { return }
+        let writing = first != nil
+        let written = first ?? 0
         // The loop writes the rest (or all of it, behind what is queued); wait without a thread.
         let holder = Mutex<PendingWrite?>(nil)
         try await withTaskCancellationHandler {

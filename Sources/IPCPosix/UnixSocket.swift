@@ -209,107 +209,31 @@ public enum UnixSocket {
         }
     }
 
-    /// Sets `SO_RCVTIMEO` or `SO_SNDTIMEO` (zero waits forever; anything above zero at least 1 µs).
-    private static func setTimeout(_ fd: CInt, _ option: CInt, _ timeout: Duration) throws {
-        let (seconds, attoseconds) = timeout.components
-        var value = timeval(tv_sec: Int(clamping: seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
-        if seconds == 0, value.tv_usec == 0, attoseconds > 0 { value.tv_usec = 1 }
-        guard setsockopt(fd, SOL_SOCKET, option, &value, socklen_t(MemoryLayout<timeval>.size)) == 0 else {
-            throw IPCError.syscall(option == SO_SNDTIMEO ? "setsockopt(SO_SNDTIMEO)" : "setsockopt(SO_RCVTIMEO)", Errno(rawValue: errno))
-        }
-    }
-
-    /// Writes `header` then `payload` with gathering writes, never raising SIGPIPE, waiting at
-    /// most until `deadline` for buffer space. `written` counts the bytes the kernel took, so a
-    /// caller can tell a clean failure (0) from a torn frame.
+    /// Writes `header` then `payload` whole, never raising SIGPIPE, waiting (on the calling
+    /// thread) at most until `deadline` for buffer space. `written` counts the bytes the kernel
+    /// took, so a caller can tell a clean failure (0) from a torn frame. For raw byte streams
+    /// and tools; connections send through the engine, which never blocks its loop.
+    /// - Throws: ``IPCError/Code/sendTimeout``; ``IPCError/Code/peerInvalidated``.
     public static func sendAll(
         _ fd: CInt,
         header: UnsafeRawBufferPointer,
         payload: UnsafeRawBufferPointer,
         deadline: ContinuousClock.Instant,
-        written: inout Int
-    ) throws {
-        var socketTimeout: Duration?
-        try sendAll(fd, header: header, payload: payload, timeout: ContinuousClock.now.duration(to: deadline), deadline: deadline, socketTimeout: &socketTimeout, written: &written)
-    }
-
-    /// ``sendAll(_:header:payload:deadline:written:)`` for a caller that sends on `fd` again and
-    /// again with the same `timeout`, serialized, and keeps `socketTimeout` (the socket's
-    /// `SO_SNDTIMEO`, `nil` if not known) between calls.
-    ///
-    /// A write that finds the socket's buffer full blocks in the kernel, which moves the rest as
-    /// room appears without returning to user space, for at most `SO_SNDTIMEO`. Once that is
-    /// the caller's `timeout`, later sends block from their first write: one system call per
-    /// frame, as a plain blocking writer makes. Such a send can overrun its deadline by the time
-    /// it spent before that first write, microseconds.
-    public static func sendAll(
-        _ fd: CInt,
-        header: UnsafeRawBufferPointer,
-        payload: UnsafeRawBufferPointer,
-        timeout: Duration,
-        deadline: ContinuousClock.Instant,
-        socketTimeout: inout Duration?,
         written: inout Int
     ) throws {
         let total = header.count + payload.count
         written = 0
-        var blocking = socketTimeout == timeout
         while written < total {
-            let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
-                var count = 0
-                if written < header.count {
-                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: header.baseAddress! + written), iov_len: header.count - written)
-                    count = 1
-                    if payload.count > 0 {
-                        iov[1] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress!), iov_len: payload.count)
-                        count = 2
-                    }
-                } else {
-                    let offset = written - header.count
-                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress! + offset), iov_len: payload.count - offset)
-                    count = 1
-                }
-                var message = msghdr()
-                message.msg_iov = iov.baseAddress
-                message.msg_iovlen = count
-                return sendmsg(fd, &message, CInt(MSG_NOSIGNAL) | (blocking ? 0 : CInt(MSG_DONTWAIT)))
+            let count = try writeIfReady(fd, header: header, payload: payload, from: written)
+            written += count
+            guard count == 0 else { continue }
+            let remaining = ContinuousClock.now.duration(to: deadline)
+            guard remaining > .zero else {
+                throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
             }
-            if result >= 0 {
-                written += result
-                if blocking, written < total {
-                    // A blocking write that returns early ran out of its time (or met a signal):
-                    // bound the next one by what is left.
-                    let remaining = ContinuousClock.now.duration(to: deadline)
-                    guard remaining > .zero else {
-                        throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
-                    }
-                    try setTimeout(fd, SO_SNDTIMEO, remaining)
-                    socketTimeout = remaining
-                }
-                continue
-            }
-            let error = Errno(rawValue: errno)
-            switch error {
-            case .interrupted:
-                continue
-            case .wouldBlock:
-                let remaining = ContinuousClock.now.duration(to: deadline)
-                guard remaining > .zero else {
-                    throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
-                }
-                // Block for the rest: for the whole timeout if this is the first wait (kept for
-                // later sends), else for what is left.
-                let bound = blocking || written > 0 ? remaining : timeout
-                if socketTimeout != bound {
-                    try setTimeout(fd, SO_SNDTIMEO, bound)
-                    socketTimeout = bound
-                }
-                blocking = true
-            case .brokenPipe, .connectionReset, .socketNotConnected:
-                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
-            default:
-                throw IPCError.syscall("sendmsg", error)
-            }
+            var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+            let (seconds, attoseconds) = remaining.components
+            _ = poll(&descriptor, 1, CInt(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1))
         }
     }
 }

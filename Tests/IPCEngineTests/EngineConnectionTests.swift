@@ -289,17 +289,13 @@ struct EngineConnectionTests {
 
 @Suite("Engine: one event loop for many connections")
 struct EventLoopScaleTests {
-    private static func threadCount() -> Int {
-        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? 0
-    }
-
     @Test("10,000 connections on one loop: no thread per connection, and a connection among them is served")
     func tenThousandConnections() async throws {
         guard ChildProcessTest.isChildRun else {
             return try ChildProcessTest.run(filter: "tenThousandConnections")
         }
         let loop = try EventLoop(name: "ipc-loop-test")
-        let before = Self.threadCount()
+        let before = ChildProcessTest.threadCount()
         var connections: [EngineConnection] = []
         defer { for connection in connections { connection.invalidate() } }
         let count = 10_000
@@ -311,8 +307,8 @@ struct EventLoopScaleTests {
         connections.append(try EngineConnection(channel: channel, peer: nil, options: .defaults { $0.requestHandler = { _, payload in payload } }, loop: loop))
         #expect(loop.registrationCount == count + 1)
         // One loop thread, in a process of its own (a thread per connection would add 10,000).
-        #expect(Self.threadCount() <= before + 2)
-        print("engine scale: \(count) connections on one loop, threads \(before) → \(Self.threadCount())")
+        #expect(ChildProcessTest.threadCount() <= before + 2)
+        print("engine scale: \(count) connections on one loop, threads \(before) → \(ChildProcessTest.threadCount())")
         for index in 0..<100 {
             peer.send(Frame(kind: .request, msgid: 1, correlation: UInt64(index + 1), payload: [UInt8(index)]))
             let reply = try #require(await blocking { peer.readFrame() })

@@ -12,6 +12,11 @@ import Testing
 public enum ChildProcessTest {
     private static let variable = "IPCBENCH_TEST_CHILD"
 
+    /// The threads this process runs now.
+    public static func threadCount() -> Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? 0
+    }
+
     /// Whether this process is the child started by ``run(filter:)``.
     public static var isChildRun: Bool { ProcessInfo.processInfo.environment[variable] != nil }
 

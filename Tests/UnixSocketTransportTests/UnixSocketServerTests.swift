@@ -185,10 +185,6 @@ struct UnixSocketMessageBufferTests {
 /// The listener on the event loop: many idle connections cost descriptors, not threads.
 @Suite("Unix socket: many connections on one event loop")
 struct UnixSocketScaleTests {
-    private static func threadCount() -> Int {
-        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? 0
-    }
-
     @Test("1,000 connections made in a burst are all accepted without a thread each, and a client process among them is served")
     func thousandConnections() async throws {
         guard ChildProcessTest.isChildRun else {
@@ -198,7 +194,7 @@ struct UnixSocketScaleTests {
         let endpoint = try group.endpoint("crowd")
         let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
         defer { listener.close() }
-        let before = Self.threadCount()
+        let before = ChildProcessTest.threadCount()
         // Connected back to back, before the loop accepts any: the burst lands in the listen
         // backlog (SOMAXCONN), and the loop drains it.
         let count = 1_000
@@ -213,8 +209,8 @@ struct UnixSocketScaleTests {
         #expect(listener.activeConnections.count == count)
         // The loop thread serves all 2,000 ends, in a process of its own (a thread per
         // connection would add thousands).
-        #expect(Self.threadCount() <= before + 2)
-        print("scale: \(count) unix-socket connections accepted, threads \(before) → \(Self.threadCount())")
+        #expect(ChildProcessTest.threadCount() <= before + 2)
+        print("scale: \(count) unix-socket connections accepted, threads \(before) → \(ChildProcessTest.threadCount())")
         // Every client is served: each makes a request through the crowd.
         for client in clients.shuffled().prefix(50) {
             let reply = try await client.request([7, 7], msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
