@@ -4,7 +4,20 @@ import Foundation
 /// change counts only if it is large enough to matter (``minimumChange``), unlikely to be noise
 /// by a two-sided Mann–Whitney U test over the two runs' repetition medians, and clear of the
 /// spread (the interquartile ranges of the two runs' repetitions do not overlap).
+///
+/// Runs from different machines are compared by ``Basis/ratioToFloor``: each measurement's
+/// repetitions divided by its native floor's repetitions from the same run (measured in the
+/// same sweeps, so drift hits both alike). A machine that runs user code slower moves these
+/// ratios; one whose kernel is slower moves the floor and the transport alike.
 public struct Comparison: Sendable {
+    /// What is compared.
+    public enum Basis: String, Sendable, Codable {
+        /// Nanoseconds: latency, and time per message for throughput. Same machine only.
+        case absolute
+        /// Each measurement as a multiple of its native floor in the same run.
+        case ratioToFloor
+    }
+
     public enum Verdict: String, Sendable, Codable {
         case regression, improvement, unchanged
         /// Too few repetitions to test (fewer than 3 on either side).
@@ -21,18 +34,24 @@ public struct Comparison: Sendable {
         public var verdict: Verdict
     }
 
+    public var basis: Basis
     public var rows: [Row]
     /// Measurements present in only one of the files.
     public var unmatched: [String]
+    /// Measurements that have no native floor to divide by (with ``Basis/ratioToFloor``).
+    public var withoutFloor: [String]
 
     public var hasRegression: Bool { rows.contains { $0.verdict == .regression } }
 
     /// - Parameters:
     ///   - alpha: the significance level of the U test.
     ///   - minimumChange: the smallest relative change of the median that can count (0.2 = 20 %).
-    public init(baseline: RunResults, current: RunResults, alpha: Double, minimumChange: Double) {
-        let before = Dictionary(Self.measurements(baseline), uniquingKeysWith: { first, _ in first })
-        let now = Self.measurements(current)
+    public init(baseline: RunResults, current: RunResults, alpha: Double, minimumChange: Double, basis: Basis = .absolute) {
+        self.basis = basis
+        let (baselineMeasurements, baselineWithoutFloor) = Self.measurements(baseline, basis: basis)
+        let (now, currentWithoutFloor) = Self.measurements(current, basis: basis)
+        let before = Dictionary(baselineMeasurements, uniquingKeysWith: { first, _ in first })
+        withoutFloor = Set(baselineWithoutFloor).union(currentWithoutFloor).sorted()
         unmatched = Set(before.keys).symmetricDifference(now.map(\.name)).sorted()
         rows = now.compactMap { name, currentValues in
             guard let baselineValues = before[name] else { return nil }
@@ -58,11 +77,41 @@ public struct Comparison: Sendable {
         }
     }
 
-    /// Every measurement's repetitions as nanoseconds, where more is worse: round-trip medians
-    /// for latency, nanoseconds per message (the inverse of the rate) for throughput.
-    static func measurements(_ results: RunResults) -> [(name: String, values: [Double])] {
-        results.latency.map { ($0.name, $0.repetitionMedians.map { Double($0) }) }
-            + (results.throughput ?? []).map { ($0.name, $0.repetitionMessagesPerSecond.map { $0 > 0 ? 1e9 / $0 : .infinity }) }
+    /// Every measurement's repetitions, where more is worse: round-trip medians for latency,
+    /// nanoseconds per message (the inverse of the rate) for throughput; with
+    /// ``Basis/ratioToFloor`` each divided by its floor's repetition of the same index (the
+    /// floors themselves are left out, and so are the measurements without a floor, which are
+    /// returned apart).
+    static func measurements(_ results: RunResults, basis: Basis) -> (measurements: [(name: String, values: [Double])], withoutFloor: [String]) {
+        let throughput = results.throughput ?? []
+        func perMessage(_ result: ThroughputResult) -> [Double] {
+            result.repetitionMessagesPerSecond.map { $0 > 0 ? 1e9 / $0 : .infinity }
+        }
+        guard basis == .ratioToFloor else {
+            return (results.latency.map { ($0.name, $0.repetitionMedians.map { Double($0) }) } + throughput.map { ($0.name, perMessage($0)) }, [])
+        }
+        var measurements: [(name: String, values: [Double])] = []
+        var withoutFloor: [String] = []
+        func divide(_ values: [Double], by floor: [Double]) -> [Double] {
+            // Repetition i of the transport and of its floor ran in the same sweep.
+            guard values.count == floor.count else { return values.map { $0 / max(.leastNonzeroMagnitude, median(floor)) } }
+            return zip(values, floor).map { $0 / max(.leastNonzeroMagnitude, $1) }
+        }
+        for result in results.latency where !result.transport.hasPrefix("floor:") {
+            guard let floor = result.floor(in: results.latency) else {
+                withoutFloor.append(result.name)
+                continue
+            }
+            measurements.append((result.name, divide(result.repetitionMedians.map { Double($0) }, by: floor.repetitionMedians.map { Double($0) })))
+        }
+        for result in throughput where !result.transport.hasPrefix("floor:") {
+            guard let floor = result.floor(in: throughput) else {
+                withoutFloor.append(result.name)
+                continue
+            }
+            measurements.append((result.name, divide(perMessage(result), by: perMessage(floor))))
+        }
+        return (measurements, withoutFloor)
     }
 
     static func median(_ values: [Double]) -> Double {
@@ -109,9 +158,12 @@ public struct Comparison: Sendable {
 
     /// A fixed-width table.
     public func table() -> String {
-        let header = ["measurement", "baseline", "current", "change", "p", "verdict"]
+        let header = ["measurement", basis == .absolute ? "baseline" : "baseline ÷ floor", basis == .absolute ? "current" : "current ÷ floor", "change", "p", "verdict"]
+        func format(_ value: Double) -> String {
+            basis == .absolute ? formatMicroseconds(UInt64(value)) : String(format: "%.2f×", value)
+        }
         let cells: [[String]] = rows.map { row in
-            [row.name, formatMicroseconds(UInt64(row.baselineMedian)), formatMicroseconds(UInt64(row.currentMedian)),
+            [row.name, format(row.baselineMedian), format(row.currentMedian),
              String(format: "%+.1f%%", row.change * 100), row.pValue.map { String(format: "%.4f", $0) } ?? "-", row.verdict.rawValue]
         }
         let all = [header] + cells
@@ -123,6 +175,7 @@ public struct Comparison: Sendable {
             }.joined(separator: "  ")
         }
         lines += unmatched.map { "\($0): only in one file" }
+        lines += withoutFloor.map { "\($0): no native floor to divide by; not comparable across machines" }
         return lines.joined(separator: "\n") + "\n"
     }
 }

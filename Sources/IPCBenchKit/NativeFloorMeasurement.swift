@@ -46,10 +46,15 @@ public enum NativeFloor {
 struct CPUReading {
     let local: UInt64?
     let peer: UInt64?
+    /// Context switches of this process and of the peer, all threads.
+    let localSwitches: UInt64?
+    let peerSwitches: UInt64?
 
     init(peer pid: Int32) {
         local = processCPUNanoseconds()
         peer = processCPUNanoseconds(pid: pid)
+        localSwitches = processContextSwitches()
+        peerSwitches = processContextSwitches(pid: pid)
     }
 }
 
@@ -57,6 +62,8 @@ struct CPUReading {
 struct CPUTotals {
     private var local: UInt64? = 0
     private var peer: UInt64? = 0
+    private var localSwitches: UInt64? = 0
+    private var peerSwitches: UInt64? = 0
 
     mutating func add(from before: CPUReading, to after: CPUReading) {
         func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
@@ -65,12 +72,20 @@ struct CPUTotals {
         }
         local = add(local, before.local, after.local)
         peer = add(peer, before.peer, after.peer)
+        localSwitches = add(localSwitches, before.localSwitches, after.localSwitches)
+        peerSwitches = add(peerSwitches, before.peerSwitches, after.peerSwitches)
     }
 
     /// Nanoseconds per operation, over `count` operations.
     func perOperation(_ count: Int) -> (local: Double?, peer: Double?) {
         let count = Double(max(1, count))
         return (local.map { Double($0) / count }, peer.map { Double($0) / count })
+    }
+
+    /// Context switches per operation, over `count` operations.
+    func switchesPerOperation(_ count: Int) -> (local: Double?, peer: Double?) {
+        let count = Double(max(1, count))
+        return (localSwitches.map { Double($0) / count }, peerSwitches.map { Double($0) / count })
     }
 }
 
@@ -93,6 +108,7 @@ struct LatencyAccumulator {
 
     func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, payloadBytes: Int, warmup: Int) -> LatencyResult {
         let perRoundTrip = cpu.perOperation(samples)
+        let switches = cpu.switchesPerOperation(samples)
         return LatencyResult(
             transport: transport,
             framing: framing,
@@ -112,7 +128,9 @@ struct LatencyAccumulator {
             standardDeviation: histogram.stdDeviation,
             repetitionMedians: blockMedians,
             localCPUPerRoundTrip: perRoundTrip.local,
-            peerCPUPerRoundTrip: perRoundTrip.peer
+            peerCPUPerRoundTrip: perRoundTrip.peer,
+            localContextSwitchesPerRoundTrip: switches.local,
+            peerContextSwitchesPerRoundTrip: switches.peer
         )
     }
 }

@@ -2,13 +2,11 @@ import Foundation
 
 /// Renders results as a plain-text table (for the terminal) and as Markdown (for `Reports/`).
 public enum ReportRenderer {
-    static let latencyColumns = ["transport", "framing", "placement", "wait", "payload", "samples", "p50", "p90", "p99", "p99.9", "max", "p50 ÷ floor", "CPU/rt"]
+    static let latencyColumns = ["transport", "framing", "placement", "wait", "payload", "samples", "p50", "p90", "p99", "p99.9", "max", "p50 ÷ floor", "CPU/rt", "cs/rt"]
 
     static func latencyRows(_ results: [LatencyResult]) -> [[String]] {
         results.map { result in
-            let floor = FloorMechanism(transport: result.transport).flatMap { mechanism in
-                results.first { $0.transport == mechanism.resultName && $0.placement == result.placement && $0.payloadBytes == result.payloadBytes && !$0.spins }
-            }
+            let floor = result.floor(in: results)
             let cpu = result.localCPUPerRoundTrip.flatMap { local in result.peerCPUPerRoundTrip.map { UInt64(local + $0) } }
             return [
                 result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitDescription,
@@ -16,6 +14,7 @@ public enum ReportRenderer {
                 formatMicroseconds(result.p99), formatMicroseconds(result.p999), formatMicroseconds(result.maximum),
                 floor.map { String(format: "%.2f×", Double(result.p50) / Double(max(1, $0.p50))) } ?? "-",
                 cpu.map(formatMicroseconds) ?? "-",
+                result.contextSwitchesPerRoundTrip.map { String(format: "%.2f", $0) } ?? "-",
             ]
         }
     }
@@ -29,9 +28,7 @@ public enum ReportRenderer {
 
     static func throughputRows(_ results: [ThroughputResult]) -> [[String]] {
         results.map { result in
-            let floor = FloorMechanism(transport: result.transport).flatMap { mechanism in
-                results.first { $0.transport == mechanism.resultName && $0.placement == result.placement && $0.payloadBytes == result.payloadBytes && $0.waitStrategy == "blocking" }
-            }
+            let floor = result.floor(in: results)
             let cpu = result.localCPUPerMessage.flatMap { local in result.peerCPUPerMessage.map { UInt64(local + $0) } }
             return [
                 result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitStrategy, formatBytes(result.payloadBytes),
@@ -135,8 +132,9 @@ public enum ReportRenderer {
         |---|---|
         | date | \(context.date) |
         | host | \(context.hostname) |
-        | CPU | \(context.cpuModel) × \(context.cpuCount) |
+        | CPU | \(context.cpuSummary) |
         | kernel | \(context.kernel) |
+        | mitigations | \(context.machine?.mitigationSummary ?? "not recorded") |
         | Swift | \(context.swiftVersion), \(context.buildConfiguration) build |
         | command | `\(context.command)` |
 
@@ -148,7 +146,9 @@ public enum ReportRenderer {
         `wait` is the wait strategy of both ends: `blocking` sleeps in the kernel at once;
         `spin-then-block` polls for a bounded time first (only ever with split cores).
         `p50 ÷ floor` divides by the native floor's p50 (same mechanism, placement and payload,
-        blocking). CPU/rt is both processes' CPU time per round trip.
+        blocking). CPU/rt is both processes' CPU time per round trip; cs/rt their context
+        switches per round trip (voluntary and involuntary, all threads; a raw C ping-pong makes
+        2.00).
 
 
         """

@@ -131,6 +131,8 @@ public struct RunContext: Codable, Sendable {
     public var swiftVersion: String
     public var buildConfiguration: String
     public var command: String
+    /// The CPU, kernel and mitigations in detail; absent in files from before it was recorded.
+    public var machine: MachineDescription? = nil
 
     public static func current(command: String) -> RunContext {
         var name = utsname()
@@ -154,8 +156,14 @@ public struct RunContext: Codable, Sendable {
             kernel: kernel,
             swiftVersion: Self.swiftVersion,
             buildConfiguration: configuration,
-            command: command
+            command: command,
+            machine: MachineDescription.current(cpuCount: ProcessInfo.processInfo.activeProcessorCount, kernel: kernel)
         )
+    }
+
+    /// The CPU as reports show it: the machine's summary, or the model name of older files.
+    public var cpuSummary: String {
+        machine?.summary ?? "\(cpuModel) × \(cpuCount)"
     }
 
     static var swiftVersion: String {
@@ -204,6 +212,24 @@ public struct LatencyResult: Codable, Sendable {
     /// not be read).
     public var localCPUPerRoundTrip: Double?
     public var peerCPUPerRoundTrip: Double?
+    /// Context switches (voluntary and involuntary, all threads) this process and the peer made
+    /// per round trip; a raw C ping-pong makes 2.00 in all. `nil` if they could not be read, and
+    /// in files from before they were recorded.
+    public var localContextSwitchesPerRoundTrip: Double? = nil
+    public var peerContextSwitchesPerRoundTrip: Double? = nil
+
+    /// The native floor this measurement is divided by: the floor of its transport's mechanism,
+    /// same placement and payload, blocking, from `results` (one run's rows); `nil` for a floor
+    /// itself and for a transport without one.
+    public func floor(in results: [LatencyResult]) -> LatencyResult? {
+        guard let mechanism = FloorMechanism(transport: transport) else { return nil }
+        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && !$0.spins }
+    }
+
+    /// Both processes' context switches per round trip.
+    public var contextSwitchesPerRoundTrip: Double? {
+        localContextSwitchesPerRoundTrip.flatMap { local in peerContextSwitchesPerRoundTrip.map { local + $0 } }
+    }
 
     /// Repetitions a run's samples are taken in.
     public static let repetitions = 10

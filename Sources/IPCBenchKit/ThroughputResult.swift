@@ -25,6 +25,13 @@ public struct ThroughputResult: Codable, Sendable {
         (["throughput", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
             + (waitStrategy == "blocking" ? [] : [waitStrategy]) + [String(payloadBytes)]).joined(separator: "/")
     }
+
+    /// The native floor's stream this measurement is compared with (same mechanism, placement
+    /// and payload, blocking), from one run's rows; `nil` where the mechanism has none.
+    public func floor(in results: [ThroughputResult]) -> ThroughputResult? {
+        guard let mechanism = FloorMechanism(transport: transport) else { return nil }
+        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && $0.waitStrategy == "blocking" }
+    }
 }
 
 /// Collects the repetitions of one throughput measurement.

@@ -11,7 +11,11 @@ struct CompareCommand: ParsableCommand {
         regression only if the median moved by more than --minimum-change AND a two-sided \
         Mann-Whitney U test over the blocks gives p < --alpha. Re-runs on a noisy machine differ \
         by a few percent; the defaults are chosen so that a build compared with a re-run of itself \
-        passes (see docs/HARNESS.md).
+        passes (see docs/HARNESS.md). When the two files come from different machines (CPU \
+        vendor, family, model, stepping, model name, maximum clock, CPU count, kernel or \
+        mitigations differ), or one does not say, the first line says so and each measurement is \
+        compared as a multiple of its native floor from the same run; measurements without a \
+        floor are listed as not comparable.
         """
     )
 
@@ -33,7 +37,20 @@ struct CompareCommand: ParsableCommand {
     }
 
     func run() throws {
-        let comparison = Comparison(baseline: try ResultStore.read(baseline), current: try ResultStore.read(current), alpha: alpha, minimumChange: minimumChange)
+        let before = try ResultStore.read(baseline)
+        let now = try ResultStore.read(current)
+        let basis: Comparison.Basis
+        switch (before.context.machine, now.context.machine) {
+        case let (then?, here?) where then.isSameMachine(as: here):
+            basis = .absolute
+        case let (then?, here?):
+            print("different machines: the baseline ran on \(then.summary), kernel \(then.kernel); the current run on \(here.summary), kernel \(here.kernel)\(then.mitigations == here.mitigations ? "" : ", other mitigations"). Absolute times are not comparable: comparing each measurement's ratio to its native floor measured in the same run.")
+            basis = .ratioToFloor
+        default:
+            print("machine unknown: \(before.context.machine == nil ? "the baseline" : "the current run") records no machine description (a file from before it was recorded), so absolute times may not be comparable: comparing each measurement's ratio to its native floor measured in the same run.")
+            basis = .ratioToFloor
+        }
+        let comparison = Comparison(baseline: before, current: now, alpha: alpha, minimumChange: minimumChange, basis: basis)
         print(comparison.table(), terminator: "")
         let regressions = comparison.rows.filter { $0.verdict == .regression }.count
         print(regressions == 0 ? "verdict: no regression" : "verdict: \(regressions) regression(s)")

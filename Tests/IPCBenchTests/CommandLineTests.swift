@@ -133,16 +133,95 @@ struct CommandLineTests {
         #expect(better.status == 0)
         #expect(better.output.contains("improvement"))
     }
+
+    @Test("compare across machines says so first and judges ratios to the floor: twice as slow everywhere is no regression; a transport slower than its floor is")
+    func compareAcrossMachines() throws {
+        let group = try TestGroup()
+        func write(_ results: RunResults, cpu: String, to name: String) throws -> String {
+            var results = results
+            results.context.machine?.modelName = cpu
+            // A transport without a native floor.
+            var toy = results.latency[0]
+            toy.transport = "toy"
+            toy.framing = nil
+            results.latency.append(toy)
+            try ResultStore.write(results, to: group.directory.path + "/" + name)
+            return group.directory.path + "/" + name + "/results.json"
+        }
+        let fast = try write(ReportFixtures.results(scale: 1), cpu: "Fast CPU", to: "fast")
+        // Another machine that runs everything, floors included, twice as slowly.
+        let slowMachine = try write(ReportFixtures.results(scale: 2), cpu: "Slow CPU", to: "slow")
+        let acrossMachines = try PeerProcess.runToCompletion(["compare", fast, slowMachine])
+        #expect(acrossMachines.output.hasPrefix("different machines:"), "\(acrossMachines.output.prefix(300))")
+        #expect(acrossMachines.output.contains("÷ floor"))
+        #expect(acrossMachines.status == 0)
+        #expect(acrossMachines.output.contains("no regression"))
+        #expect(acrossMachines.output.contains("latency/notify/same-core/64 "))
+        // A transport without a floor: listed, not judged.
+        #expect(acrossMachines.output.contains("latency/toy/same-core/0: no native floor to divide by"))
+        // The transport twice as slow while its floor is not: a regression on any machine.
+        let slowerCode = try write(ReportFixtures.results(scale: 2, floorScale: 1), cpu: "Slow CPU", to: "slower-code")
+        let regressed = try PeerProcess.runToCompletion(["compare", fast, slowerCode])
+        #expect(regressed.status == 1)
+        #expect(regressed.output.contains("regression"))
+    }
+
+    @Test("result files from before the machine and context switches were recorded still decode, and compare by ratio")
+    func olderResultFiles() throws {
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Reports/baseline/results.json").path
+        let old = try ResultStore.read(path)
+        #expect(old.context.machine == nil)
+        #expect(!old.latency.isEmpty && old.latency.allSatisfy { $0.contextSwitchesPerRoundTrip == nil && $0.executor == nil })
+        let (status, output) = try PeerProcess.runToCompletion(["compare", path, path])
+        #expect(output.hasPrefix("machine unknown:"))
+        #expect(status == 0)
+    }
+
+    @Test("the machine description is parsed from /proc/cpuinfo and the vulnerabilities directory; what is missing is left out")
+    func machineDescription() throws {
+        let group = try TestGroup()
+        let vulnerabilities = group.directory.path + "/vulnerabilities"
+        try FileManager.default.createDirectory(atPath: vulnerabilities, withIntermediateDirectories: true)
+        try "Mitigation: Retpolines; IBPB: conditional\n".write(toFile: vulnerabilities + "/spectre_v2", atomically: true, encoding: .utf8)
+        try "Not affected\n".write(toFile: vulnerabilities + "/meltdown", atomically: true, encoding: .utf8)
+        let cpuinfo = """
+        processor\t: 0
+        vendor_id\t: AuthenticAMD
+        cpu family\t: 23
+        model\t\t: 49
+        model name\t: AMD EPYC 7B12
+        stepping\t: 0
+        cpu MHz\t\t: 2249.998
+        flags\t\t: fpu vme hypervisor lahf_lm
+
+        processor\t: 1
+        vendor_id\t: GenuineIntel
+        """
+        let machine = MachineDescription.parse(cpuinfo: cpuinfo, vulnerabilities: vulnerabilities, cpuCount: 2, kernel: "Linux 6.1.0 x86_64")
+        #expect(machine.vendor == "AuthenticAMD" && machine.family == 23 && machine.model == 49 && machine.stepping == 0)
+        #expect(machine.hypervisor == true)
+        #expect(machine.summary == "AMD EPYC 7B12 (AuthenticAMD family 23 model 49 stepping 0, 2250 MHz, hypervisor) × 2")
+        #expect(machine.mitigationSummary == "spectre_v2: Mitigation: Retpolines; IBPB: conditional")
+        let empty = MachineDescription.parse(cpuinfo: "", vulnerabilities: group.directory.path + "/none", cpuCount: 1, kernel: "k")
+        #expect(empty.vendor == nil && empty.family == nil && empty.mitigations.isEmpty)
+        #expect(empty.summary == "unknown CPU × 1")
+        #expect(!machine.isSameMachine(as: empty))
+        #expect(machine.isSameMachine(as: machine))
+    }
 }
 
 /// Result files with known numbers, for report and comparison tests.
 enum ReportFixtures {
-    static func results(scale: Double) -> RunResults {
+    /// Every time multiplied by `scale` (rates divided), the floors' by `floorScale` (the same
+    /// unless given).
+    static func results(scale: Double, floorScale: Double? = nil) -> RunResults {
         var latency: [LatencyResult] = []
         for transport in ["unix-socket", "notify", "floor:unix-stream", "floor:futex"] {
             for placement in [Placement.sameCore, .splitCores] {
                 for (index, size) in [0, 64, 4096, 65536, 1 << 20].enumerated() {
-                    let base = (transport.hasPrefix("floor") ? 10_000.0 : 20_000.0) * Double(index + 1) * (placement == .sameCore ? 1 : 3) * scale
+                    let factor = transport.hasPrefix("floor") ? floorScale ?? scale : scale
+                    let base = (transport.hasPrefix("floor") ? 10_000.0 : 20_000.0) * Double(index + 1) * (placement == .sameCore ? 1 : 3) * factor
                     let medians = (0..<LatencyResult.repetitions).map { UInt64(base * (1 + Double($0 % 3) * 0.01)) }
                     latency.append(LatencyResult(
                         transport: transport, framing: transport == "unix-socket" ? .binary : nil, placement: placement, payloadBytes: size,
@@ -157,7 +236,7 @@ enum ReportFixtures {
         for transport in ["unix-socket", "floor:unix-stream"] {
             for placement in [Placement.sameCore, .splitCores] {
                 for size in [64, 65536, 1 << 20] {
-                    let rate = (transport.hasPrefix("floor") ? 200_000.0 : 100_000.0) / Double(max(1, size / 4096)) / scale
+                    let rate = (transport.hasPrefix("floor") ? 200_000.0 : 100_000.0) / Double(max(1, size / 4096)) / (transport.hasPrefix("floor") ? floorScale ?? scale : scale)
                     throughput.append(ThroughputResult(
                         transport: transport, framing: transport == "unix-socket" ? .binary : nil, placement: placement, waitStrategy: "blocking",
                         payloadBytes: size, messagesPerRepetition: 1000, repetitionMessagesPerSecond: (0..<LatencyResult.repetitions).map { rate * (1 + Double($0 % 3) * 0.01) },
