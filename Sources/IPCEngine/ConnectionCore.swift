@@ -109,16 +109,26 @@ package final class ConnectionCore: Sendable {
     /// ``messages``. Returns whether ``messages``' buffer is full.
     @discardableResult
     package func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) -> Bool {
+        dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull)
+    }
+
+    /// ``dispatch(_:reply:whenFull:)`` with the two uses of a reply sender apart: `replyNow`
+    /// answers on the calling thread (a request handler's reply, a message handler's send), and
+    /// `responder` makes the sender a request delivered through ``messages`` keeps, only when one
+    /// is. A connection can then answer its handlers through itself without a weak reference,
+    /// whose side table would send every retain of the connection down the runtime's slow path.
+    @discardableResult
+    package func dispatch(_ frame: Frame, replyNow: (Frame) throws -> Void, responder: () -> @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) -> Bool {
         switch frame.kind {
         case .message:
             let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload)
-            if let messageHandler, messageHandler(message, { payload, msgid in try reply(Frame(kind: .message, msgid: msgid, payload: payload)) }) {
+            if let messageHandler, messageHandler(message, { payload, msgid in try replyNow(Frame(kind: .message, msgid: msgid, payload: payload)) }) {
                 return false
             }
             return buffer.push(message, waitForRoom: whenFull == .wait)
         case .request:
             guard let handler = options.requestHandler else {
-                let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: reply)
+                let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: responder())
                 return buffer.push(message, waitForRoom: whenFull == .wait)
             }
             var answer = Frame(kind: .reply, msgid: frame.msgid, correlation: frame.correlation)
@@ -130,7 +140,7 @@ package final class ConnectionCore: Sendable {
             }
             // A reply that cannot be sent is the requester's timeout to report; a torn one has
             // already invalidated the connection.
-            try? reply(answer)
+            try? replyNow(answer)
         case .reply:
             requests.complete(frame.correlation, with: .success(frame.payload))
         case .failure:

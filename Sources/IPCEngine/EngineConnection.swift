@@ -65,10 +65,9 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private var finished = false
     private var bytesRead: UInt64 = 0
     private var stallTimerArmed = false
-    private lazy var replySender: @Sendable (Frame) throws -> Void = { [weak self] frame in
-        guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
-        try self.sendFrame(frame, timeout: self.replySendTimeout)
-    }
+    /// What a request delivered through ``messages`` replies with: weak, so that a request
+    /// kept by the application does not keep the connection; made the first time one is.
+    private lazy var responder: @Sendable (Frame) throws -> Void = replySender(timeout: replySendTimeout)
 
     /// Serves `channel` on `loop` (the process's shared loop by default) from now on.
     /// - Parameter onInvalidated: runs once, during invalidation, before the invalidation
@@ -105,10 +104,14 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         handler.connection = self
     }
 
-    /// Forwards readiness to the connection without the loop's table keeping it alive.
+    /// Forwards readiness to the connection. The loop's table keeps the handler and the handler
+    /// the connection, until invalidation deregisters it: a connection lives while it is valid,
+    /// whether or not its user keeps a reference (as a socket lives until it is closed). A weak
+    /// reference would be cheaper to reason about and dearer to run: it gives the connection a
+    /// side table, and every retain and release of it then takes the runtime's slow path.
     private final class ReadinessHandler: EventHandler, @unchecked Sendable {
         // @unchecked: set once, before the registration can report anything that uses it.
-        weak var connection: EngineConnection?
+        var connection: EngineConnection?
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             connection?.handleEvent(readable: readable, writable: writable)
@@ -221,7 +224,9 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private func dispatchFrames() -> Bool {
         do {
             while let frame = try channel.nextFrame() {
-                let full = core.dispatch(frame, reply: replySender, whenFull: .keep)
+                let full = core.dispatch(
+                    frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep
+                )
                 if finished || !core.latch.isValid { return false }
                 if full {
                     pauseReading()

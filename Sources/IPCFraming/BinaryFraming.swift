@@ -52,9 +52,40 @@ public struct BinaryFrameEncoder: FrameEncoder {
         }
     }
 
+    /// The header as a value on the stack: the same 20 bytes as ``withEncodedHeader(_:_:)``,
+    /// through no generic code, for a sender that encodes every frame's header (the first of
+    /// ``BinaryFrameHeaderBytes/count`` bytes of its storage are the header).
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is above the maximum.
+    public func headerBytes(_ header: FrameHeader) throws -> BinaryFrameHeaderBytes {
+        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
+            throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
+        }
+        var bytes = BinaryFrameHeaderBytes()
+        withUnsafeMutableBytes(of: &bytes.storage) { raw in
+            raw[0] = BinaryWireFormat.magic.0
+            raw[1] = BinaryWireFormat.magic.1
+            raw[2] = BinaryWireFormat.version
+            raw[3] = header.kind.rawValue
+            raw.storeBytes(of: header.msgid.bigEndian, toByteOffset: 4, as: UInt32.self)
+            raw.storeBytes(of: header.correlation.bigEndian, toByteOffset: 8, as: UInt64.self)
+            raw.storeBytes(of: UInt32(header.payloadLength).bigEndian, toByteOffset: 16, as: UInt32.self)
+        }
+        return bytes
+    }
+
     private func appendBigEndian<T: FixedWidthInteger>(_ value: T, to buffer: inout [UInt8]) {
         withUnsafeBytes(of: value.bigEndian) { buffer.append(contentsOf: $0) }
     }
+}
+
+/// A binary frame header held by value (see ``BinaryFrameEncoder/headerBytes(_:)``).
+public struct BinaryFrameHeaderBytes: Sendable {
+    /// The header's length in bytes: the first `count` bytes of `storage`.
+    public static let count = BinaryWireFormat.headerLength
+    /// 24 bytes, aligned, of which the first 20 are the header.
+    public var storage: (UInt64, UInt64, UInt64) = (0, 0, 0)
+
+    public init() {}
 }
 
 public struct BinaryFrameDecoder: FrameDecoder {

@@ -16,12 +16,23 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     // contract); everything else is immutable.
 
     let descriptor: FileDescriptor
-    private let encoder: any FrameEncoder
+    private let encoding: Encoding
     private let reassembler: any FrameReassembling
+
+    /// The binary framing's header is built by value, through no generic code (an existential
+    /// encoder's generic `withEncodedHeader` instantiates type metadata at run time on every
+    /// call, twice a frame); other framings go through the general encoder.
+    private enum Encoding {
+        case binary(BinaryFrameEncoder)
+        case general(any FrameEncoder)
+    }
 
     init(fd: CInt, framing: Framing, maximumPayloadLength: Int) {
         descriptor = FileDescriptor(rawValue: fd)
-        encoder = framing.makeEncoder(maximumPayloadLength: maximumPayloadLength)
+        switch framing {
+        case .binary: encoding = .binary(BinaryFrameEncoder(maximumPayloadLength: maximumPayloadLength))
+        case .http: encoding = .general(framing.makeEncoder(maximumPayloadLength: maximumPayloadLength))
+        }
         reassembler = framing.makeReassembler(maximumPayloadLength: maximumPayloadLength)
     }
 
@@ -42,14 +53,30 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     }
 
     func encodedLength(of frame: Frame) throws -> Int {
-        try encoder.withEncodedHeader(FrameHeader(frame)) { $0.count } + frame.payload.count
+        switch encoding {
+        case .binary(let encoder):
+            _ = try encoder.headerBytes(FrameHeader(frame))
+            return BinaryFrameHeaderBytes.count + frame.payload.count
+        case .general(let encoder):
+            return try encoder.withEncodedHeader(FrameHeader(frame)) { $0.count } + frame.payload.count
+        }
     }
 
     func write(_ frame: Frame, from offset: Int) throws -> Int {
         let fd = descriptor.rawValue
-        return try encoder.withEncodedHeader(FrameHeader(frame)) { header in
-            try frame.payload.withUnsafeBytes { payload in
-                try UnixSocket.writeIfReady(fd, header: header, payload: payload, from: offset)
+        switch encoding {
+        case .binary(let encoder):
+            var header = try encoder.headerBytes(FrameHeader(frame))
+            return try withUnsafeBytes(of: &header.storage) { raw in
+                try frame.payload.withUnsafeBytes { payload in
+                    try UnixSocket.writeIfReady(fd, header: UnsafeRawBufferPointer(rebasing: raw[..<BinaryFrameHeaderBytes.count]), payload: payload, from: offset)
+                }
+            }
+        case .general(let encoder):
+            return try encoder.withEncodedHeader(FrameHeader(frame)) { header in
+                try frame.payload.withUnsafeBytes { payload in
+                    try UnixSocket.writeIfReady(fd, header: header, payload: payload, from: offset)
+                }
             }
         }
     }
