@@ -389,10 +389,11 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// The synchronous send behind ``send(_:msgid:timeout:)`` and handler replies.
     package func sendFrame(_ frame: Frame, timeout: Duration) throws {
         let total = try checkWritable(frame)
-        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         let onLoop = eventLoop.inEventLoop
         if var written = try writeAtOnce(frame, total: total) {
             if written == total { return }
+            // The deadline is read only now: most frames never need one.
+            let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
             if onLoop {
                 enqueue(PendingWrite(frame: frame, total: total, written: written, deadline: deadline, completion: .none), first: true)
                 endWriting()
@@ -410,6 +411,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
             }
             return
         }
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         if onLoop {
             let over = writeState.withLock { $0.queuedBytes + total > outboundLimit && !$0.queue.isEmpty }
             if over {
@@ -436,9 +438,9 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// The suspending send behind ``request(_:msgid:sendTimeout:receiveTimeout:)``.
     private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
         let total = try checkWritable(frame)
-        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         let first = try writeAtOnce(frame, total: total)
         if first == total { return }
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         let writing = first != nil
         let written = first ?? 0
         // The loop writes the rest (or all of it, behind what is queued); wait without a thread.

@@ -151,7 +151,9 @@ package final class RequestTable: Sendable {
     }
 
     private func armWake(at deadline: UInt64) {
-        loop.schedule(at: deadline) { [weak self] in self?.expire() }
+        // Strong: the table lives until its earliest deadline at the longest. A weak reference
+        // would give it a side table and slow every retain of it.
+        loop.schedule(at: deadline) { [self] in expire() }
     }
 
     /// Fails every request whose deadline has passed, then arms a wake-up for the next deadline.

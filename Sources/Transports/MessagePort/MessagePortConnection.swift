@@ -86,10 +86,12 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         readToken.withLock { $0 = token }
     }
 
-    /// Forwards readiness to the connection without the loop's table keeping it alive.
+    /// Forwards readiness to the connection; the loop's table keeps it, and so the connection,
+    /// until invalidation deregisters it (a weak reference would slow every retain of the
+    /// connection: see ``EngineConnection``).
     private final class QueueReader: EventHandler, @unchecked Sendable {
         // @unchecked: set once, before the registration can report anything.
-        weak var connection: MessagePortConnection?
+        var connection: MessagePortConnection?
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             guard let connection, case .client(let replyQueue, _) = connection.role else { return }
@@ -208,7 +210,10 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         case .message, .request, .reply, .failure:
             do {
                 if let frame = try assembler.add(header, bytes) {
-                    let full = core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout), whenFull: isServer ? .keep : whenFull)
+                    let full = core.dispatch(
+                        frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) },
+                        responder: { cachedReplySender(timeout: replySendTimeout) }, whenFull: isServer ? .keep : whenFull
+                    )
                     if full, isServer {
                         invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
                     }

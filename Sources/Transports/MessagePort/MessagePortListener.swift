@@ -74,10 +74,11 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         readBuffer.deallocate()
     }
 
-    /// Forwards readiness to the listener without the loop's table keeping it alive.
+    /// Forwards readiness to the listener; the loop's table keeps it, and so the listener,
+    /// until ``close()`` deregisters it.
     private final class PortReader: EventHandler, @unchecked Sendable {
         // @unchecked: set once, before the registration can report anything.
-        weak var listener: MessagePortListener?
+        var listener: MessagePortListener?
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             listener?.readPort()
