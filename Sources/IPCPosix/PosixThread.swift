@@ -2,9 +2,8 @@ import CIPCShims
 import Glibc
 import IPCCore
 
-/// Starts a detached kernel thread that runs `body`. Transports give each connection a thread
-/// that blocks in `read`: a blocking read resumed by the kernel is the cheapest way to wake up
-/// on a message (see `docs/DESIGN-NOTES.md`), cheaper than an event loop plus a thread hop.
+/// Starts a detached kernel thread that runs `body`: the event loop's, and the receive threads
+/// of the transports that cannot be polled (see `docs/ENGINE.md`).
 public enum PosixThread {
     private final class Box {
         let body: () -> Void
