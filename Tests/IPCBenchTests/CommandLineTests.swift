@@ -168,8 +168,18 @@ struct CommandLineTests {
 
     @Test("result files from before the machine and context switches were recorded still decode, and compare by ratio")
     func olderResultFiles() throws {
-        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("Reports/baseline/results.json").path
+        let group = try TestGroup()
+        // A file as the harness wrote it before: no machine, no context switches, no executor.
+        try ResultStore.write(ReportFixtures.results(scale: 1), to: group.directory.path + "/new")
+        var json = try #require(JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: group.directory.path + "/new/results.json"))) as? [String: Any])
+        var context = try #require(json["context"] as? [String: Any])
+        context["machine"] = nil
+        json["context"] = context
+        json["latency"] = try #require(json["latency"] as? [[String: Any]]).map { row in
+            row.filter { !["localContextSwitchesPerRoundTrip", "peerContextSwitchesPerRoundTrip", "executor"].contains($0.key) }
+        }
+        let path = group.directory.path + "/old.json"
+        try JSONSerialization.data(withJSONObject: json).write(to: URL(fileURLWithPath: path))
         let old = try ResultStore.read(path)
         #expect(old.context.machine == nil)
         #expect(!old.latency.isEmpty && old.latency.allSatisfy { $0.contextSwitchesPerRoundTrip == nil && $0.executor == nil })

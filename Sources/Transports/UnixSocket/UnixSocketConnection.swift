@@ -12,16 +12,20 @@ public typealias UnixSocketConnection = EngineConnection
 /// What the engine needs of one `AF_UNIX` stream socket: non-blocking reads into a frame
 /// reassembler, and gathering writes of header and payload.
 final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
-    // @unchecked: the reassembler is used on the event loop's thread only (EngineChannel's
-    // contract); everything else is immutable.
+    // @unchecked: the reassembler is used on the event loop's thread only, and the header
+    // buffer by one writer at a time (EngineChannel's contract); everything else is immutable.
 
     let descriptor: FileDescriptor
     private let encoding: Encoding
     private let reassembler: any FrameReassembling
+    /// The general encoder's header for the frame being written, encoded again into the same
+    /// storage each time (``write(_:from:)`` runs on one thread at a time).
+    private var headerBuffer: [UInt8] = []
 
     /// The binary framing's header is built by value, through no generic code (an existential
     /// encoder's generic `withEncodedHeader` instantiates type metadata at run time on every
-    /// call, twice a frame); other framings go through the general encoder.
+    /// call, twice a frame); other framings encode into an array (`encodeHeader(_:into:)`, not
+    /// generic either).
     private enum Encoding {
         case binary(BinaryFrameEncoder)
         case general(any FrameEncoder)
@@ -58,7 +62,9 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
             _ = try encoder.headerBytes(FrameHeader(frame))
             return BinaryFrameHeaderBytes.count + frame.payload.count
         case .general(let encoder):
-            return try encoder.withEncodedHeader(FrameHeader(frame)) { $0.count } + frame.payload.count
+            var header: [UInt8] = []
+            try encoder.encodeHeader(FrameHeader(frame), into: &header)
+            return header.count + frame.payload.count
         }
     }
 
@@ -73,7 +79,9 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
                 }
             }
         case .general(let encoder):
-            return try encoder.withEncodedHeader(FrameHeader(frame)) { header in
+            headerBuffer.removeAll(keepingCapacity: true)
+            try encoder.encodeHeader(FrameHeader(frame), into: &headerBuffer)
+            return try headerBuffer.withUnsafeBytes { header in
                 try frame.payload.withUnsafeBytes { payload in
                     try UnixSocket.writeIfReady(fd, header: header, payload: payload, from: offset)
                 }
