@@ -154,8 +154,8 @@ struct MessagePortTests {
             throw IPCError(code: .endpointNotFound, message: "listener closed")
         }
         #expect(accepted.peer?.pid == client.pid)
+        // The client gives the name up once it reads the welcome; it may or may not have yet.
         let replyQueue = PortNames.replyQueue(endpoint, pid: client.pid, serial: 1)
-        #expect(MessageQueue.exists(name: replyQueue))
         let probe = InvalidationProbe()
         probe.attach(to: accepted)
         client.kill()
@@ -201,7 +201,8 @@ struct MessagePortTests {
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
         let client = try transport.connect(to: endpoint, options: .defaults)
         let replyQueue = try #require(client.replyQueueName)
-        #expect(MessageQueue.exists(name: replyQueue))
+        // Once connected, the reply queue has no name left to leak: the server holds it open.
+        #expect(!MessageQueue.exists(name: replyQueue))
         #expect(try await client.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1])
         let probe = InvalidationProbe()
         probe.attach(to: client)
@@ -212,7 +213,7 @@ struct MessagePortTests {
         #expect(!MessageQueue.exists(name: replyQueue))
     }
 
-    @Test("a listener removes the reply queue a client killed before its hello left behind", .enabled(if: queueFileSystemMounted))
+    @Test("a listener removes the reply queues clients killed before their hello left behind, when it starts and when it closes", .enabled(if: queueFileSystemMounted))
     func deadClientReplyQueueRemoved() throws {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("orphan")
@@ -222,14 +223,18 @@ struct MessagePortTests {
         try exited.run()
         exited.waitUntilExit()
         let orphan = PortNames.replyQueue(endpoint, pid: exited.processIdentifier, serial: 1)
+        let laterOrphan = PortNames.replyQueue(endpoint, pid: exited.processIdentifier, serial: 2)
         let live = PortNames.replyQueue(endpoint, pid: getpid(), serial: 999)
         for name in [orphan, live] {
             try MessageQueue.create(name: name, maximumMessages: 1, messageSize: 64).close()
         }
         defer { MessageQueue.unlink(name: live) }
         let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
-        listener.close()
         #expect(!MessageQueue.exists(name: orphan))
+        // One left while the listener runs (a client killed between creating it and its hello).
+        try MessageQueue.create(name: laterOrphan, maximumMessages: 1, messageSize: 64).close()
+        listener.close()
+        #expect(!MessageQueue.exists(name: laterOrphan))
         #expect(MessageQueue.exists(name: live))
     }
 }

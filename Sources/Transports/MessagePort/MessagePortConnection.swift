@@ -40,8 +40,9 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     private var paused = false
 
     enum Role {
-        /// The client: its own reply queue, read by the event loop, which it removes when it ends.
-        case client(replyQueue: MessageQueue, endpoint: Endpoint)
+        /// The client: its own reply queue (unnamed once the server has opened it), read by the
+        /// event loop.
+        case client(replyQueue: MessageQueue, endpoint: Endpoint, serverPID: Int32)
         /// The server's view of one client: the listener reads for it and removes it on
         /// invalidation; the client's reply queue name is removed if the client died.
         case server(clientQueueName: String, onInvalidated: @Sendable (MessagePortConnection) -> Void)
@@ -70,9 +71,9 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         peerWatch.withLock { $0 = watch }
     }
 
-    /// The client's reply queue, which it removes when it ends.
+    /// The name the client's reply queue had until the server opened it.
     var replyQueueName: String? {
-        if case .client(let replyQueue, _) = role { return replyQueue.name }
+        if case .client(let replyQueue, _, _) = role { return replyQueue.name }
         return nil
     }
 
@@ -94,7 +95,7 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         var connection: MessagePortConnection?
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
-            guard let connection, case .client(let replyQueue, _) = connection.role else { return }
+            guard let connection, case .client(let replyQueue, _, _) = connection.role else { return }
             connection.readQueue(replyQueue)
         }
     }
@@ -241,17 +242,20 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
                 writer.queue.close()
             }
             switch role {
-            case .client(let replyQueue, let endpoint):
+            case .client(let replyQueue, let endpoint, let serverPID):
                 if let token = readToken.withLock({ $0.take() }) { loop.deregister(token) }
                 replyQueue.close()
-                MessageQueue.unlink(name: replyQueue.name)
-                if peerDied {
-                    // A dead server cannot remove its queue; remove it unless a successor holds the name.
+                // Whatever ended this side (the watch may not have fired yet when the application
+                // closes first), a dead server cannot remove its queue: remove it unless a
+                // successor holds the name.
+                if peerDied || !ProcessWatcher.isAlive(pid: serverPID) {
                     EndpointLock.ifUnheld(endpoint) { MessageQueue.unlink(name: PortNames.serverQueue(endpoint)) }
                 }
             case .server(let clientQueueName, let onInvalidated):
-                // A dead client cannot remove its own reply queue.
-                if peerDied { MessageQueue.unlink(name: clientQueueName) }
+                // The client gives its reply queue's name up once it reads the welcome; one killed
+                // before that cannot. The name is only a rendezvous, so removing it is harmless
+                // either way (an open queue stays usable).
+                MessageQueue.unlink(name: clientQueueName)
                 onInvalidated(self)
             }
         }

@@ -103,6 +103,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         guard let clients else { return }
         // Deregister the name before giving it up, so a successor's queue is never removed.
         MessageQueue.unlink(name: queue.name)
+        Self.removeReplyQueuesOfDeadClients(endpoint)
         lock.release()
         connectionSink.finish()
         for client in clients { client.invalidate() }

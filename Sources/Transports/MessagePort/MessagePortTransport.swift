@@ -85,12 +85,15 @@ public struct MessagePortTransport: MessageTransport {
             MessageQueue.unlink(name: replyName)
             throw error
         }
+        // The server holds the reply queue open now: its name was only the rendezvous, and a
+        // name outlives a process killed later, so give it up at once (nothing left to leak).
+        MessageQueue.unlink(name: replyName)
         let connection = MessagePortConnection(
             peer: PeerCredentials(pid: serverPID, uid: getuid(), gid: getgid()),
             outbound: server,
             messageSize: messageSize,
             senderID: clientID,
-            role: .client(replyQueue: replyQueue, endpoint: endpoint),
+            role: .client(replyQueue: replyQueue, endpoint: endpoint, serverPID: serverPID),
             options: options,
             loop: loop
         )
