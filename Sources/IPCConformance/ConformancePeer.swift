@@ -28,8 +28,11 @@ public struct ConformancePeer: Sendable {
         /// Fail the request (the requester gets ``IPCError/Code/transportFailure``).
         public static let fail: UInt32 = 3
         /// Reply with the payload after a delay: the payload's first 4 bytes (big-endian) give
-        /// the delay in milliseconds.
+        /// the delay in milliseconds, at most ``maximumDelayMilliseconds`` (larger values are
+        /// clamped to it: any value a client sends is handled).
         public static let delayedEcho: UInt32 = 4
+        /// The longest delay a delayed echo waits.
+        public static let maximumDelayMilliseconds: UInt32 = 60_000
     }
 
     /// The msgids of one-way messages a peer does not echo: the receiving end of a one-way
@@ -116,8 +119,9 @@ public struct ConformancePeer: Sendable {
         case Request.fail:
             throw IPCError(code: .unsupportedOperation, message: "request failed on purpose")
         case Request.delayedEcho:
-            let milliseconds = payload.prefix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
-            usleep(milliseconds * 1000)
+            let requested = payload.prefix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+            // usleep takes a 32-bit count of microseconds: about 71 minutes at most.
+            usleep(min(requested, Request.maximumDelayMilliseconds) * 1000)
             return payload
         default:
             return payload

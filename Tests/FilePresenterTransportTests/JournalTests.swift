@@ -54,6 +54,24 @@ struct JournalTests {
         #expect(try committedEnd(path) == end + RecordHeader.length + 20 + 3)
     }
 
+    @Test("a forged committed end is a typed error for the reader and the writer, never an arithmetic trap")
+    func forgedCommittedEnd() async throws {
+        let group = try TestGroup()
+        let (path, reader, appender) = try makeJournal(group)
+        let header = JournalHeader(ownerPID: 1, capacity: capacity)
+        for forged in [UInt64(1) << 63 - 16, UInt64(Int.max), UInt64(header.maximumCommittedEnd) + 1] {
+            try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(1)) { access in
+                try access.write(withUnsafeBytes(of: forged.bigEndian, Array.init), at: JournalHeader.committedEndOffset)
+            }
+            await expectIPCError(.malformedFrame) { try appender.append(sender, frame: frame(0), timeout: .seconds(1)) }
+            await expectIPCError(.malformedFrame) { _ = try readAll(reader) }
+        }
+        // The admission rule itself, at the extremes (it added these once, and trapped).
+        #expect(!header.admits(Int.max, committedEnd: JournalHeader.length + capacity))
+        #expect(!header.admits(64, committedEnd: Int.max))
+        #expect(header.admits(Int.max - JournalHeader.length, committedEnd: JournalHeader.length))
+    }
+
     @Test("once the threshold is consumed the journal is compacted, keeping the records appended meanwhile")
     func compaction() async throws {
         let group = try TestGroup()

@@ -29,6 +29,9 @@ struct StoreHostileTests {
         var data: [UInt8]
         /// The write index then published (the read index is 0).
         var writeIndex: UInt64
+        /// Both indexes of the server-to-client ring instead, after which the server sends to
+        /// the victim (a server that added to a forged index trapped on the overflow).
+        var serverToClientIndexes: UInt64? = nil
         var code: IPCError.Code
         var testDescription: String { name }
     }
@@ -38,6 +41,7 @@ struct StoreHostileTests {
         RingGarbage(name: "a frame announcing 4 GiB", data: binaryHeader(length: .max), writeIndex: 20, code: .frameTooLarge),
         RingGarbage(name: "a write index past the ring's capacity", data: [], writeIndex: 1 << 40, code: .malformedFrame),
         RingGarbage(name: "a write index of 2^64 - 1", data: [], writeIndex: .max, code: .malformedFrame),
+        RingGarbage(name: "both indexes of the server's ring at 2^64 - 16", data: [], writeIndex: 0, serverToClientIndexes: .max - 15, code: .malformedFrame),
     ]
 
     @Test("garbage in a notify ring ends only that connection", arguments: ringGarbage)
@@ -57,13 +61,50 @@ struct StoreHostileTests {
         probe.attach(to: victimConnection)
 
         let ring = try #require(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).first { $0.hasPrefix("ring.\(victim.pid)-") && $0.hasSuffix(".ring") })
-        // Client-to-server ring: header at 64 (write index, read index, data counter), data at 4096.
-        try HostilePeer.write(into: group.directory.path + "/" + ring, [(4096, garbage.data), (64, Self.littleEndian(garbage.writeIndex))], post: [80])
+        if let index = garbage.serverToClientIndexes {
+            // Server-to-client ring: header at 128 (write index, read index). The server's next
+            // send would add to the forged write index.
+            try HostilePeer.write(into: group.directory.path + "/" + ring, [(128, Self.littleEndian(index) + Self.littleEndian(index))])
+            await expectIPCError(garbage.code) { try victimConnection.send([UInt8](repeating: 7, count: 64), msgid: 1, timeout: .seconds(5)) }
+        } else {
+            // Client-to-server ring: header at 64 (write index, read index, data counter), data at 4096.
+            try HostilePeer.write(into: group.directory.path + "/" + ring, [(4096, garbage.data), (64, Self.littleEndian(garbage.writeIndex))], post: [80])
+        }
         #expect(await probe.wait(seconds: 30), "the victim's connection was not invalidated")
         #expect(probe.reason?.kind == .protocolError, "invalidated with \(String(describing: probe.reason))")
         #expect(probe.reason?.error?.code == garbage.code, "invalidated with \(String(describing: probe.reason))")
         await loop.stop()
         #expect(goodConnection.invalidationReason == nil)
+    }
+
+    @Test("a notify store overwritten with random bytes and no post ends that connection with a typed error within seconds")
+    func notifyStoreOverwritten() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("scribble")
+        let server = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        let transport = NotifyTransport()
+        let good = try transport.connect(to: endpoint, options: .defaults)
+        defer { good.invalidate() }
+        let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
+        let victim = try transport.connect(to: endpoint, options: .defaults)
+        defer { victim.invalidate() }
+        let probe = InvalidationProbe()
+        probe.attach(to: victim)
+        #expect(try await victim.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+        let stores = try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasPrefix("scribble.\(getpid())-") && $0.hasSuffix(".ring") }.sorted()
+        let path = group.directory.path + "/" + (try #require(stores.last, "no store for the victim"))
+        // Header, counters and indexes, without waking anyone: both readers are asleep on futexes.
+        var random = SystemRandomNumberGenerator()
+        var garbage = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &random) }
+        garbage[0] = ~0x59  // never the magic's first byte
+        try HostilePeer.write(into: path, [(0, garbage)])
+        #expect(await probe.wait(seconds: 30), "the victim was not invalidated")
+        #expect(probe.reason?.kind == .protocolError, "\(String(describing: probe.reason))")
+        #expect(probe.reason?.error?.code == .malformedFrame, "\(String(describing: probe.reason))")
+        await loop.stop()
+        #expect(good.invalidationReason == nil)
+        #expect(try await good.request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [2])
     }
 
     // MARK: Message port queues

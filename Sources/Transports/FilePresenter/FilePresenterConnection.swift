@@ -91,7 +91,13 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         guard frame.payload.count <= core.options.maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(frame.payload.count) bytes is above the maximum of \(core.options.maximumPayloadLength)")
         }
-        try appender().append(RecordHeader(kind: .frame, sender: sender), frame: frame, timeout: timeout)
+        do {
+            try appender().append(RecordHeader(kind: .frame, sender: sender), frame: frame, timeout: timeout)
+        } catch let error as IPCError where error.code == .malformedFrame {
+            // The peer's journal was forged or corrupted: nothing more can be appended to it.
+            invalidate(InvalidationReason(.protocolError, error: error))
+            throw error
+        }
     }
 
     /// The server's side of a client: its records are read by the listener's thread.

@@ -43,11 +43,23 @@ struct JournalHeader: Equatable {
         min(1 << 20, capacity / 2)
     }
 
+    /// The longest record: its header, a binary frame header and the largest payload the
+    /// frame header can announce.
+    static let maximumRecordLength = RecordHeader.length + BinaryWireFormat.headerLength + Int(UInt32.max)
+
+    /// The furthest a committed end can lie when every writer follows ``admits(_:committedEnd:)``:
+    /// records fill the capacity, or one record of any length starts within the threshold.
+    /// A larger one was written by someone who does not (a forged header).
+    var maximumCommittedEnd: Int {
+        Self.length + max(capacity, Self.compactionThreshold(capacity: capacity) + Self.maximumRecordLength)
+    }
+
     /// Whether a writer may append a record of `length` bytes to a journal of this capacity
-    /// whose records end at `committedEnd`.
+    /// whose records end at `committedEnd` (at least ``length``; the arithmetic cannot overflow
+    /// whatever the file says).
     func admits(_ length: Int, committedEnd end: Int) -> Bool {
         let recordBytes = end - Self.length
-        return recordBytes <= Self.compactionThreshold(capacity: capacity) || recordBytes + length <= capacity
+        return recordBytes <= Self.compactionThreshold(capacity: capacity) || (recordBytes <= capacity && length <= capacity - recordBytes)
     }
 
     var bytes: [UInt8] {

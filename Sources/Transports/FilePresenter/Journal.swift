@@ -67,10 +67,11 @@ final class JournalFile: @unchecked Sendable {
     }
 
     /// The committed end. Read it holding the file's lock.
-    /// - Throws: ``IPCError/Code/malformedFrame`` if it is before the first record.
+    /// - Throws: ``IPCError/Code/malformedFrame`` if it is before the first record or further
+    ///   than writers that follow the rules can put it (``JournalHeader/maximumCommittedEnd``).
     func committedEnd() throws -> Int {
         let end = UInt64(bigEndian: ipc_atomic_load_u64(committedEndField))
-        guard end >= UInt64(JournalHeader.length), end <= UInt64(Int.max) else {
+        guard end >= UInt64(JournalHeader.length), end <= UInt64(header.maximumCommittedEnd) else {
             throw IPCError(code: .malformedFrame, message: "\(file.path) has committed end \(end)")
         }
         return Int(end)
@@ -215,6 +216,9 @@ final class JournalReader: @unchecked Sendable {
         do {
             try coordinator.coordinate(writingItem: file, timeout: .milliseconds(20)) { access in
                 let unread = try journal.committedEnd() - consumed
+                guard unread >= 0 else {
+                    throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back before \(consumed)")
+                }
                 guard unread <= consumedBytes else { return }
                 if unread > 0 {
                     try access.write(try access.read(at: consumed, count: unread), at: JournalHeader.length)

@@ -86,11 +86,12 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
             guard core.latch.isValid, store.state != .closed else { return }
             let seen = inbound.data.value
             do {
+                try checkIntact()
                 if try reassembler.receive({ try inbound.read(into: $0) }) == 0 {
                     if SpinWait.poll(strategy, { inbound.data.value != seen ? true : nil }) == nil {
                         let now = monotonicNanoseconds()
                         guard now < deadline else { return }
-                        _ = inbound.data.wait(whileEqualTo: seen, timeoutNanoseconds: Int64(clamping: deadline - now))
+                        _ = inbound.data.wait(whileEqualTo: seen, timeoutNanoseconds: min(Int64(clamping: deadline - now), Self.integrityCheckPeriod))
                     }
                     continue
                 }
@@ -121,11 +122,24 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                 }
             }
         } catch let error as IPCError {
-            if written > 0 {
+            if error.code == .malformedFrame {
+                // The ring's indexes were forged or corrupted: it cannot carry frames any more.
+                invalidate(InvalidationReason(.protocolError, error: error))
+            } else if written > 0 {
                 // Part of a frame is published: the ring cannot carry another frame.
                 invalidate(InvalidationReason(.transportFailure, error: error))
             }
             throw error
+        }
+    }
+
+    /// How long a reader sleeps at most before it looks at the store's header again.
+    static let integrityCheckPeriod: Int64 = 1_000_000_000
+
+    /// - Throws: ``IPCError/Code/malformedFrame`` if the store's header was overwritten.
+    private func checkIntact() throws {
+        guard store.isIntact else {
+            throw IPCError(code: .malformedFrame, message: "the notify store \(store.path) was overwritten (its magic or version changed)")
         }
     }
 
@@ -147,6 +161,7 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
             let seen = inbound.data.value
             let count: Int
             do {
+                try checkIntact()
                 count = try reassembler.receive { try inbound.read(into: $0) }
             } catch {
                 reason = InvalidationReason(.protocolError, error: error as? IPCError)
@@ -161,8 +176,10 @@ public final class NotifyConnection: FrameConnection, @unchecked Sendable {
                 // Poll the counter for a while under a spinning strategy; then sleep, only if
                 // nothing was published since `seen` was read: a post in between changes the
                 // counter, and the wait returns at once.
+                // The sleep is bounded so that a store overwritten without a post (which wakes
+                // nobody) is noticed within ``Self.integrityCheckPeriod``.
                 if SpinWait.poll(core.options.waitStrategy, { inbound.data.value != seen ? true : nil }) == nil {
-                    inbound.data.wait(whileEqualTo: seen)
+                    inbound.data.wait(whileEqualTo: seen, timeoutNanoseconds: Self.integrityCheckPeriod)
                 }
                 continue
             }

@@ -93,6 +93,13 @@ final class NotifyStore: @unchecked Sendable {
         serverToClient = ring(header: 128, data: Self.headerLength + ringCapacity)
     }
 
+    /// Whether the store still carries its magic and version: the other process (or anyone of
+    /// this user) can overwrite the file, and a reader asleep on a futex is not woken by a plain
+    /// write, so readers look at this whenever they wake, including on their periodic timeout.
+    var isIntact: Bool {
+        ipc_atomic_load_u32(mapping.word32(at: 0)) == Self.magic && ipc_atomic_load_u32(mapping.word32(at: 4)) == Self.version
+    }
+
     /// The server accepts the connection: records its pid, then publishes the state.
     func accept() {
         ipc_atomic_store_u32(mapping.word32(at: 12), UInt32(bitPattern: getpid()))
@@ -163,7 +170,12 @@ extension NotifyStore.Ring {
                 copied += count
                 position = (position + count) % capacity
             }
-            ipc_atomic_store_u64(writeIndex, write + UInt64(copied))
+            // Indexes never wrap in a store's lifetime (2^64 bytes); one that would was forged.
+            let (published, overflow) = write.addingReportingOverflow(UInt64(copied))
+            guard !overflow else {
+                throw IPCError(code: .malformedFrame, message: "ring write index \(write) would overflow")
+            }
+            ipc_atomic_store_u64(writeIndex, published)
             written += copied
             data.post()
         }
@@ -187,6 +199,7 @@ extension NotifyStore.Ring {
         if first < count {
             (buffer.baseAddress! + first).copyMemory(from: bytes, byteCount: count - first)
         }
+        // `count` is at most `write - read`, so this cannot overflow: `write` bounds it.
         ipc_atomic_store_u64(readIndex, read + UInt64(count))
         space.post()
         return count
