@@ -224,12 +224,15 @@ public protocol MessageTransport: Sendable {
 
     /// Starts listening on `endpoint`, creating the group directory (owner-only) if needed.
     /// - Throws: ``IPCError/Code/endpointInUse`` if a live process listens there (a stale endpoint
-    ///   left by a dead listener is reclaimed); ``IPCError/Code/invalidEndpoint``;
+    ///   left by a dead listener is reclaimed); ``IPCError/Code/invalidEndpoint`` if the group
+    ///   directory is writable by anyone but its owner or owned by another user;
     ///   ``IPCError/Code/transportFailure``.
     func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> Listener
 
     /// Connects to a listening endpoint.
     /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens there;
-    ///   ``IPCError/Code/accessDenied``; ``IPCError/Code/transportFailure``.
+    ///   ``IPCError/Code/invalidEndpoint`` if the group directory is one a listener would refuse
+    ///   (writable by anyone but its owner, or owned by another user: whoever controls it could
+    ///   be the one listening); ``IPCError/Code/accessDenied``; ``IPCError/Code/transportFailure``.
     func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> Connection
 }

@@ -72,24 +72,39 @@ public final class EndpointLock: Sendable {
 
 /// Creating and checking group directories.
 public enum GroupDirectories {
-    /// Creates the directory (mode 0700) if it does not exist, and refuses one that every user
-    /// can write to (even with the sticky bit, which stops others removing files but not creating
-    /// an endpoint's files first) or that another user owns (its owner can replace anything in
-    /// it), since whoever can do that could replace or squat on an endpoint.
+    /// Creates the directory (mode 0700) if it does not exist, then checks it as ``verify(_:)``
+    /// does. Listeners call this.
     /// - Throws: ``IPCError/Code/invalidEndpoint``.
     public static func prepare(_ group: GroupDirectory) throws {
         if mkdir(group.path, 0o700) != 0, errno != EEXIST {
             throw IPCError(code: .invalidEndpoint, message: "cannot create group directory \(group.path)", cause: Errno(rawValue: errno))
         }
+        try verify(group)
+    }
+
+    /// Refuses a group directory that anyone but its owner can write to (the group bit too, even
+    /// with the sticky bit, which stops others removing files but not creating an endpoint's
+    /// files first) or that another user owns (its owner can replace anything in it): whoever
+    /// can do that could replace a live endpoint or squat on one, and a client connecting there
+    /// could be talking to them. Clients call this before they connect; listeners through
+    /// ``prepare(_:)``. Root's directories are accepted (root is not defended against).
+    /// - Throws: ``IPCError/Code/invalidEndpoint``; ``IPCError/Code/endpointNotFound`` if the
+    ///   directory does not exist.
+    public static func verify(_ group: GroupDirectory) throws {
         var status = stat()
         guard stat(group.path, &status) == 0 else {
-            throw IPCError(code: .invalidEndpoint, message: "cannot stat group directory \(group.path)", cause: Errno(rawValue: errno))
+            let error = Errno(rawValue: errno)
+            if error == .noSuchFileOrDirectory {
+                throw IPCError(code: .endpointNotFound, message: "no group directory \(group.path)", cause: error)
+            }
+            throw IPCError(code: .invalidEndpoint, message: "cannot stat group directory \(group.path)", cause: error)
         }
         guard (status.st_mode & S_IFMT) == S_IFDIR else {
             throw IPCError(code: .invalidEndpoint, message: "\(group.path) is not a directory")
         }
-        if status.st_mode & 0o002 != 0 {
-            throw IPCError(code: .invalidEndpoint, message: "group directory \(group.path) is writable by every user; use a directory only its owner can write")
+        if status.st_mode & 0o022 != 0 {
+            let who = status.st_mode & 0o002 != 0 ? "every user" : "its group (gid \(status.st_gid))"
+            throw IPCError(code: .invalidEndpoint, message: "group directory \(group.path) is writable by \(who); use a directory only its owner can write (mode 0700)")
         }
         if status.st_uid != geteuid(), status.st_uid != 0 {
             throw IPCError(code: .invalidEndpoint, message: "group directory \(group.path) belongs to user \(status.st_uid), not to this process's user \(geteuid())")

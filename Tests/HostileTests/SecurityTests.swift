@@ -70,6 +70,7 @@ struct SecurityTests {
         for (what, setUp) in [
             ("world-writable", { (path: String) in chmod(path, 0o777) }),
             ("world-writable and sticky", { (path: String) in chmod(path, 0o1777) }),
+            ("group-writable", { (path: String) in chmod(path, 0o770) }),
             ("owned by another user", { (path: String) in chown(path, 65534, 65534) }),
         ] {
             let group = try TestGroup()
@@ -83,6 +84,27 @@ struct SecurityTests {
                 #expect(error.code == .invalidEndpoint, "\(what): \(error)")
             }
             #expect(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).isEmpty, "\(what): files were created")
+        }
+    }
+
+    @Test("a client refuses to connect through a group directory that became group-writable or another user's, with a listener there", arguments: transports)
+    func clientsCheckTheGroupDirectory(_ transport: String) async throws {
+        let chosen = try TransportCatalog.transport(named: transport, framing: .binary)
+        for (what, setUp, restore) in [
+            ("group-writable", { (path: String) in chmod(path, 0o770) }, { (path: String) in chmod(path, 0o700) }),
+            ("owned by another user", { (path: String) in chown(path, 65534, 65534) }, { (path: String) in chown(path, geteuid(), getegid()) }),
+        ] {
+            let group = try TestGroup()
+            let endpoint = try endpoint(group, transport)
+            // A live listener, as an attacker who controls the directory could have put there.
+            let listener = try chosen.listen(at: endpoint, options: .defaults, acceptFilter: nil)
+            defer { listener.close() }
+            #expect(setUp(group.directory.path) == 0, "could not make the directory \(what)")
+            await expectIPCError(.invalidEndpoint) { try chosen.connect(to: endpoint, options: .defaults).invalidate() }
+            #expect(restore(group.directory.path) == 0)
+            // Where the directory is safe, the same client connects.
+            let connection = try chosen.connect(to: endpoint, options: .defaults)
+            connection.invalidate()
         }
     }
 

@@ -80,6 +80,7 @@ public struct FilePresenterTransport: MessageTransport {
     /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint or
     ///   it did not welcome us within ``connectTimeout``; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> FilePresenterConnection {
+        try GroupDirectories.verify(endpoint.group)
         guard let listenerPID = EndpointLock.owner(of: endpoint), ProcessWatcher.isAlive(pid: listenerPID) else {
             throw IPCError(code: .endpointNotFound, message: "no live process listens on \(endpoint)")
         }

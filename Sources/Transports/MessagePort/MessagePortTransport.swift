@@ -62,6 +62,7 @@ public struct MessagePortTransport: MessageTransport {
     ///   process serves the name; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> MessagePortConnection {
         try Self.checkScoped(endpoint)
+        try GroupDirectories.verify(endpoint.group)
         let loop = try EventLoop.shared()
         guard let serverPID = EndpointLock.owner(of: endpoint), ProcessWatcher.isAlive(pid: serverPID) else {
             throw IPCError(code: .endpointNotFound, message: "no live process serves the message port \(endpoint.name)")

@@ -54,6 +54,7 @@ public struct NotifyTransport: MessageTransport {
     }
 
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> NotifyConnection {
+        try GroupDirectories.verify(endpoint.group)
         guard let serverPID = EndpointLock.owner(of: endpoint), ProcessWatcher.isAlive(pid: serverPID) else {
             throw IPCError(code: .endpointNotFound, message: "no live process listens on \(endpoint)")
         }

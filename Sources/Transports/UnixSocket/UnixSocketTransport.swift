@@ -35,6 +35,7 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
     }
 
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> UnixSocketConnection {
+        try GroupDirectories.verify(endpoint.group)
         let fd = try UnixSocket.connect(path: Self.socketPath(endpoint))
         let peer: PeerCredentials
         do {
