@@ -373,18 +373,69 @@ func orderedUnique<T: Hashable>(_ values: [T]) -> [T] {
 }
 
 /// A private group directory under the system's temporary directory, removed at the end.
+///
+/// A harness killed with SIGKILL cannot remove it, nor the message queues named after it, which
+/// outlive processes and count against a small per-user quota (two killed runs used to make
+/// every later run fail at start-up). So the directory holds `harness.lock`, locked (`flock`)
+/// while its run lives, and the first group a process makes first reclaims every
+/// `ipcbench-*` directory of this user whose lock nobody holds, with its queues.
 struct TemporaryGroup {
+    static let prefix = "ipcbench-"
+    static let lockName = "harness.lock"
+
     let directory: GroupDirectory
+    /// Holds `harness.lock` for as long as the run uses the directory.
+    private let lockDescriptor: CInt
 
     init() throws {
-        var template = Array((NSTemporaryDirectory() + "ipcbench-XXXXXX").utf8CString)
+        _ = Self.reclaimOnce
+        var template = Array((NSTemporaryDirectory() + Self.prefix + "XXXXXX").utf8CString)
         guard let path = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
             throw IPCError(code: .transportFailure, message: "mkdtemp failed: errno \(errno)")
         }
         directory = GroupDirectory(path: String(cString: path))
+        let descriptor = open(directory.path + "/" + Self.lockName, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard descriptor >= 0, flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
+            let error = errno
+            if descriptor >= 0 { close(descriptor) }
+            try? FileManager.default.removeItem(atPath: directory.path)
+            throw IPCError(code: .transportFailure, message: "cannot create and lock \(directory.path)/\(Self.lockName): errno \(error)")
+        }
+        lockDescriptor = descriptor
     }
 
     func remove() {
         try? FileManager.default.removeItem(atPath: directory.path)
+        close(lockDescriptor)
+    }
+
+    private static let reclaimOnce: Void = { _ = reclaimAbandoned() }()
+
+    /// Removes what runs that died left behind: each `ipcbench-*` directory of this user in
+    /// `temporaryDirectory` whose `harness.lock` exists and is held by nobody, and the message
+    /// queues named after it (the transports' `/ipcb.<hash>.<identifier>.…` and the native floor's
+    /// `/<identifier>.floor-…`). A directory without the lock file is left alone: nothing says
+    /// whether its run is over. Returns the directories removed.
+    @discardableResult
+    static func reclaimAbandoned(in temporaryDirectory: String = NSTemporaryDirectory()) -> [String] {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: temporaryDirectory)) ?? []
+        var removed: [String] = []
+        for entry in entries where entry.hasPrefix(prefix) {
+            let path = (temporaryDirectory as NSString).appendingPathComponent(entry)
+            var status = stat()
+            guard lstat(path, &status) == 0, status.st_mode & S_IFMT == S_IFDIR, status.st_uid == geteuid() else { continue }
+            let descriptor = open(path + "/" + lockName, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+            guard descriptor >= 0 else { continue }
+            defer { close(descriptor) }
+            // Granted only if the run that made it is gone (the kernel drops a dead process's locks).
+            guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else { continue }
+            let queues = (try? FileManager.default.contentsOfDirectory(atPath: "/dev/mqueue")) ?? []
+            for name in queues where name.contains("." + entry + ".") || name.hasPrefix(entry + ".") {
+                MessageQueue.unlink(name: "/" + name)
+            }
+            try? FileManager.default.removeItem(atPath: path)
+            removed.append(path)
+        }
+        return removed
     }
 }
