@@ -148,3 +148,117 @@ int ipc_ofd_lock(int fd, short type) {
 int ipc_open_unnamed_file(const char *directory) {
     return open(directory, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 }
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+long ipc_send_with_descriptors(int socket, const void *data, unsigned long length, const int *fds, int count) {
+    struct iovec vector = {.iov_base = (void *)data, .iov_len = length};
+    union {
+        char buffer[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } control;
+    if (count < 0 || count > 4) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct msghdr message = {.msg_iov = &vector, .msg_iovlen = 1};
+    if (count > 0) {
+        memset(&control, 0, sizeof(control));
+        message.msg_control = control.buffer;
+        message.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)count);
+        struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)count);
+        memcpy(CMSG_DATA(header), fds, sizeof(int) * (size_t)count);
+    }
+    ssize_t sent;
+    do {
+        sent = sendmsg(socket, &message, MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    return (long)sent;
+}
+
+long ipc_receive_with_descriptors(int socket, void *data, unsigned long capacity, int *fds, int fd_capacity, int *fd_count) {
+    struct iovec vector = {.iov_base = data, .iov_len = capacity};
+    union {
+        char buffer[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } control;
+    *fd_count = 0;
+    if (fd_capacity < 0 || fd_capacity > 4) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct msghdr message = {.msg_iov = &vector, .msg_iovlen = 1, .msg_control = control.buffer, .msg_controllen = sizeof(control.buffer)};
+    ssize_t received;
+    do {
+        received = recvmsg(socket, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    } while (received < 0 && errno == EINTR);
+    if (received < 0) return -1;
+    int count = 0;
+    int overflow = (message.msg_flags & MSG_CTRUNC) != 0;
+    for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header != NULL; header = CMSG_NXTHDR(&message, header)) {
+        if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+        size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *incoming = (int *)CMSG_DATA(header);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, incoming + i, sizeof(int));
+            if (count < fd_capacity) {
+                fds[count++] = fd;
+            } else {
+                close(fd);
+                overflow = 1;
+            }
+        }
+    }
+    if (overflow) {
+        for (int i = 0; i < count; i++) close(fds[i]);
+        errno = EMSGSIZE;
+        return -1;
+    }
+    *fd_count = count;
+    return (long)received;
+}
+
+int ipc_memfd_create_sealable(const char *name) {
+    return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+}
+
+int ipc_seal_size(int fd) {
+    return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+}
+
+int ipc_size_is_sealed(int fd) {
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0) return -1;
+    return (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW) ? 1 : 0;
+}
+
+int ipc_is_eventfd(int fd) {
+    char path[64];
+    char target[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t length = readlink(path, target, sizeof(target) - 1);
+    if (length < 0) return -1;
+    target[length] = '\0';
+    return strcmp(target, "anon_inode:[eventfd]") == 0 ? 1 : 0;
+}
+
+int ipc_set_nonblocking(int fd) {
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) return -1;
+    return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+uint32_t ipc_atomic_exchange_u32(uint32_t *address, uint32_t value) {
+    return __atomic_exchange_n(address, value, __ATOMIC_SEQ_CST);
+}
+
+void ipc_atomic_fence(void) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}

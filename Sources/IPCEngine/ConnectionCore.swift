@@ -10,10 +10,6 @@ package final class ConnectionCore: Sendable {
     package let options: ConnectionOptions
     package let latch = InvalidationLatch()
     package let requests: RequestTable
-    /// Whether a requester may read its own reply (see ``ReceiveOwnership``). Used by transports
-    /// whose receive thread calls ``ReceiveOwnership/parkIfRequested()``; for the others it
-    /// never lets a requester read.
-    package let ownership = ReceiveOwnership()
     /// How the receive path sends replies; see ``ReplyRoute``.
     package let replyRoute = ReplyRoute()
     package let messages: AsyncStream<ReceivedMessage>
@@ -46,19 +42,13 @@ package final class ConnectionCore: Sendable {
         }
     }
 
-    /// The request/reply flow: register, send with `send`, wait for the reply.
-    ///
-    /// With `readDirectly`, a transport lets the requester read its own reply when
-    /// ``ownership`` allows: `readDirectly(correlation, deadline)` reads and dispatches until
-    /// that request is finished, the deadline (monotonic nanoseconds) passes or reading fails,
-    /// and ends the direct read with ``endDirectRead(for:failed:)``. Whatever it leaves
-    /// unfinished is waited for the usual way.
+    /// The request/reply flow: register, send with `send`, wait for the reply (suspended: the
+    /// thread that reads the reply resumes the request).
     package func request(
         _ payload: [UInt8],
         msgid: UInt32,
         receiveTimeout: Duration,
-        send: (Frame) throws -> Void,
-        readDirectly: ((_ correlation: UInt64, _ deadline: UInt64) -> Void)? = nil
+        send: (Frame) throws -> Void
     ) async throws -> [UInt8] {
         try checkValid()
         let correlation = try requests.register()
@@ -68,29 +58,7 @@ package final class ConnectionCore: Sendable {
             requests.cancel(correlation)
             throw error
         }
-        var timeout = receiveTimeout
-        // Only once the request is sent: a sender blocked on a full queue must not hold the right
-        // to read, or a peer blocked writing replies into a full queue of ours waits for it.
-        if let readDirectly, ownership.beginDirectRead() {
-            let deadline = monotonicNanoseconds() &+ receiveTimeout.wholeNanoseconds
-            readDirectly(correlation, deadline)
-            if let finished = requests.takeFinished(correlation) { return try finished.get() }
-            let now = monotonicNanoseconds()
-            timeout = .nanoseconds(deadline > now ? Int64(clamping: deadline - now) : 0)
-        }
-        return try await requests.reply(to: correlation, timeout: timeout, strategy: options.waitStrategy)
-    }
-
-    /// Lets the receive thread park between reads if requests asked it to step aside and none is
-    /// waiting for a reply it would have to read (see ``ReceiveOwnership``).
-    package func parkReceiveThreadIfRequested() {
-        ownership.parkIfRequested(unless: { requests.anyWaiting() })
-    }
-
-    /// Ends a direct read for request `correlation`, handing reading back to the receive thread
-    /// if the read failed or other requests are waiting.
-    package func endDirectRead(for correlation: UInt64, failed: Bool) {
-        ownership.endDirectRead(handBack: failed || requests.anyWaiting(except: correlation))
+        return try await requests.reply(to: correlation, timeout: receiveTimeout, strategy: options.waitStrategy)
     }
 
     /// What ``dispatch(_:reply:whenFull:)`` does with a message for ``messages`` while that
@@ -98,9 +66,9 @@ package final class ConnectionCore: Sendable {
     package enum WhenFull: Sendable {
         /// Wait until the application takes one: the backpressure of a receive thread of its own.
         case wait
-        /// Add it anyway, and say so: for a requester reading its own reply (which then hands
-        /// reading back) and for a receive path that serves several connections (which then
-        /// invalidates this one with ``IPCError/Code/receiveBufferFull``).
+        /// Add it anyway, and say so: for a receive path that stops reading this connection
+        /// until there is room (the event loop), and for one that serves several connections
+        /// (which then invalidates this one with ``IPCError/Code/receiveBufferFull``).
         case keep
     }
 
@@ -168,7 +136,6 @@ package final class ConnectionCore: Sendable {
     /// requests, and runs the invalidation handler last.
     package func finish(_ reason: InvalidationReason, releasingResources release: () -> Void) {
         _ = latch.invalidate(reason)
-        ownership.stop()
         let final = latch.reason ?? reason
         release()
         buffer.finish()
@@ -180,7 +147,7 @@ package final class ConnectionCore: Sendable {
 /// Keeps a connection's reply sender once it is made: making one forms a weak reference to the
 /// connection, and a reply sender per frame costs an allocation and sends every later retain of
 /// the connection down the runtime's slow path. Used only by the thread that reads for the
-/// connection (one at a time, as ``ReceiveOwnership`` decides).
+/// connection.
 package final class ReplyRoute: @unchecked Sendable {
     // @unchecked: one thread at a time reads for a connection, and only that thread uses this.
     private var send: (@Sendable (Frame) throws -> Void)?

@@ -17,8 +17,12 @@ import SystemPackage
 /// process dies, whatever killed it.
 public protocol EngineChannel: AnyObject, Sendable {
     /// The descriptor the loop waits on: readable when ``readAvailable()`` has something to
-    /// read (or the peer hung up), writable when ``write(_:from:)`` can make progress.
+    /// read (or the peer hung up), writable when ``write(_:from:)`` can make progress; for a
+    /// ``ChannelReadiness/doorbell`` channel, rung when either may have changed.
     var descriptor: FileDescriptor { get }
+
+    /// How ``descriptor`` reports progress. `.level` (a socket's) unless the channel says otherwise.
+    var readiness: ChannelReadiness { get }
 
     /// Reads what the kernel holds, without blocking: the number of bytes read, `0` at the end
     /// of the stream, `nil` if nothing was there.
@@ -57,4 +61,23 @@ public protocol EngineChannel: AnyObject, Sendable {
 
     /// Closes the descriptor.
     func close()
+}
+
+/// How an ``EngineChannel``'s descriptor tells the loop that there is something to do.
+public enum ChannelReadiness: Sendable {
+    /// A socket's way: readable while there is something to read, writable while there is room.
+    case level
+    /// A doorbell's way (an eventfd the peer rings, for a channel whose bytes are in shared
+    /// memory): each ring is reported once (the loop registers it edge-triggered) and means
+    /// "look again" in both directions. The engine then reads and writes what is pending on
+    /// every ring. The channel must keep two promises, or a connection stalls:
+    /// ``EngineChannel/readAvailable()`` takes everything there is, or rings its own bell for
+    /// the rest; and a ``EngineChannel/write(_:from:)`` that takes less than it was given makes
+    /// sure the bell rings when room appears (asking the peer to ring, then looking once more
+    /// and ringing itself if the room came meanwhile).
+    case doorbell
+}
+
+extension EngineChannel {
+    public var readiness: ChannelReadiness { .level }
 }

@@ -45,6 +45,9 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private let replySendTimeout: Duration = .seconds(5)
     /// Outbound bytes the loop's own sends may leave queued before they fail at once.
     private let outboundLimit: Int
+    /// The channel's descriptor is a doorbell (``ChannelReadiness/doorbell``): one edge per
+    /// ring, meaning read and write alike.
+    private let doorbell: Bool
 
     private struct WriteState {
         /// The descriptor is closed, or is closed as soon as the active writer stops.
@@ -94,9 +97,10 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         self.core = ConnectionCore(options: options, loop: serving)
         self.onInvalidated = onInvalidated
         self.outboundLimit = options.messageBufferLimit.bytes
+        self.doorbell = channel.readiness == .doorbell
         let handler = ReadinessHandler()
         do {
-            token = try serving.register(channel.descriptor.rawValue, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
+            token = try serving.register(channel.descriptor.rawValue, interest: doorbell ? [.readable, .edgeTriggered] : .readable, waitStrategy: options.waitStrategy, handler: handler)
         } catch {
             channel.close()
             throw error
@@ -184,7 +188,8 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     // MARK: Reading (loop thread)
 
     private func handleEvent(readable: Bool, writable: Bool) {
-        if writable { flush() }
+        // A doorbell's ring may mean room for what waits to be written as well as bytes to read.
+        if writable || (doorbell && readable) { flush() }
         if readable, !paused, !finished { readSome() }
     }
 
@@ -342,16 +347,19 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
 
     /// Gives the right to write back; the loop flushes what was queued meanwhile.
     private func endWriting() {
-        let close: Bool = writeState.withLock { state in
+        let (close, flushSoon): (Bool, Bool) = writeState.withLock { state in
             state.writerActive = false
-            if state.closed { return true }
+            if state.closed { return (true, false) }
             if !state.queue.isEmpty, !state.watchingWritable {
                 state.watchingWritable = true
                 applyInterest(state)
             }
-            return false
+            // A doorbell rings for room only when a write found none: a frame queued behind
+            // this writer for another reason needs the loop to look now.
+            return (false, doorbell && !state.queue.isEmpty)
         }
         if close { channel.close() }
+        if flushSoon { eventLoop.execute { [self] in flush() } }
     }
 
     /// Writes what the kernel takes now. Errors invalidate the connection when they must.
@@ -365,10 +373,16 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     }
 
     private func failedWrite(_ error: IPCError, torn: Bool) {
-        if error.code == .peerInvalidated {
+        switch error.code {
+        case .peerInvalidated:
             invalidate(InvalidationReason(.peerClosed, error: error))
-        } else if error.code == .transportFailure || torn {
-            invalidate(InvalidationReason(.transportFailure, error: error))
+        case .malformedFrame, .truncatedFrame, .frameTooLarge:
+            // What the peer shares with us (a ring's indexes) is broken: nothing more can go.
+            invalidate(InvalidationReason(.protocolError, error: error))
+        default:
+            if error.code == .transportFailure || torn {
+                invalidate(InvalidationReason(.transportFailure, error: error))
+            }
         }
     }
 
@@ -399,6 +413,14 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
                 endWriting()
                 return
             }
+            if doorbell {
+                // Room is announced to the loop only: it writes the rest while we wait for its word.
+                let lock = ConditionLock()
+                let write = PendingWrite(frame: frame, total: total, written: written, deadline: deadline, completion: .thread(lock))
+                enqueue(write, first: true)
+                endWriting()
+                return try awaitOutcome(of: write, lock, deadline: deadline)
+            }
             // On a thread of the caller's own: keep the right to write and wait here for room.
             defer { endWriting() }
             while written < total {
@@ -423,6 +445,11 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         let lock = ConditionLock()
         let write = PendingWrite(frame: frame, total: total, written: 0, deadline: deadline, completion: .thread(lock))
         enqueue(write, first: false)
+        try awaitOutcome(of: write, lock, deadline: deadline)
+    }
+
+    /// Waits on the caller's thread for the loop to write a queued frame, or to fail it.
+    private func awaitOutcome(of write: PendingWrite, _ lock: ConditionLock, deadline: UInt64) throws {
         let outcome: Result<Void, any Error>? = lock.withLock {
             while write.outcome == nil, lock.wait(until: deadline) {}
             return write.outcome
@@ -461,20 +488,22 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// Queues `write` (at the front for the rest of a frame already begun) and makes sure the
     /// loop watches for room; its deadline is checked by a loop timer.
     private func enqueue(_ write: PendingWrite, first: Bool) {
-        let closed: Bool = writeState.withLock { state in
-            if state.closed { return true }
+        let (closed, flushSoon): (Bool, Bool) = writeState.withLock { state in
+            if state.closed { return (true, false) }
             if first { state.queue.prepend(write) } else { state.queue.append(write) }
             state.queuedBytes += write.total - write.written
             if !state.writerActive, !state.watchingWritable {
                 state.watchingWritable = true
                 applyInterest(state)
+                return (false, doorbell)
             }
-            return false
+            return (false, false)
         }
         if closed {
             write.complete(.failure(IPCError(code: .invalidated, message: "the connection is closed")))
             return
         }
+        if flushSoon { eventLoop.execute { [self] in flush() } }
         eventLoop.schedule(at: write.deadline) { [weak self, weak write] in
             guard let self, let write else { return }
             self.expire(write)
@@ -520,6 +549,14 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private func flush() {
         let mayWrite: Bool = writeState.withLock { state in
             guard !state.closed, !state.writerActive else { return false }
+            // A doorbell's ring comes with every message: most find nothing queued.
+            guard !state.queue.isEmpty else {
+                if state.watchingWritable {
+                    state.watchingWritable = false
+                    applyInterest(state)
+                }
+                return false
+            }
             state.writerActive = true
             return true
         }
@@ -565,6 +602,11 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// Tells the loop what to watch for; called with the lock held, so changes apply in order.
     private func applyInterest(_ state: WriteState) {
         guard !state.closed else { return }
+        if doorbell {
+            // One bell for both directions: listen while either has something to wait for.
+            eventLoop.setInterest(token, state.watchingReadable || state.watchingWritable ? [.readable, .edgeTriggered] : [])
+            return
+        }
         var interest: Poller.Interest = []
         if state.watchingReadable { interest.insert(.readable) }
         if state.watchingWritable { interest.insert(.writable) }

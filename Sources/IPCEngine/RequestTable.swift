@@ -113,24 +113,6 @@ package final class RequestTable: Sendable {
         }
     }
 
-    /// Whether the request's outcome is in (and not yet taken).
-    package func isFinished(_ correlation: UInt64) -> Bool {
-        state.withLock { state in
-            if case .finished = state.slots[correlation] { return true }
-            return false
-        }
-    }
-
-    /// Whether a request (other than `correlation`, if given) is still waiting for its outcome.
-    package func anyWaiting(except correlation: UInt64? = nil) -> Bool {
-        state.withLock { state in
-            state.slots.contains { key, slot in
-                guard key != correlation, case .waiting = slot else { return false }
-                return true
-            }
-        }
-    }
-
     /// The outcome of a request that has one, which is then forgotten.
     package func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
         state.withLock { state in

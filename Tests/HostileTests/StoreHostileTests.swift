@@ -52,23 +52,28 @@ struct StoreHostileTests {
         defer { listener.close() }
         let good = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client)
         defer { good.stop() }
-        let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client)
-        defer { victim.stop() }
         let goodConnection = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
-        let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
         let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
+        // The victim's client is in this process, its store named for this test.
+        let label = NotifyStores.uniqueLabel()
+        let victimClient = try NotifyTransport(storeLabel: label).connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength })
+        defer { victimClient.invalidate() }
+        let victimConnection = try await nextConnection(from: listener.connections, peer: getpid(), "the victim")
         let probe = InvalidationProbe()
         probe.attach(to: victimConnection)
+        // Both ends of the victim's connection map the same store here: either path reaches it.
+        let store = try #require(NotifyStores.paths(of: getpid(), label: label).first, "no store for the victim")
 
-        let ring = try #require(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).first { $0.hasPrefix("ring.\(victim.pid)-") && $0.hasSuffix(".ring") })
         if let index = garbage.serverToClientIndexes {
             // Server-to-client ring: header at 128 (write index, read index). The server's next
             // send would add to the forged write index.
-            try HostilePeer.write(into: group.directory.path + "/" + ring, [(128, Self.littleEndian(index) + Self.littleEndian(index))])
+            try HostilePeer.write(into: store, [(128, Self.littleEndian(index) + Self.littleEndian(index))])
             await expectIPCError(garbage.code) { try victimConnection.send([UInt8](repeating: 7, count: 64), msgid: 1, timeout: .seconds(5)) }
         } else {
-            // Client-to-server ring: header at 64 (write index, read index, data counter), data at 4096.
-            try HostilePeer.write(into: group.directory.path + "/" + ring, [(4096, garbage.data), (64, Self.littleEndian(garbage.writeIndex))], post: [80])
+            // Client-to-server ring: header at 64 (write index, read index), data at 4096. No
+            // bell is rung: the victim's next message rings it, or the periodic check finds it.
+            try HostilePeer.write(into: store, [(4096, garbage.data), (64, Self.littleEndian(garbage.writeIndex))])
+            try? await victimClient.send([1], msgid: 1, timeout: .seconds(5))
         }
         #expect(await probe.wait(seconds: 30), "the victim's connection was not invalidated")
         #expect(probe.reason?.kind == .protocolError, "invalidated with \(String(describing: probe.reason))")
@@ -83,18 +88,17 @@ struct StoreHostileTests {
         let endpoint = try group.endpoint("scribble")
         let server = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
         defer { server.stop() }
-        let transport = NotifyTransport()
-        let good = try transport.connect(to: endpoint, options: .defaults)
+        let good = try NotifyTransport().connect(to: endpoint, options: .defaults)
         defer { good.invalidate() }
         let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
-        let victim = try transport.connect(to: endpoint, options: .defaults)
+        let label = NotifyStores.uniqueLabel()
+        let victim = try NotifyTransport(storeLabel: label).connect(to: endpoint, options: .defaults)
         defer { victim.invalidate() }
         let probe = InvalidationProbe()
         probe.attach(to: victim)
         #expect(try await victim.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
-        let stores = try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasPrefix("scribble.\(getpid())-") && $0.hasSuffix(".ring") }.sorted()
-        let path = group.directory.path + "/" + (try #require(stores.last, "no store for the victim"))
-        // Header, counters and indexes, without waking anyone: both readers are asleep on futexes.
+        let path = try #require(NotifyStores.paths(of: getpid(), label: label).first, "no store for the victim")
+        // Header, flags and indexes, without ringing anyone: both ends wait on their doorbells.
         var random = SystemRandomNumberGenerator()
         var garbage = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &random) }
         garbage[0] = ~0x59  // never the magic's first byte

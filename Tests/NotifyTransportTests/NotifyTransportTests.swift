@@ -11,10 +11,24 @@ import Testing
 /// The message transport over notifications and a shared store, with peer processes.
 @Suite("Notify transport")
 struct NotifyTransportTests {
-    let transport = NotifyTransport()
+    /// Names this test's stores, so that stores of tests running beside it are not counted.
+    let label = NotifyStores.uniqueLabel()
+    var transport: NotifyTransport { NotifyTransport(storeLabel: label) }
 
-    private func ringFiles(_ group: borrowing TestGroup) throws -> [String] {
-        try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".ring") }
+    /// Runs a system tool to completion; its exit status.
+    private func run(_ tool: String, _ arguments: [String]) throws -> Int32 {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: tool)
+        process.arguments = arguments
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// The stores of this test's clients that this process maps (one per live connection end).
+    private func storesMapped() -> [String] {
+        NotifyStores.paths(of: getpid(), label: label)
     }
 
     private func accept(_ count: Int, on listener: NotifyListener) async throws -> [NotifyConnection] {
@@ -72,7 +86,7 @@ struct NotifyTransportTests {
         }
     }
 
-    @Test("a sender killed while writing a message: no partial message, the next message still arrives, its store is removed")
+    @Test("a sender killed while writing a message: no partial message, the next message still arrives, its store is released")
     func senderKilledMidWrite() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("torn")
@@ -83,31 +97,35 @@ struct NotifyTransportTests {
         // test's tasks, which can be starved) spins on the store's write index and kills the
         // sender once 2 MiB of message 1 are published, 254 MiB before it could finish.
         let frame = UInt64(BinaryWireFormat.headerLength + size)
-        let killed = LockedValue<(written: UInt64, pid: Int32)?>(nil)
-        let directory = group.directory.path
+        let killed = LockedValue<(written: UInt64, pid: Int32, inode: UInt64)?>(nil)
+        let writerPID = LockedValue<Int32?>(nil)
         // Started before the sender exists, so it is watching when the burst begins.
         Thread.detachNewThread {
             let deadline = ContinuousClock.now + .seconds(60)
-            var store: (mapping: SharedMapping, writer: Int32)?
+            var store: (header: UnsafeMutableRawPointer, writer: Int32, inode: UInt64)?
             while ContinuousClock.now < deadline {
-                guard let (mapping, writer) = store else {
-                    // The store is `torn.<writer pid>-<serial>.ring`.
-                    let file = (try? FileManager.default.contentsOfDirectory(atPath: directory))?.first { $0.hasSuffix(".ring") }
-                    if let file, let pid = Int32(file.dropFirst("torn.".count).prefix { $0.isNumber }),
-                        let mapping = try? SharedMapping(path: directory + "/" + file, length: 4096, create: false) {
-                        store = (mapping, pid)
+                guard let (header, writer, inode) = store else {
+                    // The sender's store, once it is connected (a memfd it maps).
+                    if let pid = writerPID.get(), let mapping = NotifyStores.mappings(of: pid).first {
+                        let fd = open(mapping.path, O_RDONLY | O_CLOEXEC)
+                        if fd >= 0, let address = mmap(nil, 4096, PROT_READ, MAP_SHARED, fd, 0), address != MAP_FAILED {
+                            store = (address, pid, mapping.inode)
+                        }
+                        if fd >= 0 { close(fd) }
                     }
                     continue
                 }
-                let written = ipc_atomic_load_u64(mapping.word64(at: 64))
+                let written = ipc_atomic_load_u64((header + 64).assumingMemoryBound(to: UInt64.self))
                 if written >= frame + (2 << 20) {
                     kill(writer, SIGKILL)
-                    killed.set((written, writer))
+                    killed.set((written, writer, inode))
+                    munmap(header, 4096)
                     return
                 }
             }
         }
         let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, size))
+        writerPID.set(victim.pid)
         let connection = try #require(try await accept(1, on: listener).first)
         let probe = InvalidationProbe()
         probe.attach(to: connection)
@@ -116,7 +134,7 @@ struct NotifyTransportTests {
             for await message in connection.messages { delivered.append(message) }
             return delivered
         }
-        let (written, killedPID) = try #require(killed.get(), "the sender never reached message 1")
+        let (written, killedPID, inode) = try #require(killed.get(), "the sender never reached message 1")
         #expect(killedPID == victim.pid)
         #expect(written < 2 * frame, "the kill did not land while message 1 was being written")
         #expect(await probe.wait(seconds: 10))
@@ -124,7 +142,7 @@ struct NotifyTransportTests {
         // Message 0 whole, and nothing of the half-written message 1.
         #expect(delivered.map(\.msgid) == [0])
         #expect(delivered.first?.payload == PeerService.burstPayload(0, size: size))
-        #expect(try ringFiles(group).isEmpty)
+        #expect(!NotifyStores.maps(getpid(), inode: inode), "the listener still maps the dead sender's store")
 
         let next = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (1, 64))
         defer { next.stop() }
@@ -133,7 +151,7 @@ struct NotifyTransportTests {
         #expect(received.first?.payload == PeerService.burstPayload(0, size: 64))
     }
 
-    @Test("SIGKILL of the server: the client invalidates once, fails its pending request, and removes its store")
+    @Test("SIGKILL of the server: the client invalidates once, fails its pending request, and releases its store")
     func serverKilled() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("server")
@@ -145,7 +163,7 @@ struct NotifyTransportTests {
             try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
         }
         try await Task.sleep(for: .milliseconds(200))
-        #expect(try ringFiles(group).count == 1)
+        #expect(storesMapped().count == 1)
         peer.kill()
         let outcome = await withDeadlineResult(seconds: 10) { try await pending.value }
         guard case .failure(let error as IPCError) = outcome else {
@@ -155,7 +173,7 @@ struct NotifyTransportTests {
         #expect(error.code == .peerInvalidated)
         #expect(await probe.wait(seconds: 10))
         #expect(probe.count == 1)
-        #expect(try ringFiles(group).isEmpty)
+        #expect(storesMapped().isEmpty)
         await expectIPCError(.invalidated) { try connection.send([1], msgid: 1, timeout: .seconds(1)) }
     }
 
@@ -175,23 +193,97 @@ struct NotifyTransportTests {
         #expect(try await connection.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [3])
     }
 
-    @Test("the store does not grow: a connection's file keeps its size however much passes through")
-    func boundedStore() async throws {
+    @Test("the store cannot change size: its memfd is sealed, and truncating it from another process fails")
+    func sealedStore() async throws {
         let group = try TestGroup()
-        let endpoint = try group.endpoint("bounded")
+        let endpoint = try group.endpoint("sealed")
         let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.stop() }
         let connection = try transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
-        let file = try #require(try ringFiles(group).first)
-        let sizeBefore = try FileManager.default.attributesOfItem(atPath: group.directory.path + "/" + file)[.size] as? Int
+        let path = try #require(NotifyStores.paths(of: peer.pid, label: label).first, "the server maps no store")
         let payload = [UInt8](repeating: 9, count: 256 * 1024)
         for _ in 0..<40 {
-            _ = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+            #expect(try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10)) == payload)
         }
-        let sizeAfter = try FileManager.default.attributesOfItem(atPath: group.directory.path + "/" + file)[.size] as? Int
-        #expect(sizeBefore != nil)
-        #expect(sizeAfter == sizeBefore)
+        // Another process (the truncation that used to kill the mapping process with SIGBUS).
+        #expect(try run("/usr/bin/truncate", ["--size", "0", path]) != 0, "truncate(1) shrank the store")
+        let fd = open(path, O_RDWR | O_CLOEXEC)
+        defer { close(fd) }
+        #expect(ftruncate(fd, 0) != 0 && errno == EPERM)
+        #expect(ftruncate(fd, 1 << 30) != 0 && errno == EPERM)
+        #expect(try await connection.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10)) == [1])
+        #expect(peer.isRunning)
+    }
+
+    @Test("clients that connect and say nothing hold at most 64 handshakes; the next are told busy; once they go, clients are served")
+    func silentClients() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("silent")
+        let listener = try NotifyTransport(connectTimeout: .seconds(120)).listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let path = group.directory.path + "/silent.rendezvous"
+        var silent = try (0..<(NotifyListener.maximumPendingHandshakes + 8)).map { _ in try UnixSocket.connect(path: path) }
+        defer { silent.forEach { closeDescriptor($0) } }
+        // The listener answers the ones beyond the bound: 4 (busy), then closes them.
+        var answers: [UInt8] = []
+        for fd in silent.suffix(8) {
+            let answer = try await withDeadline(seconds: 30, "the busy answer") { () -> UInt8 in
+                var word = [UInt8](repeating: 0, count: 4)
+                let count = word.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4, 0) }
+                return count == 4 ? word[0] : 0
+            }
+            answers.append(answer)
+        }
+        #expect(answers == [UInt8](repeating: 4, count: 8), "answers to the clients beyond the bound: \(answers)")
+        await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
+        // The silent clients hang up: the listener lets them go, and serves a real client.
+        silent.forEach { closeDescriptor($0) }
+        silent = []
+        let client = try await withDeadline(seconds: 30, "a connect once the silent clients are gone") { () -> NotifyConnection in
+            while true {
+                do { return try transport.connect(to: endpoint, options: .defaults) } catch let error as IPCError where error.code == .endpointNotFound {
+                    try await Task.sleep(for: .milliseconds(50))
+                }
+            }
+        }
+        defer { client.invalidate() }
+        #expect(try await client.request([5], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [5])
+    }
+
+    @Test("a client that connects and says nothing is dropped after the handshake timeout")
+    func silentClientTimesOut() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("mute")
+        let listener = try NotifyTransport(connectTimeout: .milliseconds(200)).listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        let fd = try UnixSocket.connect(path: group.directory.path + "/mute.rendezvous")
+        defer { closeDescriptor(fd) }
+        // The listener closes it without an answer: end of stream.
+        let count = try await withDeadline(seconds: 30, "the listener dropping a silent client") { () -> Int in
+            var byte: UInt8 = 0
+            return recv(fd, &byte, 1, 0)
+        }
+        #expect(count == 0)
+    }
+
+    @Test("the accept filter sees the client's kernel-verified credentials; a refused client's connect fails with accessDenied")
+    func acceptFilter() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("filtered")
+        let seen = LockedValue<[PeerCredentials]>([])
+        let listener = try transport.listen(at: endpoint, options: .defaults) { credentials in
+            seen.set(seen.get() + [credentials])
+            return seen.get().count > 1
+        }
+        defer { listener.close() }
+        await expectIPCError(.accessDenied) { try transport.connect(to: endpoint, options: .defaults) }
+        let second = try transport.connect(to: endpoint, options: .defaults)
+        defer { second.invalidate() }
+        #expect(seen.get().map(\.pid) == [getpid(), getpid()])
+        #expect(seen.get().allSatisfy { $0.uid == geteuid() && $0.gid == getegid() })
+        #expect(second.peer?.pid == getpid())
+        #expect(listener.activeConnections.count == 1)
     }
 
     @Test("a store corrupted by another process invalidates the connection with a protocol error, no crash")
@@ -208,12 +300,13 @@ struct NotifyTransportTests {
         })
         let probe = InvalidationProbe()
         probe.attach(to: server)
-        // A hostile writer: the client-to-server ring's read index ahead of its write index.
-        let file = try #require(try ringFiles(group).first)
-        let store = try SharedMapping(path: group.directory.path + "/" + file, length: 4096, create: false)
-        store.word64(at: 64).pointee = 5
-        store.word64(at: 72).pointee = 10
-        FutexCounter(in: store, at: 80).post()
+        // A hostile writer in another process: the client-to-server ring's read index ahead of
+        // its write index, and no ring of any bell (the periodic check finds it).
+        let path = try #require(storesMapped().first)
+        let indexes = NSTemporaryDirectory() + "ipcbench-indexes-\(UUID().uuidString)"
+        try Data(withUnsafeBytes(of: UInt64(5), Array.init) + withUnsafeBytes(of: UInt64(10), Array.init)).write(to: URL(fileURLWithPath: indexes))
+        defer { try? FileManager.default.removeItem(atPath: indexes) }
+        #expect(try run("/bin/dd", ["if=\(indexes)", "of=\(path)", "bs=16", "seek=4", "conv=notrunc", "status=none"]) == 0)
         #expect(await probe.wait(seconds: 10))
         #expect(probe.reason?.kind == .protocolError)
         #expect(probe.reason?.error?.code == .malformedFrame)

@@ -45,6 +45,9 @@ uint32_t ipc_atomic_load_u32(const uint32_t *address);
 void ipc_atomic_store_u32(uint32_t *address, uint32_t value);
 uint32_t ipc_atomic_fetch_add_u32(uint32_t *address, uint32_t value);
 int ipc_atomic_compare_exchange_u32(uint32_t *address, uint32_t expected, uint32_t desired);
+uint32_t ipc_atomic_exchange_u32(uint32_t *address, uint32_t value);
+/// A sequentially consistent fence: no load after it is performed before a store before it.
+void ipc_atomic_fence(void);
 
 /// FUTEX_WAIT (shared, not private): sleeps while *address == expected, at most timeout_ns
 /// (negative: no limit). Returns 0 when woken, or -1 with errno ETIMEDOUT, EAGAIN (the value
@@ -88,5 +91,37 @@ int ipc_ofd_lock(int fd, short type);
 /// O_TMPFILE is hidden too: opens an unnamed regular file, read-write, close-on-exec, in
 /// directory. Returns the descriptor or -1 with errno set.
 int ipc_open_unnamed_file(const char *directory);
+
+/// Descriptors over an AF_UNIX socket (SCM_RIGHTS; the CMSG_* macros are not callable from
+/// Swift). Sends length bytes of data with count descriptors in one sendmsg (MSG_NOSIGNAL).
+/// Returns the bytes sent or -1 with errno set.
+long ipc_send_with_descriptors(int socket, const void *data, unsigned long length, const int *fds, int count);
+
+/// Receives at most capacity bytes and at most fd_capacity descriptors in one recvmsg
+/// (MSG_DONTWAIT | MSG_CMSG_CLOEXEC). Stores the descriptors received in fds and their number
+/// in fd_count. Returns the bytes received (0 at end of stream) or -1 with errno set; when the
+/// sender passed more descriptors than fit (MSG_CTRUNC), closes every one received and fails
+/// with EMSGSIZE, so that none leaks.
+long ipc_receive_with_descriptors(int socket, void *data, unsigned long capacity, int *fds, int fd_capacity, int *fd_count);
+
+/// memfd_create(2) with MFD_CLOEXEC | MFD_ALLOW_SEALING: an anonymous shared-memory file whose
+/// size can be sealed. Returns the descriptor or -1 with errno set.
+int ipc_memfd_create_sealable(const char *name);
+
+/// Seals a memfd's size (F_SEAL_SHRINK | F_SEAL_GROW) and its seals (F_SEAL_SEAL): nobody, the
+/// creator included, can truncate or grow it from now on, so a mapping of it can never fault
+/// with SIGBUS. Returns 0 or -1 with errno set.
+int ipc_seal_size(int fd);
+
+/// Whether fd is a memfd whose size is sealed against shrinking and growing: 1 if so, 0 if not,
+/// -1 with errno set if its seals cannot be read (it is not a memfd).
+int ipc_size_is_sealed(int fd);
+
+/// Whether fd is an eventfd (its /proc/self/fd link reads "anon_inode:[eventfd]"): 1, 0, or -1.
+int ipc_is_eventfd(int fd);
+
+/// Makes an eventfd created elsewhere non-blocking (so that a write to a full counter fails
+/// with EAGAIN instead of blocking). Returns 0 or -1.
+int ipc_set_nonblocking(int fd);
 
 #endif

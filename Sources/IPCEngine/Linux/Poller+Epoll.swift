@@ -15,6 +15,9 @@ package final class Poller: Sendable {
         package init(rawValue: UInt8) { self.rawValue = rawValue }
         package static let readable = Interest(rawValue: 1)
         package static let writable = Interest(rawValue: 2)
+        /// Report each change once (epoll's `EPOLLET`), for a doorbell channel
+        /// (``ChannelReadiness/doorbell``); without it, a registration is level-triggered.
+        package static let edgeTriggered = Interest(rawValue: 4)
     }
 
     /// One readiness report: the token given at registration and what happened.
@@ -82,6 +85,7 @@ package final class Poller: Sendable {
         var mask: UInt32 = 0
         if interest.contains(.readable) { mask |= EPOLLIN.rawValue | EPOLLRDHUP.rawValue }
         if interest.contains(.writable) { mask |= EPOLLOUT.rawValue }
+        if interest.contains(.edgeTriggered), mask != 0 { mask |= EPOLLET.rawValue }
         return mask
     }
 

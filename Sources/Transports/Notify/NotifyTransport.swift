@@ -4,29 +4,37 @@ import IPCEngine
 import IPCPosix
 import Synchronization
 
-/// Messages over named notifications and a shared store: the MMWormhole pattern without its
-/// defects, on the notify(3) model (``NotifyCenter``).
+/// Messages over doorbells and a shared store: the MMWormhole pattern without its defects, on
+/// the notify(3) model of payload-less notifications delivered to a file descriptor.
 ///
-/// A connection's messages live in a store file in the group directory (``NotifyStore``: one
-/// byte ring per direction, frames in the binary framing); the writer publishes a frame and posts
-/// the ring's counter to wake the reader. Every message is delivered exactly once and in order
-/// however posts coalesce, bursts wait for ring space instead of overwriting, and a frame is seen
-/// only once it is whole. Peer death is detected through the peer's process.
+/// A connection's messages live in a store (``NotifyStore``: a sealed memfd holding one byte
+/// ring per direction, frames in the binary framing); the writer publishes a frame and rings the
+/// reader's doorbell, an eventfd that the reader's event loop waits on with every other
+/// connection of its process. Every message is delivered exactly once and in order however
+/// rings coalesce, bursts wait for ring space instead of overwriting, and a frame is seen only
+/// once it is whole. Peer death is detected through the peer's process (a pidfd).
 ///
-/// Files: `G/notify.center` (the notification table), `G/<endpoint>.lock` (held by the
-/// listener), `G/<endpoint>.<pid>-<serial>.ring` (one per connection, removed when it ends).
+/// Files: `G/<name>.lock` (held by the listener) and `G/<name>.rendezvous` (the socket a client
+/// hands its store and doorbells over, and learns the listener's credentials from; the listener
+/// learns the client's, so an accept filter works). Nothing else is named: a store and its
+/// doorbells exist only as descriptors in the two processes.
 public struct NotifyTransport: MessageTransport {
     public typealias Connection = NotifyConnection
     public typealias Listener = NotifyListener
 
-    /// Bytes per direction in each connection's store.
+    /// Bytes per direction in each connection's store (4 KiB to 1 GiB).
     public var ringCapacity: Int
     /// How long a connect waits for the listener to accept.
     public var connectTimeout: Duration
+    /// The name of the memfds this transport's connections create (at most 249 bytes): it shows
+    /// in `/proc/<pid>/maps` as `/memfd:<label> (deleted)`, which is how a debugger, or a test,
+    /// finds a connection's store.
+    public var storeLabel: String
 
-    public init(ringCapacity: Int = 1 << 20, connectTimeout: Duration = .seconds(5)) {
-        self.ringCapacity = ringCapacity
+    public init(ringCapacity: Int = 1 << 20, connectTimeout: Duration = .seconds(5), storeLabel: String = "ipcbench-notify") {
+        self.ringCapacity = min(max(ringCapacity, NotifyStore.minimumRingCapacity), NotifyStore.maximumRingCapacity)
         self.connectTimeout = connectTimeout
+        self.storeLabel = String(decoding: storeLabel.utf8.prefix(249), as: UTF8.self)
     }
 
     public var name: String { "notify" }
@@ -37,53 +45,74 @@ public struct NotifyTransport: MessageTransport {
             preservesOrder: true,
             supportsRequestReply: true,
             supportsBroadcast: true,
-            supportsAcceptFilter: false,
+            supportsAcceptFilter: true,
             peerDeathDetection: .processWatch,
             supportsSpinning: true
         )
     }
 
-    /// - Throws: an accept filter is refused with ``IPCError/Code/unsupportedOperation`` (a store
-    ///   file carries no kernel-verified identity beyond its owner, who is always this user);
-    ///   otherwise what ``MessageTransport/listen(at:options:acceptFilter:)`` documents.
+    /// - Throws: what ``MessageTransport/listen(at:options:acceptFilter:)`` documents.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> NotifyListener {
-        guard acceptFilter == nil else {
-            throw IPCError(code: .unsupportedOperation, message: "the notify transport cannot filter clients by credentials")
-        }
-        return try NotifyListener(endpoint: endpoint, center: NotifyCenter(group: endpoint.group), options: options)
+        try NotifyListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout)
     }
 
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens or the listener does not
+    ///   answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its accept filter
+    ///   refuses this process; ``IPCError/Code/invalidEndpoint`` for an unsafe group directory;
+    ///   ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> NotifyConnection {
         try GroupDirectories.verify(endpoint.group)
-        guard let serverPID = EndpointLock.owner(of: endpoint), ProcessWatcher.isAlive(pid: serverPID) else {
-            throw IPCError(code: .endpointNotFound, message: "no live process listens on \(endpoint)")
+        let socket = try UnixSocket.connect(path: NotifyRendezvous.socketPath(endpoint))
+        defer { closeDescriptor(socket) }
+        let peer = try UnixSocket.peerCredentials(socket)
+        let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, timeout: connectTimeout)
+        let channel = NotifyChannel(store: store, isClient: true, ownBell: ownBell, peerBell: peerBell, maximumPayloadLength: options.maximumPayloadLength)
+        return try Self.serve(channel, peer: peer, options: options, onInvalidated: nil)
+    }
+
+    /// An engine connection over `channel` whose peer's death (seen through its process, since
+    /// a store has no connection to break) invalidates it.
+    static func serve(_ channel: NotifyChannel, peer: PeerCredentials, options: ConnectionOptions, onInvalidated: (@Sendable (EngineConnection) -> Void)?) throws -> NotifyConnection {
+        let watch = Mutex<ProcessWatcher.Watch?>(nil)
+        let connection = try EngineConnection(channel: channel, peer: peer, options: options) { connection in
+            if let token = watch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(token) }
+            onInvalidated?(connection)
         }
-        let center = try NotifyCenter(group: endpoint.group)
-        let path = endpoint.path(suffix: ".\(getpid())-\(Self.nextSerial()).ring")
-        let store = try NotifyStore.create(path: path, ringCapacity: ringCapacity)
-        try center.post(Self.connectName(endpoint))
-        guard store.awaitAcceptance(timeout: connectTimeout, serverPID: serverPID) == .accepted else {
-            store.close()
-            unlink(path)
-            throw IPCError(code: .endpointNotFound, message: "the listener on \(endpoint) did not accept (it died, or took longer than \(connectTimeout))")
+        do {
+            let token = try ProcessWatcher.shared.watch(pid: peer.pid) { [weak connection] in
+                connection?.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(peer.pid) exited")))
+            }
+            watch.withLock { $0 = token }
+            // Invalidated before the watch was stored (the peer was already gone): cancel it here.
+            if connection.invalidationReason != nil, let token = watch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(token) }
+        } catch {
+            connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+            throw error
         }
-        let connection = try NotifyConnection(store: store, isClient: true, peerPID: store.serverPID, options: options)
-        try connection.start()
+        checkPeriodically(connection, channel)
         return connection
     }
 
-    static func connectName(_ endpoint: Endpoint) -> String {
-        endpoint.name + ".connect"
-    }
+    /// How often an idle connection's store is looked at: anything of this user (a stray
+    /// process, a debugger) that overwrites it rings no bell, and a connection that waits for
+    /// a ring would not notice otherwise.
+    static let integrityCheckPeriod: Duration = .seconds(1)
 
-    private static let serial = Atomic<Int>(0)
-
-    private static func nextSerial() -> Int {
-        serial.add(1, ordering: .relaxed).newValue
+    private static func checkPeriodically(_ connection: EngineConnection, _ channel: NotifyChannel) {
+        connection.eventLoop.schedule(at: monotonicNanoseconds() &+ integrityCheckPeriod.wholeNanoseconds) { [weak connection] in
+            guard let connection, connection.invalidationReason == nil else { return }
+            guard channel.storeIsSound else {
+                connection.invalidate(InvalidationReason(.protocolError, error: IPCError(
+                    code: .malformedFrame, message: "the notify store was overwritten (its header or a ring's indexes are impossible)"
+                )))
+                return
+            }
+            checkPeriodically(connection, channel)
+        }
     }
 }
 
 extension MessageTransport where Self == NotifyTransport {
-    /// Notifications plus a shared store.
+    /// Doorbells plus a shared store.
     public static var notify: NotifyTransport { NotifyTransport() }
 }

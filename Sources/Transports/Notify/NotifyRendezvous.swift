@@ -1,0 +1,115 @@
+import CIPCShims
+import Glibc
+import IPCCore
+import IPCPosix
+import SystemPackage
+
+/// How a notify connection is set up: over the endpoint's rendezvous socket
+/// (`G/<name>.rendezvous`, an `AF_UNIX` stream socket), the client sends a hello with three
+/// descriptors — the sealed store and both doorbells — and the listener answers with one status
+/// word. The socket is closed after that; it serves to hand the descriptors over and to give
+/// both sides the other's kernel-verified credentials (`SO_PEERCRED`). See docs/WIRE-FORMAT.md,
+/// section 6.
+enum NotifyRendezvous {
+    /// Hello: magic, version, ring capacity, zero; four 32-bit words, little-endian.
+    static let helloLength = 16
+    /// The descriptors that come with a hello, in this order.
+    static let descriptorCount = 3
+
+    /// The listener's answer, a 32-bit little-endian word.
+    enum Status: UInt32 {
+        case accepted = 1
+        /// The accept filter refused this client's credentials.
+        case refused = 2
+        /// The hello or its descriptors were not a valid store and doorbells.
+        case malformed = 3
+        /// Too many clients are in the middle of connecting.
+        case busy = 4
+    }
+
+    static func socketPath(_ endpoint: Endpoint) -> String {
+        endpoint.path(suffix: ".rendezvous")
+    }
+
+    static func hello(ringCapacity: Int) -> [UInt8] {
+        [NotifyStore.magic, NotifyStore.version, UInt32(ringCapacity), 0].flatMap { withUnsafeBytes(of: $0.littleEndian, Array.init) }
+    }
+
+    /// The ring capacity a hello announces, if it is this version's hello.
+    static func ringCapacity(ofHello bytes: ArraySlice<UInt8>) -> Int? {
+        guard bytes.count == helloLength else { return nil }
+        let words = stride(from: bytes.startIndex, to: bytes.endIndex, by: 4).map { start in
+            bytes[start..<start + 4].reversed().reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+        }
+        guard words[0] == NotifyStore.magic, words[1] == NotifyStore.version, words[3] == 0 else { return nil }
+        return Int(words[2])
+    }
+
+    static func statusBytes(_ status: Status) -> [UInt8] {
+        withUnsafeBytes(of: status.rawValue.littleEndian, Array.init)
+    }
+
+    /// Waits up to `deadline` (``monotonicNanoseconds()``) for `fd` to be readable.
+    static func waitUntilReadable(_ fd: CInt, deadline: UInt64) -> Bool {
+        while true {
+            let now = monotonicNanoseconds()
+            guard now < deadline else { return false }
+            var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let milliseconds = CInt(clamping: (deadline - now + 999_999) / 1_000_000)
+            let result = poll(&entry, 1, milliseconds)
+            if result > 0 { return true }
+            if result < 0, errno != EINTR { return false }
+        }
+    }
+
+    /// The client's side: makes the store and the doorbells, hands them to the listener on
+    /// `socket`, and waits for its answer.
+    /// - Returns: the store and this side's (own) and the listener's (peer) doorbells.
+    /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused;
+    ///   ``IPCError/Code/endpointNotFound`` if the listener did not answer in time;
+    ///   ``IPCError/Code/transportFailure``.
+    static func connect(socket: CInt, ringCapacity: Int, storeLabel: String, timeout: Duration) throws -> (store: NotifyStore, ownBell: CInt, peerBell: CInt) {
+        let (store, memfd) = try NotifyStore.create(ringCapacity: ringCapacity, label: storeLabel)
+        defer { closeDescriptor(memfd) }
+        let ownBell = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
+        let peerBell = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
+        guard ownBell >= 0, peerBell >= 0 else {
+            let error = Errno(rawValue: errno)
+            if ownBell >= 0 { closeDescriptor(ownBell) }
+            if peerBell >= 0 { closeDescriptor(peerBell) }
+            throw IPCError.syscall("eventfd", error)
+        }
+        do {
+            let hello = Self.hello(ringCapacity: ringCapacity)
+            let descriptors = [memfd, peerBell, ownBell]
+            let sent = hello.withUnsafeBytes { bytes in
+                descriptors.withUnsafeBufferPointer { ipc_send_with_descriptors(socket, bytes.baseAddress, UInt(bytes.count), $0.baseAddress, CInt($0.count)) }
+            }
+            // A listener that refuses at once (accept filter, busy) may have answered and closed
+            // before the hello went: the answer is still there to read.
+            guard sent == helloLength || errno == EPIPE || errno == ECONNRESET else {
+                throw IPCError(code: .transportFailure, message: "the notify hello was not sent whole (errno \(errno))")
+            }
+            guard waitUntilReadable(socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds) else {
+                throw IPCError(code: .endpointNotFound, message: "the notify listener did not answer within \(timeout)")
+            }
+            var answer = [UInt8](repeating: 0, count: 4)
+            let count = (try? answer.withUnsafeMutableBytes { try UnixSocket.readIfReady(socket, into: $0) }) ?? 0
+            let status = count == 4 ? Status(rawValue: answer.reversed().reduce(UInt32(0)) { $0 << 8 | UInt32($1) }) : nil
+            switch status {
+            case .accepted:
+                return (store, ownBell, peerBell)
+            case .refused:
+                throw IPCError(code: .accessDenied, message: "the notify listener's accept filter refused this process")
+            case .busy:
+                throw IPCError(code: .endpointNotFound, message: "the notify listener has too many clients connecting at once; try again")
+            case .malformed, nil:
+                throw IPCError(code: .transportFailure, message: "the notify listener did not accept the connection (answer \(answer.prefix(count)))")
+            }
+        } catch {
+            closeDescriptor(ownBell)
+            closeDescriptor(peerBell)
+            throw error
+        }
+    }
+}
