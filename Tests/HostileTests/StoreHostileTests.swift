@@ -171,7 +171,7 @@ struct StoreHostileTests {
         #expect(goodConnection.invalidationReason == nil)
     }
 
-    @Test("a hello that claims another client's reply queue, or a pid that is not its queue's, is refused")
+    @Test("a hello that claims another client's reply queue, a pid that is not its queue's, or a process that does not hold the queue, is refused")
     func messagePortForgedHello() async throws {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("hello")
@@ -186,10 +186,17 @@ struct StoreHostileTests {
         func hello(pid: Int32, queue: String) -> String {
             HostilePeer.hex(withUnsafeBytes(of: UInt32(bitPattern: pid).bigEndian, Array.init) + Array(queue.utf8))
         }
+        // Queues this process (the attacker) makes in others' names: one for pid 1, one for the
+        // good client. Each names a live process of this user (the tests run as root) that does
+        // not hold it.
+        let claimed = [PortNames.replyQueue(endpoint, pid: 1, serial: 1), PortNames.replyQueue(endpoint, pid: good.pid, serial: 7)]
+        for name in claimed { try MessageQueue.create(name: name, maximumMessages: 1, messageSize: 64).close() }
+        defer { for name in claimed { MessageQueue.unlink(name: name) } }
         let forged = [
             hello(pid: good.pid, queue: goodQueue),  // the live client's own queue, again
             hello(pid: 1, queue: goodQueue),  // a queue named for another pid
-            hello(pid: 1, queue: PortNames.replyQueue(endpoint, pid: 1, serial: 1)),  // a pid of another user (or none)
+            hello(pid: 1, queue: claimed[0]),  // pid 1, which does not hold it
+            hello(pid: good.pid, queue: claimed[1]),  // the good client, which does not hold it
         ].map { Self.fragment(kind: 16, sender: 0, total: UInt32($0.count / 2), offset: 0, body: []) + $0 }
         #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint)] + forged.flatMap { ["--hex", $0] }) == 0)
         // A hello the listener takes is answered at once; give it time to answer, then check

@@ -140,6 +140,25 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         return stat("/proc/\(pid)", &status) == 0 && status.st_uid == geteuid()
     }
 
+    /// Whether process `pid` holds the message queue `name` open: a client that says hello has
+    /// just created its reply queue and holds it, so a hello naming a process that does not
+    /// (another client, or pid 1, with a queue the sender made) is forged. `/proc/<pid>/fd` of a
+    /// process of this user is readable; an open queue's link reads as its name.
+    static func process(_ pid: Int32, holdsQueue name: String) -> Bool {
+        let directory = "/proc/\(pid)/fd"
+        guard let entries = opendir(directory) else { return false }
+        defer { closedir(entries) }
+        var target = [CChar](repeating: 0, count: Int(PATH_MAX))
+        while let entry = readdir(entries) {
+            let fd = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard fd.first?.isNumber == true else { continue }
+            let count = readlink(directory + "/" + fd, &target, target.count - 1)
+            guard count > 0 else { continue }
+            if String(decoding: target.prefix(count).map { UInt8(bitPattern: $0) }, as: UTF8.self) == name { return true }
+        }
+        return false
+    }
+
     /// Removes the reply queues of this port's clients whose processes are gone. A client killed
     /// after creating its reply queue but before a server read its hello leaves one that nobody
     /// else knows of (a server removes those of the clients it admitted), and queues outlive
@@ -170,11 +189,12 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let replyName = String(decoding: body[4...], as: UTF8.self)
         // A queue message carries no kernel-verified sender, so check what a hello claims as far
         // as it can be checked: the reply queue is named for the pid (`<server queue>.r<pid>.<serial>`),
-        // that pid is a live process of this user, and no client already uses that queue (a
-        // hello naming another client's queue would otherwise send to it, and remove it later).
+        // that pid is a live process of this user that holds the queue open, and no client
+        // already uses that queue (a hello naming another client's queue would otherwise send
+        // to it, and remove it later).
         let serial = replyName.dropFirst((queue.name + ".r\(pid).").count)
         guard pid > 0, replyName.hasPrefix(queue.name + ".r\(pid)."), !serial.isEmpty, serial.allSatisfy(\.isASCII), serial.allSatisfy(\.isNumber),
-            Self.isLiveProcessOfThisUser(pid),
+            Self.isLiveProcessOfThisUser(pid), Self.process(pid, holdsQueue: replyName),
             !state.withLock({ $0.clients.values.contains { $0.clientQueueName == replyName } }),
             let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true)
         else { return }
