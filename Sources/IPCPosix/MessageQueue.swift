@@ -72,6 +72,26 @@ public struct MessageQueue: Sendable {
         _ = mq_unlink(name)
     }
 
+    /// Removes the name if it exists, and says why not if it cannot.
+    /// - Throws: ``IPCError/Code/accessDenied`` if the queue belongs to another user (queue
+    ///   names are one namespace for the whole machine, so another user can take a name first).
+    public static func removeName(_ name: String) throws {
+        guard mq_unlink(name) != 0 else { return }
+        let error = Errno(rawValue: errno)
+        switch error {
+        case .noSuchFileOrDirectory:
+            return
+        case .permissionDenied, .notPermitted:
+            throw IPCError(
+                code: .accessDenied,
+                message: "the message queue name \(name) is held by another user, who created it first (queue names are one namespace for the whole machine): use another endpoint name or group directory, or have that user or root remove it",
+                cause: error
+            )
+        default:
+            throw IPCError.syscall("mq_unlink", error, context: name)
+        }
+    }
+
     /// Whether a queue of that name exists.
     public static func exists(name: String) -> Bool {
         let fd = ipc_mq_open(name, O_RDONLY | O_CLOEXEC, 0, 0, 0)

@@ -117,9 +117,16 @@ struct HostileQueueCommand: ParsableCommand {
     var name: String
 
     @Option(help: "One queue message, in hex. Repeat for several; they are sent in order.")
-    var hex: [String]
+    var hex: [String] = []
+
+    @Flag(help: "Create the queue (mode 0600, as whoever runs this), as a squatter would, instead of opening it.")
+    var create = false
 
     func run() throws {
+        if create {
+            try MessageQueue.create(name: name, maximumMessages: 1, messageSize: 64).close()
+            return
+        }
         let queue = try MessageQueue.open(name: name, forWriting: true)
         defer { queue.close() }
         for message in hex {

@@ -108,6 +108,41 @@ struct SecurityTests {
         }
     }
 
+    @Test("a message queue name another user took first is reported as accessDenied, naming the cause, never endpointInUse",
+          .enabled(if: geteuid() == 0, "needs root to run the two users"))
+    func squattedQueueName() async throws {
+        // Two throw-away users (numeric ids need no account): the owner of the group directory,
+        // and a squatter who creates the queue name first.
+        let (owner, squatter): (uid_t, uid_t) = (61_001, 61_002)
+        let parent = try TestGroup()
+        chmod(parent.directory.path, 0o755)
+        let directory = GroupDirectory(path: parent.directory.path + "/owned")
+        #expect(mkdir(directory.path, 0o700) == 0 && chown(directory.path, owner, owner) == 0)
+        let endpoint = try Endpoint(group: directory, name: "owned.port")
+        let queue = PortNames.serverQueue(endpoint)
+        defer { MessageQueue.unlink(name: queue) }
+        let executable = try PeerProcess.executableURL().path
+        func run(as uid: uid_t, _ arguments: [String]) throws -> (status: Int32, output: String) {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+            process.arguments = ["--reuid", "\(uid)", "--regid", "\(uid)", "--clear-groups", executable] + arguments
+            let output = Pipe()
+            process.standardOutput = output
+            process.standardError = output
+            process.standardInput = FileHandle.nullDevice
+            try process.run()
+            let data = output.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+        }
+        let squat = try run(as: squatter, ["hostile", "queue", "--name", queue, "--create"])
+        #expect(squat.status == 0, "the squatter could not create \(queue): \(squat.output)")
+        let server = try run(as: owner, ["peer", "--transport", "message-port", "--group", directory.path, "--endpoint", endpoint.name, "--role", "server"])
+        #expect(server.status != 0)
+        #expect(server.output.contains("accessDenied") && server.output.contains("another user"), "the listener said: \(server.output)")
+        #expect(!server.output.contains("endpointInUse"), "the listener said: \(server.output)")
+    }
+
     @Test("the accept filter sees the connecting process's kernel-verified credentials, whatever it claims")
     func acceptFilterSeesKernelCredentials() async throws {
         let group = try TestGroup()

@@ -38,8 +38,9 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let lock = try EndpointLock(endpoint: endpoint)
         let name = PortNames.serverQueue(endpoint)
         do {
-            // We hold the name's lock, so a queue still registered belongs to a dead server.
-            MessageQueue.unlink(name: name)
+            // We hold the name's lock, so a queue still registered belongs to a dead server, or
+            // to another user who took the name first (which is said, not `endpointInUse`).
+            try MessageQueue.removeName(name)
             Self.removeReplyQueuesOfDeadClients(endpoint)
             queue = try MessageQueue.create(name: name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize)
         } catch {
