@@ -77,6 +77,26 @@ struct NotifyCenterTests {
         #expect(selfCancelCalls.withLock { $0 } == 1)
     }
 
+    @Test("a registration released without cancel is cancelled: its handler never runs again")
+    func releasedRegistration() async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let calls = Mutex(0)
+        var registration: NotifyRegistration? = try center.register("test.release") { calls.withLock { $0 += 1 } }
+        #expect(try notifyutil(group, ["--post", "test.release"]).status == 0)
+        try await withDeadline(seconds: 30, "the first delivery") {
+            while calls.withLock({ $0 }) == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(registration?.name == "test.release")
+        registration = nil
+        let before = calls.withLock { $0 }
+        for _ in 0..<5 {
+            #expect(try notifyutil(group, ["--post", "test.release"]).status == 0)
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(calls.withLock { $0 } == before)
+    }
+
     @Test("a check token reports posts without a handler")
     func checkToken() throws {
         let group = try TestGroup()

@@ -155,58 +155,77 @@ public final class NotifyCheckToken: Sendable {
 }
 
 /// A handler registered for a name. After ``cancel()`` returns, the handler is not running and
-/// never runs again; cancelling from inside the handler is allowed.
-public final class NotifyRegistration: @unchecked Sendable {
-    // @unchecked: `cancelled` and `runningOn` are guarded by `lock`.
+/// never runs again; cancelling from inside the handler is allowed. Releasing the last
+/// reference to a registration cancels it, as releasing a notify(3) token does (the observer's
+/// thread holds only the observation, never the registration).
+public final class NotifyRegistration: Sendable {
     public let name: String
-    private let counter: FutexCounter
-    private let handler: @Sendable () -> Void
-    /// Signalled when a handler call ends.
-    private let lock = ConditionLock()
-    // Guarded by `lock`.
-    private var cancelled = false
-    private var runningOn: pthread_t?
+    private let observation: Observation
 
     init(counter: FutexCounter, name: String, handler: @escaping @Sendable () -> Void) throws {
-        self.counter = counter
         self.name = name
-        self.handler = handler
+        observation = Observation(counter: counter, handler: handler)
         let seen = counter.value
-        try PosixThread.detach(name: "ipc-notify-obs") { [self] in observe(from: seen) }
+        try PosixThread.detach(name: "ipc-notify-obs") { [observation] in observation.observe(from: seen) }
+    }
+
+    deinit {
+        observation.cancel()
     }
 
     public func cancel() {
-        lock.withLock {
-            cancelled = true
-            // Wait out a handler running on another thread; from inside the handler, just return.
-            while let thread = runningOn, pthread_equal(thread, pthread_self()) == 0 {
-                lock.wait()
-            }
-        }
-        counter.wakeAll()
+        observation.cancel()
     }
 
-    private func observe(from initial: UInt32) {
-        var seen = initial
-        while true {
-            let now = counter.wait(whileEqualTo: seen)
-            enum Next { case stop, skip, run }
-            let next: Next = lock.withLock {
-                if cancelled { return .stop }
-                guard now != seen else { return .skip }
-                runningOn = pthread_self()
-                return .run
-            }
-            switch next {
-            case .stop: return
-            case .skip: continue
-            case .run: break
-            }
-            seen = now
-            handler()
+    /// What the observer's thread runs: waits on the name's counter and calls the handler.
+    private final class Observation: @unchecked Sendable {
+        // @unchecked: `cancelled` and `runningOn` are guarded by `lock`.
+        private let counter: FutexCounter
+        private let handler: @Sendable () -> Void
+        /// Signalled when a handler call ends.
+        private let lock = ConditionLock()
+        // Guarded by `lock`.
+        private var cancelled = false
+        private var runningOn: pthread_t?
+
+        init(counter: FutexCounter, handler: @escaping @Sendable () -> Void) {
+            self.counter = counter
+            self.handler = handler
+        }
+
+        func cancel() {
             lock.withLock {
-                runningOn = nil
-                lock.broadcast()
+                cancelled = true
+                // Wait out a handler running on another thread; from inside the handler, just return.
+                while let thread = runningOn, pthread_equal(thread, pthread_self()) == 0 {
+                    lock.wait()
+                }
+            }
+            counter.wakeAll()
+        }
+
+        func observe(from initial: UInt32) {
+            var seen = initial
+            while true {
+                let now = counter.wait(whileEqualTo: seen)
+                enum Next { case stop, skip, run }
+                let next: Next = lock.withLock {
+                    if cancelled { return .stop }
+                    guard now != seen else { return .skip }
+                    runningOn = pthread_self()
+                    return .run
+                }
+                switch next {
+                case .stop: return
+                case .skip: continue
+                case .run: break
+                }
+                seen = now
+                handler()
+                lock.withLock {
+                    runningOn = nil
+                    lock.broadcast()
+                }
             }
         }
     }
