@@ -47,6 +47,11 @@ public final class EndpointLock: Sendable {
 
     /// The pid of the live process that holds `endpoint`, or `nil` if nobody holds it (its
     /// listener is gone, or never was).
+    ///
+    /// The pid is the kernel's record of who holds the lock (`/proc/locks`), not the text in the
+    /// file, which any process of this user could overwrite (a forged pid would send clients to
+    /// watch the wrong process, or refuse them all); the text is read only where `/proc/locks`
+    /// cannot be.
     public static func owner(of endpoint: Endpoint) -> Int32? {
         let path = endpoint.path(suffix: ".lock")
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
@@ -57,10 +62,47 @@ public final class EndpointLock: Sendable {
             _ = flock(fd, LOCK_UN)
             return nil
         }
+        var status = stat()
+        if fstat(fd, &status) == 0, let holders = procLocks() {
+            return flockHolder(in: holders, device: UInt64(status.st_dev), inode: UInt64(status.st_ino))
+        }
         var bytes = [UInt8](repeating: 0, count: 16)
         let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
         guard count > 0 else { return nil }
         return Int32(String(decoding: bytes.prefix(count), as: UTF8.self))
+    }
+
+    /// The text of `/proc/locks`, read to the end (the file reports a size of 0).
+    private static func procLocks() -> String? {
+        let fd = open("/proc/locks", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { closeDescriptor(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16384)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0, errno == EINTR { continue }
+            if count < 0 { return nil }
+            if count == 0 { break }
+            bytes += chunk.prefix(count)
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// The pid holding an exclusive `flock` on the file with this device and inode, from the
+    /// text of `/proc/locks` (lines like `3: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF`,
+    /// the device as hexadecimal major:minor).
+    static func flockHolder(in locks: String, device: UInt64, inode: UInt64) -> Int32? {
+        let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
+        let minor = (device & 0xff) | ((device >> 12) & ~0xff)
+        for line in locks.split(separator: "\n") {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard fields.count >= 6, fields[1] == "FLOCK", fields[3] == "WRITE", let pid = Int32(fields[4]) else { continue }
+            let file = fields[5].split(separator: ":")
+            guard file.count == 3, UInt64(file[0], radix: 16) == major, UInt64(file[1], radix: 16) == minor, UInt64(file[2]) == inode else { continue }
+            return pid
+        }
+        return nil
     }
 
     /// Releases the claim. The lock file stays: unlinking it would let a second process lock a

@@ -143,6 +143,23 @@ struct SecurityTests {
         #expect(!server.output.contains("endpointInUse"), "the listener said: \(server.output)")
     }
 
+    @Test("a listener's pid comes from the kernel's lock table, not the lock file's text: overwriting it refuses nobody and misleads nobody", arguments: ["message-port", "file-presenter"])
+    func forgedLockFilePID(_ transport: String) async throws {
+        let group = try TestGroup()
+        let endpoint = try endpoint(group, transport)
+        let server = try PeerProcess(transport: transport, framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        let chosen = try TransportCatalog.transport(named: transport, framing: .binary)
+        for forged in ["1", "not a pid", String(Int32.max), ""] {
+            // Another process of this user rewrites the text (pid 1 is alive, the others are not).
+            try Data(forged.utf8).write(to: URL(fileURLWithPath: endpoint.path(suffix: ".lock")))
+            let connection = try chosen.connect(to: endpoint, options: .defaults)
+            defer { connection.invalidate() }
+            #expect(connection.peer?.pid == server.pid, "with \(forged.debugDescription) in the lock file")
+            #expect(try await connection.request([3], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [3])
+        }
+    }
+
     @Test("the accept filter sees the connecting process's kernel-verified credentials, whatever it claims")
     func acceptFilterSeesKernelCredentials() async throws {
         let group = try TestGroup()
