@@ -99,6 +99,21 @@ public struct MessageQueue: Sendable {
         return fd >= 0 || errno != ENOENT
     }
 
+    /// The queue's inode in the queue file system: tells one queue from another of the same name.
+    public var inode: UInt64? {
+        var status = stat()
+        return fstat(descriptor, &status) == 0 ? UInt64(status.st_ino) : nil
+    }
+
+    /// The inode of the queue registered as `name` now, or `nil` if none is (or it cannot be opened).
+    public static func inode(named name: String) -> UInt64? {
+        let fd = ipc_mq_open(name, O_RDONLY | O_CLOEXEC, 0, 0, 0)
+        guard fd >= 0 else { return nil }
+        defer { closeDescriptor(fd) }
+        var status = stat()
+        return fstat(fd, &status) == 0 ? UInt64(status.st_ino) : nil
+    }
+
     /// The queue's message size, from `mq_getattr`.
     public func messageSize() throws -> Int {
         var attributes = mq_attr()

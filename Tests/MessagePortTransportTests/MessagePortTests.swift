@@ -194,6 +194,32 @@ struct MessagePortTests {
         await expectIPCError(.endpointInUse) { try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil) }
     }
 
+    @Test("a listener whose queue name was removed, or taken by another queue, registers a new queue; old and new clients are served")
+    func lostNameIsRecovered() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("renamed")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let old = try transport.connect(to: endpoint, options: .defaults)
+        defer { old.invalidate() }
+        let name = PortNames.serverQueue(endpoint)
+        for sabotage in ["removed", "replaced"] {
+            // Another process of this user: the name removed, or a queue of its own put there.
+            MessageQueue.unlink(name: name)
+            if sabotage == "replaced" { try MessageQueue.create(name: name, maximumMessages: 1, messageSize: 64).close() }
+            let fresh = try await withDeadline(seconds: 30, "a connect after the name was \(sabotage)") { () -> MessagePortConnection in
+                while true {
+                    // A connect into the impostor's queue gets no welcome: give up on it fast.
+                    if let connection = try? MessagePortTransport(connectTimeout: .milliseconds(300)).connect(to: endpoint, options: .defaults) { return connection }
+                    try await Task.sleep(for: .milliseconds(100))
+                }
+            }
+            defer { fresh.invalidate() }
+            #expect(try await fresh.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1], "after the name was \(sabotage)")
+            #expect(try await old.request([2], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [2], "the old client, after the name was \(sabotage)")
+        }
+    }
+
     @Test("no queue is left behind after a clean close")
     func noLeakedQueues() async throws {
         let group = try TestGroup()

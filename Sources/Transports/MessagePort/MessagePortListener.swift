@@ -30,6 +30,12 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     }
 
     private let state = Mutex(State())
+    private let queueLimits: (maximumMessages: Int, messageSize: Int)
+    /// Queues made after ``queue``'s name was taken from it (see ``checkName()``), with their
+    /// registrations: clients that opened an earlier one still write there.
+    private let replacementQueues = Mutex<[(queue: MessageQueue, token: UInt64)]>([])
+    /// How often the listener checks that its name still leads to its queue.
+    static let nameCheckPeriod: Duration = .seconds(1)
 
     init(endpoint: Endpoint, options: ConnectionOptions, queueLimits: (maximumMessages: Int, messageSize: Int)) throws {
         try MessagePortTransport.checkScoped(endpoint)
@@ -58,17 +64,49 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         self.endpoint = endpoint
         self.lock = lock
         self.options = options
+        self.queueLimits = queueLimits
         readBuffer = .allocate(byteCount: messageSize, alignment: 8)
         (connections, connectionSink) = AsyncStream.makeStream(of: MessagePortConnection.self)
-        let handler = PortReader()
-        handler.listener = self
         do {
-            let token = try loop.register(queue.descriptor, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
+            let token = try register(queue)
             readToken.withLock { $0 = token }
         } catch {
             close()
             throw error
         }
+        scheduleNameCheck()
+    }
+
+    /// Has the loop read `queue` for this listener.
+    private func register(_ queue: MessageQueue) throws -> UInt64 {
+        let handler = PortReader(queue: queue)
+        handler.listener = self
+        return try loop.register(queue.descriptor, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
+    }
+
+    private func scheduleNameCheck() {
+        loop.schedule(at: monotonicNanoseconds() &+ Self.nameCheckPeriod.wholeNanoseconds) { [weak self] in self?.checkName() }
+    }
+
+    /// Makes sure the port's name leads to a queue this listener reads (loop thread, once a
+    /// period). Any process of this user can remove the name, or put a queue of its own there,
+    /// and every new client would then fail to connect (or talk to that queue) until the
+    /// listener restarted. We hold the endpoint's lock, so the name is ours: a queue of someone
+    /// else's there is removed, and a new queue is made under the name, read beside the old one,
+    /// whose clients keep writing to it.
+    private func checkName() {
+        guard !state.withLock({ $0.closed }) else { return }
+        defer { scheduleNameCheck() }
+        let current = MessageQueue.inode(named: queue.name)
+        let ours = [queue.inode] + replacementQueues.withLock { $0.map(\.queue.inode) }
+        if let current, ours.contains(current) { return }
+        if current != nil { MessageQueue.unlink(name: queue.name) }
+        guard let replacement = try? MessageQueue.create(name: queue.name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize) else { return }
+        guard let token = try? register(replacement) else {
+            replacement.close()
+            return
+        }
+        replacementQueues.withLock { $0.append((replacement, token)) }
     }
 
     deinit {
@@ -78,11 +116,16 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// Forwards readiness to the listener; the loop's table keeps it, and so the listener,
     /// until ``close()`` deregisters it.
     private final class PortReader: EventHandler, @unchecked Sendable {
-        // @unchecked: set once, before the registration can report anything.
+        // @unchecked: `listener` is set once, before the registration can report anything.
         var listener: MessagePortListener?
+        let queue: MessageQueue
+
+        init(queue: MessageQueue) {
+            self.queue = queue
+        }
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
-            listener?.readPort()
+            listener?.readPort(queue)
         }
     }
 
@@ -108,17 +151,25 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         lock.release()
         connectionSink.finish()
         for client in clients { client.invalidate() }
-        // The loop may be reading the queue right now: it stops watching and closes it.
+        // The loop may be reading the queues right now: it stops watching and closes them.
         let token = readToken.withLock { $0.take() }
+        let replacements = replacementQueues.withLock { queues in
+            defer { queues.removeAll() }
+            return queues
+        }
         loop.execute { [loop, queue] in
             if let token { loop.deregister(token) }
             queue.close()
+            for (replacement, token) in replacements {
+                loop.deregister(token)
+                replacement.close()
+            }
         }
     }
 
-    /// Takes one message from the port's queue per readiness report (loop thread; the loop is
-    /// level-triggered, so what is left is reported again on its next round).
-    private func readPort() {
+    /// Takes one message from one of the port's queues per readiness report (loop thread; the
+    /// loop is level-triggered, so what is left is reported again on its next round).
+    private func readPort(_ queue: MessageQueue) {
         guard !state.withLock({ $0.closed }), let count = try? queue.receiveIfReady(into: readBuffer) else { return }
         let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
         // Anyone who can open the queue can write to it; a message that does not parse, or
