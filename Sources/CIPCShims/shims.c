@@ -262,3 +262,56 @@ uint32_t ipc_atomic_exchange_u32(uint32_t *address, uint32_t value) {
 void ipc_atomic_fence(void) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
+
+#include <setjmp.h>
+#include <signal.h>
+
+static _Thread_local sigjmp_buf *guarded_access;
+static struct sigaction previous_sigbus;
+static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
+
+static void on_sigbus(int signal, siginfo_t *info, void *context) {
+    sigjmp_buf *target = guarded_access;
+    if (target != NULL) {
+        guarded_access = NULL;
+        siglongjmp(*target, 1);
+    }
+    // Not a guarded access: hand the signal to what handled it before (by default, the
+    // process ends as it would have; returning re-runs the faulting access under that action).
+    if (previous_sigbus.sa_flags & SA_SIGINFO) {
+        if (previous_sigbus.sa_sigaction != NULL) { previous_sigbus.sa_sigaction(signal, info, context); return; }
+    } else if (previous_sigbus.sa_handler != SIG_DFL && previous_sigbus.sa_handler != SIG_IGN && previous_sigbus.sa_handler != NULL) {
+        previous_sigbus.sa_handler(signal);
+        return;
+    }
+    sigaction(SIGBUS, &previous_sigbus, NULL);
+}
+
+static void install_sigbus_handler(void) {
+    struct sigaction action;
+    memset(&action, 0, sizeof(action));
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &previous_sigbus);
+}
+
+int ipc_guarded_load_u64(const uint64_t *address, uint64_t *value) {
+    pthread_once(&sigbus_once, install_sigbus_handler);
+    sigjmp_buf target;
+    if (sigsetjmp(target, 1) != 0) return -1;
+    guarded_access = &target;
+    *value = __atomic_load_n(address, __ATOMIC_ACQUIRE);
+    guarded_access = NULL;
+    return 0;
+}
+
+int ipc_guarded_store_u64(uint64_t *address, uint64_t value) {
+    pthread_once(&sigbus_once, install_sigbus_handler);
+    sigjmp_buf target;
+    if (sigsetjmp(target, 1) != 0) return -1;
+    guarded_access = &target;
+    __atomic_store_n(address, value, __ATOMIC_RELEASE);
+    guarded_access = NULL;
+    return 0;
+}

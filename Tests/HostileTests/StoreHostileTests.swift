@@ -209,6 +209,40 @@ struct StoreHostileTests {
 
     // MARK: File presenter journals
 
+    @Test("truncating a client's journal under its mappings kills nobody: that connection ends with a typed error, the listener serves others")
+    func filePresenterJournalTruncated() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("shrunk")
+        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        let transport = FilePresenterTransport()
+        let good = try transport.connect(to: endpoint, options: .defaults)
+        defer { good.invalidate() }
+        let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
+        let journalsBefore = Set(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") })
+        let victim = try transport.connect(to: endpoint, options: .defaults)
+        defer { victim.invalidate() }
+        let probe = InvalidationProbe()
+        probe.attach(to: victim)
+        #expect(try await victim.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+        let journal = try #require(Set(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") }).subtracting(journalsBefore).first)
+        // Another process cuts the file to nothing: both the victim (its reader) and the server
+        // (its writer) map its header.
+        let truncate = Process()
+        truncate.executableURL = URL(fileURLWithPath: "/usr/bin/truncate")
+        truncate.arguments = ["--size", "0", group.directory.path + "/" + journal]
+        try truncate.run()
+        truncate.waitUntilExit()
+        #expect(truncate.terminationStatus == 0)
+        // The server's next reply to the victim meets the truncated header.
+        _ = try? await victim.request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+        #expect(await probe.wait(seconds: 30), "the victim was not invalidated")
+        #expect(server.isRunning, "the server died")
+        await loop.stop()
+        #expect(good.invalidationReason == nil)
+        #expect(try await good.request([3], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [3])
+    }
+
     @Test("garbage committed into a client's journal ends that client's connection; the listener serves others")
     func filePresenterJournal() async throws {
         let group = try TestGroup()

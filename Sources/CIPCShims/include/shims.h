@@ -124,4 +124,12 @@ int ipc_is_eventfd(int fd);
 /// with EAGAIN instead of blocking). Returns 0 or -1.
 int ipc_set_nonblocking(int fd);
 
+/// Loads and stores on a shared file mapping that another process may truncate: a page past the
+/// file's new end faults with SIGBUS, which would kill the process. These run the access with a
+/// SIGBUS handler armed for the calling thread only (installed once, process-wide; a SIGBUS on
+/// any other access goes to whatever handled it before, by default ending the process as it
+/// would have). Return 0, or -1 if the page is gone (the file was truncated under the mapping).
+int ipc_guarded_load_u64(const uint64_t *address, uint64_t *value);
+int ipc_guarded_store_u64(uint64_t *address, uint64_t value);
+
 #endif

@@ -93,8 +93,8 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
         do {
             try appender().append(RecordHeader(kind: .frame, sender: sender), frame: frame, timeout: timeout)
-        } catch let error as IPCError where error.code == .malformedFrame {
-            // The peer's journal was forged or corrupted: nothing more can be appended to it.
+        } catch let error as IPCError where error.code == .malformedFrame || error.code == .truncatedFrame {
+            // The peer's journal was forged, corrupted or truncated: nothing more can be appended to it.
             invalidate(InvalidationReason(.protocolError, error: error))
             throw error
         }

@@ -70,7 +70,9 @@ final class JournalFile: @unchecked Sendable {
     /// - Throws: ``IPCError/Code/malformedFrame`` if it is before the first record or further
     ///   than writers that follow the rules can put it (``JournalHeader/maximumCommittedEnd``).
     func committedEnd() throws -> Int {
-        let end = UInt64(bigEndian: ipc_atomic_load_u64(committedEndField))
+        var stored: UInt64 = 0
+        guard ipc_guarded_load_u64(committedEndField, &stored) == 0 else { throw Self.truncated(file.path) }
+        let end = UInt64(bigEndian: stored)
         guard end >= UInt64(JournalHeader.length), end <= UInt64(header.maximumCommittedEnd) else {
             throw IPCError(code: .malformedFrame, message: "\(file.path) has committed end \(end)")
         }
@@ -78,8 +80,15 @@ final class JournalFile: @unchecked Sendable {
     }
 
     /// Moves the committed end. Call it holding the file's exclusive lock.
-    func commit(_ end: Int) {
-        ipc_atomic_store_u64(committedEndField, UInt64(end).bigEndian)
+    /// - Throws: ``IPCError/Code/truncatedFrame`` if the file was truncated under its mapping.
+    func commit(_ end: Int) throws {
+        guard ipc_guarded_store_u64(committedEndField, UInt64(end).bigEndian) == 0 else { throw Self.truncated(file.path) }
+    }
+
+    /// A journal cut shorter than its header by someone else: the mapped header is gone (its
+    /// access faulted, and the fault was caught instead of ending the process).
+    private static func truncated(_ path: String) -> IPCError {
+        IPCError(code: .truncatedFrame, message: "\(path) was truncated under its mapped header")
     }
 }
 
@@ -118,7 +127,7 @@ struct JournalAppender: Sendable {
                     if payload.count > Self.gatherLimit {
                         try access.write(payload, at: end + head.count)
                     }
-                    journal.commit(end + length)
+                    try journal.commit(end + length)
                     return true
                 }
             } catch let error as IPCError where error.code == .coordinationTimeout {
@@ -223,7 +232,7 @@ final class JournalReader: @unchecked Sendable {
                 if unread > 0 {
                     try access.write(try access.read(at: consumed, count: unread), at: JournalHeader.length)
                 }
-                journal.commit(JournalHeader.length + unread)
+                try journal.commit(JournalHeader.length + unread)
                 let keep = JournalHeader.length + max(unread, threshold)
                 if try access.size() > keep { try access.truncate(to: keep) }
                 consumed = JournalHeader.length
