@@ -177,6 +177,28 @@ struct NotifyTransportTests {
         await expectIPCError(.invalidated) { try connection.send([1], msgid: 1, timeout: .seconds(1)) }
     }
 
+    @Test("a peer bursting more than the ring holds into a connection whose application does not read: at most the limit is buffered, then everything arrives in order")
+    func backpressure() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("slow-reader")
+        let limit = ConnectionOptions.BufferLimit(messages: 8, bytes: 1 << 20)
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.messageBufferLimit = limit }, acceptFilter: nil)
+        defer { listener.close() }
+        // 4,000 messages of 1 KiB: about four times the ring, so the sender waits for room (its
+        // doorbell rung by the reader) once the reader stops at the limit, and again and again
+        // as the application reads.
+        let count = 4_000
+        let client = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 1024))
+        defer { client.stop() }
+        let connection = try #require(try await accept(1, on: listener).first)
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(connection.bufferedMessageCount == limit.messages)
+        let received = try await collect(count, from: connection, seconds: 60)
+        #expect(received.map(\.msgid) == (0..<count).map { UInt32($0) })
+        #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 1024) })
+        #expect(connection.bufferedMessageCount <= limit.messages)
+    }
+
     @Test("a dead listener's name can be taken over; a live one's cannot")
     func takeOver() async throws {
         let group = try TestGroup()
