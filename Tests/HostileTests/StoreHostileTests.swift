@@ -166,6 +166,10 @@ struct StoreHostileTests {
             #expect(await probe.wait(seconds: 30), "\(name): the victim was not invalidated")
             #expect(probe.reason?.kind == .protocolError, "\(name): \(String(describing: probe.reason))")
             #expect(probe.reason?.error?.code == code, "\(name): \(String(describing: probe.reason))")
+            // The victim is told (a goodbye), and its process, whose connection has ended, exits.
+            let exitBy = ContinuousClock.now + .seconds(30)
+            while victim.isRunning, ContinuousClock.now < exitBy { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(!victim.isRunning, "\(name): the victim was not told that its connection ended")
         }
         await loop.stop()
         #expect(goodConnection.invalidationReason == nil)
@@ -241,6 +245,36 @@ struct StoreHostileTests {
         await loop.stop()
         #expect(good.invalidationReason == nil)
         #expect(try await good.request([3], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [3])
+    }
+
+    @Test("garbage committed into the listener's inbox: the listener ends every connection and tells each client, so none waits")
+    func filePresenterInboxGarbage() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("inbox")
+        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        let transport = FilePresenterTransport()
+        let clients = try (0..<2).map { _ in try transport.connect(to: endpoint, options: .defaults) }
+        defer { clients.forEach { $0.invalidate() } }
+        let probes = clients.map { client in
+            let probe = InvalidationProbe()
+            probe.attach(to: client)
+            return probe
+        }
+        for client in clients {
+            #expect(try await client.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+        }
+        // A record with bad magic, committed at the inbox's end by another process.
+        let path = endpoint.path(suffix: ".inbox")
+        let header = try #require(FileHandle(forReadingAtPath: path)).readData(ofLength: 24)
+        let end = header[16..<24].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        let garbage: [UInt8] = [0x00, 0x00, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+        try HostilePeer.write(into: path, [(Int(end), garbage), (16, withUnsafeBytes(of: (end + UInt64(garbage.count)).bigEndian, Array.init))])
+        for probe in probes {
+            #expect(await probe.wait(seconds: 30), "a client was not told that the listener ended its connection")
+            #expect(probe.reason?.kind == .peerClosed, "\(String(describing: probe.reason))")
+        }
+        #expect(server.isRunning)
     }
 
     @Test("garbage committed into a client's journal ends that client's connection; the listener serves others")

@@ -147,8 +147,10 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             if let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
             let reason = core.latch.reason ?? reason
             let outbound = outbound.withLock { $0.take() }
-            if reason.kind == .invalidatedLocally {
-                // Tell the other side, without waiting long on a busy or full journal.
+            if reason.kind != .peerClosed, reason.kind != .peerDied {
+                // Whatever ended this side, unless the other side did, tell it (a client whose
+                // connection the listener ended, for an unreadable inbox say, would otherwise
+                // wait for replies that never come), without waiting long on a busy or full journal.
                 try? outbound?.append(RecordHeader(kind: .goodbye, sender: sender), timeout: .milliseconds(100))
             }
             switch role {

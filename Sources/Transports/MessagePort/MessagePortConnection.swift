@@ -232,10 +232,13 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         core.finish(reason) {
             if let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
             let peerDied = core.latch.reason?.kind == .peerDied
-            let locallyEnded = core.latch.reason?.kind == .invalidatedLocally
+            // Whatever ended this side, unless the other side did (it closed, or died), tell it:
+            // a peer whose connection was ended here for a protocol error or a failure would
+            // otherwise wait for replies that never come.
+            let peerEnded = [.peerClosed, .peerDied].contains(core.latch.reason?.kind)
             sendState.withLock { closed in
-                if locallyEnded {
-                    // Tell the other side, without waiting on a full queue.
+                if !peerEnded {
+                    // Without waiting on a full queue.
                     try? writer.sendControl(PortFragmentHeader(kind: .goodbye, sender: senderID), deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50)))
                 }
                 closed = true
