@@ -97,6 +97,31 @@ struct NotifyCenterTests {
         #expect(calls.withLock { $0 } == before)
     }
 
+    @Test("a notification table overwritten with garbage by another process: no crash, no hang, and it heals as names are used")
+    func garbageTable() async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        try center.setState(7, for: "test.before")
+        // Every byte after the header, random, written by dd(1).
+        let dd = Process()
+        dd.executableURL = URL(fileURLWithPath: "/bin/dd")
+        dd.arguments = ["if=/dev/urandom", "of=\(group.directory.path)/notify.center", "bs=64", "seek=1", "count=\(NotifyCenter.capacity * 2)", "conv=notrunc", "status=none"]
+        try dd.run()
+        dd.waitUntilExit()
+        #expect(dd.terminationStatus == 0)
+        // Names are claimed anew over the garbage, and work across processes again.
+        for index in 0..<50 {
+            try center.setState(UInt64(index), for: "test.after.\(index)")
+            #expect(try center.state(for: "test.after.\(index)") == UInt64(index))
+        }
+        #expect(try notifyutil(group, ["--set", "test.shared=42"]).status == 0)
+        #expect(try center.state(for: "test.shared") == 42)
+        let token = try center.checkToken(for: "test.after.3")
+        _ = token.check()
+        #expect(try notifyutil(group, ["--post", "test.after.3"]).status == 0)
+        #expect(token.check())
+    }
+
     @Test("a check token reports posts without a handler")
     func checkToken() throws {
         let group = try TestGroup()

@@ -97,6 +97,11 @@ public final class NotifyCenter: Sendable {
 
     /// Probes from the name's home slot. With `claimFree` (only under the table lock), writes the
     /// name into the first free slot and publishes it by storing its tag last.
+    ///
+    /// The table is a file any process of the user can write: a slot whose tag is not the hash of
+    /// the name it holds was not written by a center, and a claim takes it as free (a lookup
+    /// passes over it), so a table overwritten with garbage heals as names are used again
+    /// instead of reading as full forever.
     private func find(_ bytes: [UInt8], tag: UInt32, claimFree: Bool) -> Slot? {
         let home = Int(tag) % Self.capacity
         for probe in 0..<Self.capacity {
@@ -104,7 +109,7 @@ public final class NotifyCenter: Sendable {
             let tagWord = mapping.word32(at: offset)
             let stored = ipc_atomic_load_u32(tagWord)
             let slot = Slot(counter: FutexCounter(in: mapping, at: offset + 4), state: mapping.word64(at: offset + 8))
-            if stored == 0 {
+            if stored == 0 || (claimFree && !holdsItsOwnName(offset, tag: stored)) {
                 guard claimFree else { return nil }
                 let nameArea = mapping.base + offset + 16
                 nameArea.storeBytes(of: UInt8(bytes.count), as: UInt8.self)
@@ -118,6 +123,14 @@ public final class NotifyCenter: Sendable {
             }
         }
         return nil
+    }
+
+    /// Whether the slot at `offset` holds a name whose hash is `tag`, as every claimed slot does.
+    private func holdsItsOwnName(_ offset: Int, tag: UInt32) -> Bool {
+        let nameArea = UnsafeRawBufferPointer(start: mapping.base + offset + 16, count: Self.maximumNameLength + 1)
+        let length = Int(nameArea[0])
+        guard length >= 1, length <= Self.maximumNameLength else { return false }
+        return Self.hash(Array(nameArea[1...length])) == tag
     }
 
     private func withTableLock<T>(_ body: () throws -> T) throws -> T {
