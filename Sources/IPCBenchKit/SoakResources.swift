@@ -43,7 +43,8 @@ struct SoakCensus {
         let identifier = group.identifier
         return SoakCensus(entries: [
             descriptors: openDescriptors(),
-            mappings: lines(of: "/proc/self/maps").map { $0.filter { $0.contains(group.path + "/") }.map { String($0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(5).joined(separator: " ")) } },
+            // Mappings of group files (file-presenter journals) and of notify stores (memfds).
+            mappings: lines(of: "/proc/self/maps").map { $0.filter { $0.contains(group.path + "/") || $0.contains("/memfd:ipcbench-notify") }.map { String($0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(5).joined(separator: " ")) } },
             queues: mountedDirectory("/dev/mqueue", type: "mqueue").map { $0.filter { $0.hasPrefix("ipcb.") && $0.contains("." + identifier + ".") } },
             sharedMemory: mountedDirectory("/dev/shm", type: nil).map { $0.filter { $0.contains(identifier) || $0.hasPrefix("ipcb") } },
             // The endpoints' lock files stay by design (one per endpoint name: see EndpointLock),

@@ -175,6 +175,32 @@ struct StoreHostileTests {
         #expect(goodConnection.invalidationReason == nil)
     }
 
+    @Test("one process's hellos are admitted up to the per-process bound; the next is not answered")
+    func messagePortHellosPerProcess() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("many")
+        let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        // This process makes the queues and holds them (as a client would); another process
+        // sends the hellos in its name.
+        let bound = MessagePortListener.maximumClientsPerProcess
+        let names = (1...(bound + 4)).map { PortNames.replyQueue(endpoint, pid: getpid(), serial: 10_000 + $0) }
+        let queues = try names.map { try MessageQueue.create(name: $0, maximumMessages: 1, messageSize: 64) }
+        defer {
+            queues.forEach { $0.close() }
+            names.forEach { MessageQueue.unlink(name: $0) }
+        }
+        let hellos = names.map { name in
+            Self.fragment(kind: 16, sender: 0, total: UInt32(4 + name.utf8.count), offset: 0)
+                + HostilePeer.hex(withUnsafeBytes(of: UInt32(bitPattern: getpid()).bigEndian, Array.init) + Array(name.utf8))
+        }
+        #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint)] + hellos.flatMap { ["--hex", $0] }) == 0)
+        let deadline = ContinuousClock.now + .seconds(30)
+        while listener.activeConnections.count < bound, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(listener.activeConnections.count == bound)
+    }
+
     @Test("a hello that claims another client's reply queue, a pid that is not its queue's, or a process that does not hold the queue, is refused")
     func messagePortForgedHello() async throws {
         let group = try TestGroup()

@@ -34,6 +34,8 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// Queues made after ``queue``'s name was taken from it (see ``checkName()``), with their
     /// registrations: clients that opened an earlier one still write there.
     private let replacementQueues = Mutex<[(queue: MessageQueue, token: UInt64)]>([])
+    /// The most connections one client process may hold to this port; its next hello is not answered.
+    public static let maximumClientsPerProcess = 64
     /// How often the listener checks that its name still leads to its queue.
     static let nameCheckPeriod: Duration = .seconds(1)
 
@@ -247,7 +249,12 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let serial = replyName.dropFirst((queue.name + ".r\(pid).").count)
         guard pid > 0, replyName.hasPrefix(queue.name + ".r\(pid)."), !serial.isEmpty, serial.allSatisfy(\.isASCII), serial.allSatisfy(\.isNumber),
             Self.isLiveProcessOfThisUser(pid), Self.process(pid, holdsQueue: replyName),
-            !state.withLock({ $0.clients.values.contains { $0.clientQueueName == replyName } }),
+            state.withLock({ state in
+                // A process's clients are bounded, so that one process (which could make queues
+                // as long as its user's quota lasts) cannot make the listener hold without end.
+                !state.clients.values.contains { $0.clientQueueName == replyName }
+                    && state.clients.values.count(where: { $0.peer?.pid == pid }) < Self.maximumClientsPerProcess
+            }),
             let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true)
         else { return }
         let id: UInt32? = state.withLock { state in
