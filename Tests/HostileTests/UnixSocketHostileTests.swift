@@ -36,6 +36,22 @@ struct HostileStreamInput: Sendable, CustomTestStringConvertible {
 /// doing round trips.
 @Suite("Hostile peers: unix socket")
 struct UnixSocketHostileTests {
+    @Test("a delayed echo asking for 2^32 - 1 milliseconds does not kill the peer: the delay is clamped")
+    func hugeDelayIsClamped() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("sleepy")
+        let server = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        // Killed: its receive path sleeps out the (clamped) delay.
+        defer { server.kill() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        await expectIPCError(.receiveTimeout) {
+            try await connection.request([0xFF, 0xFF, 0xFF, 0xFF], msgid: PeerRequest.delayedEcho, sendTimeout: .seconds(5), receiveTimeout: .seconds(2))
+        }
+        #expect(server.isRunning, "the peer died on the delay")
+        #expect(connection.invalidationReason == nil)
+    }
+
     /// The listener's payload limit in these tests.
     static let maximumPayloadLength = 1 << 20
     /// How long the listener waits for the rest of a frame a peer started.
