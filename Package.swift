@@ -49,7 +49,10 @@ let package = Package(
         .target(
             name: "IPCEngine",
             dependencies: [
-                "IPCCore", "IPCPosix", "CIPCShims",
+                "IPCCore",
+                // The Linux seam (Sources/IPCEngine/Linux): epoll, eventfd, timerfd, pidfd.
+                .target(name: "IPCPosix", condition: .when(platforms: [.linux])),
+                .target(name: "CIPCShims", condition: .when(platforms: [.linux])),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "DequeModule", package: "swift-collections"),
@@ -81,12 +84,15 @@ let package = Package(
         ),
         // The conformance suite as a library any transport's tests can run: cases, the peer
         // service a peer executable runs, reports. No test framework: assertions throw.
-        .target(name: "IPCConformance", dependencies: ["IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix"]),
+        .target(
+            name: "IPCConformance",
+            dependencies: ["IPCCore", "IPCFraming", "IPCSecureCoding", .product(name: "SystemPackage", package: "swift-system")]
+        ),
         // The harness as a library: peer mode, latency runs, reports. The executable is thin.
         .target(
             name: "IPCBenchKit",
             dependencies: [
-                "IPCCore", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
+                "IPCCore", "IPCEngine", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
                 "CNativeFloor",
                 "FilePresenterTransport",
                 "IPCConformance",

@@ -7,5 +7,14 @@ cd "$(dirname "$0")/.."
 Scripts/install-system-packages.sh
 # The modules meant to build wherever Swift does import no platform library outside an #if.
 Scripts/check-portable-imports.sh
+# ...and the check can fail: a planted unconditional import, and one under `#if true`.
+planted=$(mktemp -d)
+trap 'rm -rf "$planted"' EXIT
+mkdir -p "$planted/Sources/IPCCore" "$planted/Sources/IPCEngine"
+printf 'import Glibc\n' > "$planted/Sources/IPCCore/Planted.swift"
+printf '#if true\nimport IPCPosix\n#endif\n' > "$planted/Sources/IPCEngine/Planted.swift"
+planted_output=$(Scripts/check-portable-imports.sh "$planted" 2>&1) && { echo "the import check passed a planted import" >&2; exit 1; }
+[ "$(grep -c 'Planted.swift' <<< "$planted_output")" -eq 2 ] || { echo "the import check missed a planted import: $planted_output" >&2; exit 1; }
+echo "the import check catches planted imports"
 swift build --build-tests
 swift test --skip-build "$@"

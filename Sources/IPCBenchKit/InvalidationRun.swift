@@ -1,5 +1,6 @@
 import Foundation
 import IPCCore
+import IPCEngine
 import IPCFraming
 import IPCPosix
 

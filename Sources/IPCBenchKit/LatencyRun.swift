@@ -1,7 +1,8 @@
 import Foundation
-import IPCCore
-import IPCFraming
 import IPCConformance
+import IPCCore
+import IPCEngine
+import IPCFraming
 import IPCPosix
 
 /// What a cross-process run measures: round-trip latency and one-way throughput.

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCFraming
 import IPCPosix
 import UnixSocketTransport

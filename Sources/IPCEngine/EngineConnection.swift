@@ -1,6 +1,5 @@
 import DequeModule
 import IPCCore
-import IPCPosix
 import Synchronization
 
 /// A ``MessageConnection`` driven by the event loop over any ``EngineChannel``: the one

@@ -1,8 +1,6 @@
-import CIPCShims
 import DequeModule
 import HeapModule
 import IPCCore
-import IPCPosix
 import Synchronization
 import SystemPackage
 
@@ -246,7 +244,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                 repeat {
                     timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
                     if !events.isEmpty || timerFired || hasJobs() { break }
-                    ipc_cpu_relax()
+                    cpuRelax()
                 } while monotonicNanoseconds() < end
             }
             if events.isEmpty, !timerFired {

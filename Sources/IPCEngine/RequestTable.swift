@@ -1,5 +1,4 @@
 import IPCCore
-import IPCPosix
 import Synchronization
 
 /// The requests a connection has sent and not yet had answered, keyed by correlation id.

@@ -1,6 +1,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCFraming
 import IPCPosix
 import Synchronization

@@ -1,6 +1,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
+import IPCEngine
 import IPCPosix
 import SystemPackage
 

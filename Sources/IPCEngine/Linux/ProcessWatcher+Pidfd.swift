@@ -1,3 +1,4 @@
+#if os(Linux)
 import CIPCShims
 import Glibc
 import IPCCore
@@ -94,3 +95,4 @@ package final class ProcessWatcher: Sendable {
         }
     }
 }
+#endif

@@ -1,4 +1,10 @@
+// Seam: the monotonic clock (`clock_gettime(CLOCK_MONOTONIC)`, served by the vDSO on Linux and
+// by commpage on Darwin). The one place the engine reads the time.
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// `CLOCK_MONOTONIC` in nanoseconds: what the harness times with and deadlines are set in.
 /// One `clock_gettime` call (served by the vDSO, no system call), no allocation.

@@ -1,5 +1,18 @@
+// Seam: the CPU's spin hint (x86 `pause`, ARM `yield`), from this package's C shim on Linux.
+#if os(Linux)
 import CIPCShims
+#endif
 import IPCCore
+
+/// Tells the CPU that the caller is spinning: it slows the loop a little and frees the core's
+/// shared resources for a sibling hyperthread. Not a system call.
+@inline(__always)
+public func cpuRelax() {
+    #if os(Linux)
+    ipc_cpu_relax()
+    #endif
+    // Elsewhere no hint yet (docs/DARWIN.md): the loop spins without one.
+}
 
 /// Polls for something to happen for at most a ``WaitStrategy``'s spin time, before the caller
 /// falls back to blocking.
@@ -20,7 +33,7 @@ public enum SpinWait {
         if let value = try poll() { return value }
         let deadline = monotonicNanoseconds() &+ UInt64(strategy.spinNanoseconds)
         repeat {
-            ipc_cpu_relax()
+            cpuRelax()
             if let value = try poll() { return value }
         } while monotonicNanoseconds() < deadline
         return nil
