@@ -249,7 +249,27 @@ struct FilePresenterTransportTests {
         await expectIPCError(.invalidated) {
             try await connection.request([1], msgid: 1, sendTimeout: .seconds(1), receiveTimeout: .seconds(1))
         }
-        await expectIPCError(.unsupportedOperation) { try transport.listen(at: try group.endpoint("filtered"), options: .defaults) { _ in true } }
+    }
+
+    @Test("the accept filter sees each client's kernel-verified credentials (a real second process among them); a refused connect fails with accessDenied")
+    func acceptFilter() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("filtered")
+        let seen = LockedValue<[PeerCredentials]>([])
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }) { credentials in
+            seen.set(seen.get() + [credentials])
+            return seen.get().count > 1
+        }
+        defer { listener.close() }
+        await expectIPCError(.accessDenied) { try transport.connect(to: endpoint, options: .defaults) }
+        #expect(listener.activeConnections.isEmpty)
+        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
+        defer { client.stop() }
+        let accepted = try await acceptOne(listener)
+        #expect(seen.get().map(\.pid) == [getpid(), client.pid])
+        #expect(seen.get().allSatisfy { $0.uid == geteuid() && $0.gid == getegid() })
+        #expect(accepted.peer?.pid == client.pid)
+        #expect(listener.activeConnections.count == 1)
     }
 
     @Test("concurrent requests from several clients each get their own reply")

@@ -1,4 +1,4 @@
-import FilePresenterTransport
+@testable import FilePresenterTransport
 import Foundation
 import IPCBenchKit
 import IPCCore
@@ -271,6 +271,40 @@ struct StoreHostileTests {
         await loop.stop()
         #expect(good.invalidationReason == nil)
         #expect(try await good.request([3], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [3])
+    }
+
+    @Test("hellos on the rendezvous socket that claim another process's pid, are garbage, or never finish are refused; the listener serves others")
+    func filePresenterForgedHello() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("forged")
+        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        let transport = FilePresenterTransport()
+        let good = try transport.connect(to: endpoint, options: .defaults)
+        defer { good.invalidate() }
+        let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
+        // The good client's journal is <name>.<pid>-<serial>.journal: a hello naming it, from
+        // another process, claims this process's identity and its connection.
+        let journal = try #require(good.journalPath)
+        let identity = try #require(journal.split(separator: ".").dropLast().last)
+        let parts = identity.split(separator: "-").compactMap { UInt32($0) }
+        try #require(parts.count == 2)
+        func hello(pid: UInt32, serial: UInt32, magic: UInt32 = 0x4950_4648) -> [UInt8] {
+            [magic, 2, pid, serial].flatMap { withUnsafeBytes(of: $0.bigEndian, Array.init) }
+        }
+        for (name, bytes) in [
+            ("another process's pid and live journal", hello(pid: parts[0], serial: parts[1])),
+            ("pid 1", hello(pid: 1, serial: 1)),
+            ("bad magic", hello(pid: parts[0], serial: parts[1], magic: 0x4950_464A)),
+            ("half a hello, then nothing", Array(hello(pid: 1, serial: 1).prefix(7))),
+        ] {
+            let hostile = try HostilePeer.socket(path: endpoint.path(suffix: ".rendezvous"), bytes: bytes)
+            try await expectDropped(hostile, name)
+        }
+        #expect(server.isRunning)
+        await loop.stop()
+        #expect(good.invalidationReason == nil)
+        #expect(try await good.request([4], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [4])
     }
 
     @Test("garbage committed into the listener's inbox: the listener ends every connection and tells each client, so none waits")

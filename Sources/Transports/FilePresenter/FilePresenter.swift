@@ -51,6 +51,13 @@ public final class FilePresenter: Sendable {
         watch.remove()
     }
 
+    /// Stops reporting changes without waiting for a call in progress on the presenter's thread:
+    /// for a caller that may hold what that call waits for (a connection ending while it reads
+    /// its journal on another thread). No call starts afterwards.
+    func removeWithoutWaiting() {
+        watch.remove(waiting: false)
+    }
+
     func beginOwnWrite() {
         watch.mark(MarkerEvent.begin)
     }
@@ -122,11 +129,11 @@ private final class PresenterWatch: Sendable {
         }
     }
 
-    func remove() {
+    func remove(waiting: Bool = true) {
         removed.store(true, ordering: .releasing)
         // From inside didChange the gate is ours already; from elsewhere, taking it waits for a
         // call in progress (no call starts once the flag is set: it is checked under the gate).
-        if thread.load(ordering: .acquiring) != UInt(pthread_self()) {
+        if waiting, thread.load(ordering: .acquiring) != UInt(pthread_self()) {
             gate.withLock { _ in }
         }
         mark(.end)

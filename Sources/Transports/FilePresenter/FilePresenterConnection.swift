@@ -4,15 +4,20 @@ import IPCCore
 import IPCEngine
 import IPCPosix
 import Synchronization
+import SystemPackage
 
 /// One side of a file presenter conversation.
 ///
 /// A client appends its records to the listener's inbox and reads its own journal, which it
 /// presents: the presenter's thread reads what the listener appended each time the journal
 /// changes. On the listener, one presenter thread reads the inbox for every client and hands
-/// each client's frames to its connection. Either way, sends append on the calling thread, and
-/// the other side's death is seen through its process (a pidfd), since a file has no
-/// connection to break.
+/// each client's frames to its connection. Either way, sends append on the calling thread.
+///
+/// The other side's end is seen on the rendezvous socket the connection was set up over, which
+/// both keep open: its end of file comes as soon as the peer's process closes its descriptors
+/// (a killed process does that before it has finished exiting). Before acting on it, this side
+/// reads what the peer appended, so a goodbye or a message written just before is not lost. The
+/// peer's process is watched too (a pidfd), for a peer whose socket outlives it in a forked child.
 public final class FilePresenterConnection: FrameConnection, @unchecked Sendable {
     // @unchecked: mutable state is behind Mutexes; the role's reader is used under its slot's lock.
     public let peer: PeerCredentials?
@@ -24,14 +29,18 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     private let sender: SenderID
     private let role: Role
     private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
+    /// The rendezvous socket, kept open for the connection's life, and its watch on the loop.
+    private let lifeline = Mutex<(fd: CInt, watch: EventLoop.ReadinessWatch?)?>(nil)
+    private let loop: EventLoop
     private let replySendTimeout: Duration = .seconds(5)
 
     enum Role {
         /// The client: its own journal, read through a presenter, which it removes when it ends.
         case client(Inbound)
-        /// The listener's view of one client: the listener reads for it and forgets it on
-        /// invalidation; the client's journal is removed here if the client died.
-        case server(clientJournalPath: String, onInvalidated: @Sendable (FilePresenterConnection) -> Void)
+        /// The listener's view of one client: the listener reads for it (`drain` reads the
+        /// inbox now) and forgets it on invalidation; the client's journal is removed here if
+        /// the client died.
+        case server(clientJournalPath: String, drain: @Sendable () -> Void, onInvalidated: @Sendable (FilePresenterConnection) -> Void)
     }
 
     /// What a client reads: its journal, and the presenter that says when to read it.
@@ -39,8 +48,6 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         let path: String
         let reader = JournalReaderSlot()
         let presenter = Mutex<FilePresenter?>(nil)
-        /// Signalled when the listener's welcome arrives, or the connection ends.
-        let welcomed = DispatchSemaphore(value: 0)
 
         init(path: String) {
             self.path = path
@@ -50,6 +57,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     init(peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions, loop: EventLoop) {
         self.peer = peer
         self.core = ConnectionCore(options: options, loop: loop)
+        self.loop = loop
         self.outbound = Mutex(outbound)
         self.sender = sender
         self.role = role
@@ -61,6 +69,69 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             self?.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
         }
         peerWatch.withLock { $0 = watch }
+    }
+
+    /// Keeps the rendezvous socket `fd` (owned from now on) and watches it on the loop: its end
+    /// of file, or anything read from it, ends the connection.
+    func adopt(lifeline fd: CInt) {
+        let adopted = lifeline.withLock { lifeline -> Bool in
+            guard core.latch.isValid, lifeline == nil else { return false }
+            lifeline = (fd, nil)
+            return true
+        }
+        guard adopted else {
+            closeDescriptor(fd)
+            return
+        }
+        do {
+            let watch = try loop.watchReadable(FileDescriptor(rawValue: fd)) { [weak self] in self?.lifelineReadable(fd) }
+            let stored = lifeline.withLock { lifeline -> Bool in
+                guard lifeline?.fd == fd else { return false }
+                lifeline?.watch = watch
+                return true
+            }
+            // Ended meanwhile: finish closed the socket without this watch, so cancel it here.
+            if !stored { loop.cancel(watch) }
+        } catch {
+            invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+        }
+    }
+
+    /// The rendezvous socket is readable (loop thread): the peer closed it, or wrote to it, which
+    /// no peer following docs/WIRE-FORMAT.md does.
+    private func lifelineReadable(_ fd: CInt) {
+        var bytes = (UInt64(0), UInt64(0))
+        let count = withUnsafeMutableBytes(of: &bytes) { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT)) }
+        if count < 0, errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return }
+        // Once is enough (the socket would stay readable): stop watching, keep it until the end.
+        if let watch = lifeline.withLock({ lifeline -> EventLoop.ReadinessWatch? in
+            defer { lifeline?.watch = nil }
+            return lifeline?.watch
+        }) {
+            loop.cancel(watch)
+        }
+        let reason: InvalidationReason
+        if count > 0 {
+            reason = InvalidationReason(.protocolError, error: IPCError(code: .malformedFrame, message: "the peer wrote to the rendezvous socket after the handshake"))
+        } else {
+            let pid = peer?.pid ?? 0
+            reason = InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) closed the rendezvous socket without a goodbye: it exited"))
+        }
+        // What the peer appended before it went is read first, off the loop (delivering may
+        // wait for the application to make room): a goodbye ends the connection as peerClosed,
+        // and messages before it are delivered.
+        DispatchQueue.global().async { [self] in
+            drain()
+            invalidate(reason)
+        }
+    }
+
+    /// Reads what the peer has appended so far.
+    private func drain() {
+        switch role {
+        case .client: readJournal()
+        case .server(_, let drain, _): drain()
+        }
     }
 
     /// The client's journal, which it removes when it ends.
@@ -122,9 +193,8 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             switch header.kind {
             case .goodbye:
                 invalidate(InvalidationReason(.peerClosed))
-            case .welcome:
-                if case .client(let inbound) = role { inbound.welcomed.signal() }
-            case .hello, .frame:
+            case .hello, .welcome, .frame:
+                // Version 1's handshake records: skipped.
                 break
             }
         }
@@ -153,13 +223,19 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
                 // wait for replies that never come), without waiting long on a busy or full journal.
                 try? outbound?.append(RecordHeader(kind: .goodbye, sender: sender), timeout: .milliseconds(100))
             }
+            // After the goodbye, so that a peer woken by the end of file finds it.
+            if let (fd, watch) = lifeline.withLock({ $0.take() }) {
+                if let watch { loop.cancel(watch) }
+                closeDescriptor(fd)
+            }
             switch role {
             case .client(let inbound):
-                inbound.presenter.withLock { $0.take() }?.remove()
+                // Not waiting for a read in progress on the presenter's thread: this may run
+                // inside a read on another thread (the lifeline's drain), which that read waits for.
+                inbound.presenter.withLock { $0.take() }?.removeWithoutWaiting()
                 inbound.reader.release()
-                inbound.welcomed.signal()
                 _ = unlink(inbound.path)
-            case .server(let clientJournalPath, let onInvalidated):
+            case .server(let clientJournalPath, _, let onInvalidated):
                 // A dead client cannot remove its own journal.
                 if reason.kind == .peerDied { _ = unlink(clientJournalPath) }
                 onInvalidated(self)

@@ -6,7 +6,9 @@ import Synchronization
 
 /// The listening side of a file presenter endpoint: an inbox journal that every client appends
 /// to, presented by one thread that reads it for all clients and answers requests in arrival
-/// order.
+/// order, and a rendezvous socket (`G/<endpoint>.rendezvous`) that clients connect over: it
+/// gives the listener each client's kernel-verified credentials (so an accept filter works and
+/// a client cannot claim another's pid), and stays open for the connection's life.
 public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     // @unchecked: every stored property is immutable or a Mutex; the reader slot locks itself.
     public let endpoint: Endpoint
@@ -20,6 +22,10 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     private let presenter = Mutex<FilePresenter?>(nil)
     private let connectionSink: AsyncStream<FilePresenterConnection>.Continuation
     private let identity = SenderID(pid: getpid(), serial: 0)
+    private let rendezvousPath: String
+    private let acceptor = Mutex<SocketAcceptor?>(nil)
+    /// Clients that connected and have not finished their hello, at most.
+    public static let maximumPendingHandshakes = 64
 
     private struct State {
         var closed = false
@@ -28,13 +34,16 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
 
     private let state = Mutex(State())
 
-    init(endpoint: Endpoint, options: ConnectionOptions, capacity: Int) throws {
+    init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?, capacity: Int, handshakeTimeout: Duration) throws {
         loop = try EventLoop.shared()
         try GroupDirectories.prepare(endpoint.group)
         let lock = try EndpointLock(endpoint: endpoint)
         // Journals of clients that died, which their listener (if it died too) could not remove.
         Self.removeJournalsOfDeadClients(endpoint)
         inboxPath = JournalNames.inbox(endpoint)
+        rendezvousPath = RendezvousHello.socketPath(endpoint)
+        // We hold the endpoint's lock, so a socket file still here belongs to a dead listener.
+        unlink(rendezvousPath)
         let inbox: JournalFile
         do {
             inbox = try Journal.create(at: inboxPath, in: endpoint.group, capacity: capacity)
@@ -56,8 +65,20 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
             close()
             throw error
         }
-        // A client may have said hello before the presenter was watching.
-        readInbox()
+        do {
+            let acceptor = try SocketAcceptor(
+                path: rendezvousPath,
+                loop: loop,
+                acceptFilter: acceptFilter,
+                mode: .handshake(timeout: handshakeTimeout, maximumPending: Self.maximumPendingHandshakes) { [weak self] fd, peer in
+                    self?.takeHello(fd, peer: peer) ?? .finished(.malformed)
+                }
+            )
+            self.acceptor.withLock { $0 = acceptor }
+        } catch {
+            close()
+            throw error
+        }
     }
 
     public var activeConnections: [FilePresenterConnection] {
@@ -76,9 +97,11 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
             return Array(state.clients.values)
         }
         guard let clients else { return }
+        acceptor.withLock { $0.take() }?.close()
         presenter.withLock { $0.take() }?.remove()
         reader.release()
-        // Remove the inbox before giving up the name, so a successor's inbox is never removed.
+        // Remove the inbox and the socket before giving up the name, so a successor's are never removed.
+        _ = unlink(rendezvousPath)
         _ = unlink(inboxPath)
         lock.release()
         connectionSink.finish()
@@ -100,28 +123,34 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     }
 
     private func route(_ record: JournalRecord) {
-        let header = record.header
-        if case .control(let control) = record, control.kind == .hello {
-            admit(control.sender)
-            return
-        }
-        state.withLock { $0.clients[header.sender] }?.receive(record)
+        state.withLock { $0.clients[record.header.sender] }?.receive(record)
     }
 
-    /// Registers a client from its hello: opens the journal it created and welcomes it there.
-    private func admit(_ client: SenderID) {
+    /// Takes a client's hello from its rendezvous socket (loop thread): checks that the pid it
+    /// claims is the one the kernel reports and that the journal it names is that process's and
+    /// this user's, opens the journal, and admits the client. Never blocks: a journal whose lock
+    /// is busy makes the hello malformed.
+    private func takeHello(_ fd: CInt, peer: PeerCredentials) -> SocketAcceptor.Handshake {
+        var hello = [UInt8](repeating: 0, count: RendezvousHello.length)
+        let count = hello.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_PEEK)) }
+        if count < 0, errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return .incomplete }
+        if count > 0, count < RendezvousHello.length { return .incomplete }
+        guard count == RendezvousHello.length else { return .finished(.malformed) }
+        _ = hello.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT)) }
+        guard let client = RendezvousHello.sender(parsing: hello[...]), client.pid == peer.pid else { return .finished(.malformed) }
         let journalPath = JournalNames.clientJournal(endpoint, sender: client)
-        // Anyone who can write the inbox can say hello; one without a journal of its own is ignored.
-        guard let journal = try? JournalFile(CoordinatedFile(path: journalPath, create: false), timeout: .seconds(1)),
+        guard let journal = try? JournalFile(CoordinatedFile(path: journalPath, create: false), timeout: .milliseconds(10)),
             journal.header.ownerPID == client.pid
-        else { return }
+        else { return .finished(.malformed) }
         var status = stat()
-        _ = fstat(journal.file.descriptor, &status)
+        guard fstat(journal.file.descriptor, &status) == 0, status.st_uid == peer.uid, status.st_mode & S_IFMT == S_IFREG else {
+            return .finished(.malformed)
+        }
         let connection = FilePresenterConnection(
-            peer: PeerCredentials(pid: client.pid, uid: status.st_uid, gid: status.st_gid),
+            peer: peer,
             outbound: JournalAppender(journal),
             sender: identity,
-            role: .server(clientJournalPath: journalPath) { [weak self] connection in
+            role: .server(clientJournalPath: journalPath, drain: { [weak self] in self?.readInbox() }) { [weak self] connection in
                 _ = self?.state.withLock { state in
                     if state.clients[client] === connection { state.clients[client] = nil }
                 }
@@ -134,15 +163,17 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
             state.clients[client] = connection
             return true
         }
-        guard admitted else { return }
+        guard admitted else { return .finished(.malformed) }
         do {
-            try connection.sendControl(.welcome, timeout: .seconds(1))
             try connection.watchPeer(pid: client.pid)
         } catch {
             connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
-            return
+            return .finished(.malformed)
         }
-        connectionSink.yield(connection)
+        return .accepted { [connectionSink] in
+            connection.adopt(lifeline: fd)
+            connectionSink.yield(connection)
+        }
     }
 
     /// Removes the journals of this endpoint's clients whose processes are gone (a client that

@@ -1,9 +1,9 @@
-import Dispatch
 import Glibc
 import IPCCore
 import IPCEngine
 import IPCPosix
 import Synchronization
+import SystemPackage
 
 /// Messaging through files in the group directory, in the `NSFilePresenter` /
 /// `NSFileCoordinator` pattern: a writer makes a coordinated (locked) write to a file, and the
@@ -13,6 +13,8 @@ import Synchronization
 /// - `<name>.lock`: the listener's claim on the name (an `flock` held while it lives, with its
 ///   pid), so a dead listener's name can be taken over and a live one's cannot.
 /// - `<name>.inbox`: the listener's journal, which every client appends to.
+/// - `<name>.rendezvous`: the listener's socket, which a client connects to and says hello on
+///   (its pid and serial), and which both keep open for the connection's life.
 /// - `<name>.<pid>-<serial>.journal`: one per client, created by the client, which the listener
 ///   appends to.
 ///
@@ -31,22 +33,26 @@ import Synchronization
 ///   1 MiB) it moves the unread records to the start and shortens the file; writers wait while
 ///   a journal holds more than its capacity (16 MiB by default) and report
 ///   ``IPCError/Code/sendTimeout`` if it stays full.
-/// - Each side watches the other's process (a pidfd), so a peer's death invalidates the
-///   connection once, pending requests fail with ``IPCError/Code/peerInvalidated``, and the
-///   survivor removes the dead side's journal.
+/// - A peer's death invalidates the connection once, as soon as its process closes its end of
+///   the rendezvous socket (and, for a socket kept alive by a forked child, when the process
+///   exits: each side watches the other's with a pidfd); pending requests fail with
+///   ``IPCError/Code/peerInvalidated``, and the survivor removes the dead side's journal.
 /// - On invalidation or close a side removes its own files and tells the other with a goodbye
 ///   record.
 ///
-/// Limits: records carry the sender's pid as the sender states it (the group directory is the
-/// trust boundary, as with message ports), so there is no accept filter; the journal owner's uid
-/// and gid are read from the file and are kernel-verified.
+/// Identity: both sides learn the other's pid, uid and gid from the kernel (`SO_PEERCRED` on the
+/// rendezvous socket), the listener refuses a hello that claims another pid or names a journal
+/// another user owns, and an accept filter decides on the kernel's credentials. Records in the
+/// inbox carry the sender id as the sender states it: a process of the same user can write the
+/// inbox (mode 0600) and so could forge records; the group directory is the trust boundary for
+/// that, as with message ports.
 public struct FilePresenterTransport: MessageTransport {
     public typealias Connection = FilePresenterConnection
     public typealias Listener = FilePresenterListener
 
     /// The bytes of unread records a journal this side reads may hold before writers wait.
     public var journalCapacity: Int
-    /// How long a connect waits for the listener's welcome.
+    /// How long a connect waits for the listener's answer (and a listener for a client's hello).
     public var connectTimeout: Duration
 
     public init(journalCapacity: Int = 16 << 20, connectTimeout: Duration = .seconds(5)) {
@@ -62,67 +68,64 @@ public struct FilePresenterTransport: MessageTransport {
             preservesOrder: true,
             supportsRequestReply: true,
             supportsBroadcast: true,
-            // A record's sender pid is what the sender wrote, not what the kernel verified.
-            supportsAcceptFilter: false,
+            supportsAcceptFilter: true,
             peerDeathDetection: .processWatch
         )
     }
 
-    /// - Throws: what ``MessageTransport/listen(at:options:acceptFilter:)`` documents. An accept
-    ///   filter is refused with ``IPCError/Code/unsupportedOperation``.
+    /// - Throws: what ``MessageTransport/listen(at:options:acceptFilter:)`` documents.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> FilePresenterListener {
-        guard acceptFilter == nil else {
-            throw IPCError(code: .unsupportedOperation, message: "file presenter endpoints cannot filter clients: a record carries no kernel-verified sender")
-        }
-        return try FilePresenterListener(endpoint: endpoint, options: options, capacity: journalCapacity)
+        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, capacity: journalCapacity, handshakeTimeout: connectTimeout)
     }
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint or
-    ///   it did not welcome us within ``connectTimeout``; ``IPCError/Code/transportFailure``.
+    ///   it did not answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its
+    ///   accept filter refuses this process; ``IPCError/Code/invalidEndpoint`` for an unsafe
+    ///   group directory; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> FilePresenterConnection {
         try GroupDirectories.verify(endpoint.group)
-        guard let listenerPID = EndpointLock.owner(of: endpoint), ProcessWatcher.isAlive(pid: listenerPID) else {
-            throw IPCError(code: .endpointNotFound, message: "no live process listens on \(endpoint)")
-        }
+        let socket = try UnixSocket.connect(path: RendezvousHello.socketPath(endpoint))
+        var socketOwned = true
+        defer { if socketOwned { closeDescriptor(socket) } }
+        let peer = try UnixSocket.peerCredentials(socket)
         let loop = try EventLoop.shared()
         let inbox: JournalFile
         do {
             inbox = try JournalFile(CoordinatedFile(path: JournalNames.inbox(endpoint), create: false), timeout: connectTimeout)
-            guard inbox.header.ownerPID == listenerPID else {
-                throw IPCError(code: .endpointNotFound, message: "the inbox belongs to process \(inbox.header.ownerPID)")
+            guard inbox.header.ownerPID == peer.pid else {
+                throw IPCError(code: .endpointNotFound, message: "the inbox belongs to process \(inbox.header.ownerPID), not to the listener \(peer.pid)")
             }
         } catch {
-            throw IPCError(code: .endpointNotFound, message: "\(endpoint) has no inbox of its live listener \(listenerPID)", cause: error as? IPCError)
+            throw IPCError(code: .endpointNotFound, message: "\(endpoint) has no inbox of its live listener \(peer.pid)", cause: error as? IPCError)
         }
-        var status = stat()
-        _ = fstat(inbox.file.descriptor, &status)
         let identity = SenderID(pid: getpid(), serial: Self.nextSerial())
         let journalPath = JournalNames.clientJournal(endpoint, sender: identity)
         let journal = try Journal.create(at: journalPath, in: endpoint.group, capacity: journalCapacity)
         let inbound = FilePresenterConnection.Inbound(path: journalPath)
-        let connection = FilePresenterConnection(
-            peer: PeerCredentials(pid: listenerPID, uid: status.st_uid, gid: status.st_gid),
-            outbound: JournalAppender(inbox),
-            sender: identity,
-            role: .client(inbound),
-            options: options,
-            loop: loop
-        )
+        let connection = FilePresenterConnection(peer: peer, outbound: JournalAppender(inbox), sender: identity, role: .client(inbound), options: options, loop: loop)
         do {
             let presenter = try FilePresenter(presenting: journalPath) { [weak connection] in connection?.readJournal() }
             let reader = JournalReader(journal, maximumPayloadLength: options.maximumPayloadLength)
             reader.presenter = presenter
             inbound.reader.install(reader)
             inbound.presenter.withLock { $0 = presenter }
-            // Watched from the start, so that a listener dying now ends the wait for its welcome.
-            try connection.watchPeer(pid: listenerPID)
-            try connection.sendControl(.hello, timeout: connectTimeout)
-            let answered = inbound.welcomed.wait(timeout: .now() + DispatchTimeInterval.nanoseconds(Int(clamping: connectTimeout.nanoseconds)))
-            guard answered == .success, connection.invalidationReason == nil else {
-                throw IPCError(code: .endpointNotFound, message: "the listener on \(endpoint) did not welcome us within \(connectTimeout) (\(connection.invalidationReason.map { "\($0)" } ?? "no answer"))")
+            let hello = RendezvousHello.bytes(identity)
+            let sent = hello.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_NOSIGNAL)) }
+            // A listener that refuses at once (accept filter, busy) may have answered and closed
+            // before the hello went: the answer is still there to read.
+            guard sent == hello.count || errno == EPIPE || errno == ECONNRESET else {
+                throw IPCError.syscall("send", Errno(rawValue: errno), context: "file presenter hello")
+            }
+            try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds, listener: "file presenter")
+            socketOwned = false
+            connection.adopt(lifeline: socket)
+            // Watched too, for a listener whose socket outlives it in a forked child.
+            try connection.watchPeer(pid: peer.pid)
+            if let reason = connection.invalidationReason {
+                throw IPCError(code: .endpointNotFound, message: "the connection to \(endpoint) ended while it was set up (\(reason))")
             }
         } catch {
-            // Invalidated as if by its user, so a listener that admits it late hears goodbye.
+            // Invalidated as if by its user, so a listener that admitted it hears goodbye.
             connection.invalidate()
             throw error
         }

@@ -5,7 +5,7 @@ import IPCFraming
 ///
 ///     offset size field
 ///     0      4    magic 0x49 0x50 0x46 0x4A ("IPFJ")
-///     4      1    version, 1
+///     4      1    version, 2 (1 said hello in the inbox; 2 on the rendezvous socket)
 ///     5      3    zero
 ///     8      4    pid of the journal's reader (its owner), big-endian
 ///     12     4    capacity in bytes, big-endian
@@ -27,7 +27,7 @@ struct JournalHeader: Equatable {
     static let length = 24
     static let committedEndOffset = 16
     static let magic: [UInt8] = [0x49, 0x50, 0x46, 0x4A]
-    static let version: UInt8 = 1
+    static let version: UInt8 = 2
 
     var ownerPID: Int32
     var capacity: Int
@@ -90,12 +90,47 @@ struct JournalHeader: Equatable {
 enum RecordKind: UInt8 {
     /// A binary frame follows the record header.
     case frame = 1
-    /// Client to listener: a client with this sender id has created its journal and wants a connection.
+    /// Version 1's handshake (now on the rendezvous socket, ``RendezvousHello``); a reader
+    /// skips these records.
     case hello = 2
-    /// Listener to client: the connection is established.
+    /// Version 1's handshake; skipped.
     case welcome = 3
     /// Either way: the sender is ending the connection.
     case goodbye = 4
+}
+
+/// What a client sends on the endpoint's rendezvous socket (`G/<endpoint>.rendezvous`) after
+/// creating its journal: 16 bytes, big-endian. The listener answers with a
+/// ``RendezvousStatus`` word and both keep the socket open for the connection's life: its end
+/// of file tells either side that the other's process is gone, at once (see docs/WIRE-FORMAT.md,
+/// section 7).
+///
+///     offset size field
+///     0      4    magic 0x49 0x50 0x46 0x48 ("IPFH")
+///     4      4    version, 2 (the journal version)
+///     8      4    the client's pid (the listener checks it against SO_PEERCRED)
+///     12     4    the client's serial (its journal is G/<endpoint>.<pid>-<serial>.journal)
+enum RendezvousHello {
+    static let length = 16
+    static let magic: UInt32 = 0x4950_4648
+
+    static func bytes(_ sender: SenderID) -> [UInt8] {
+        [magic, UInt32(JournalHeader.version), UInt32(bitPattern: sender.pid), sender.serial].flatMap { withUnsafeBytes(of: $0.bigEndian, Array.init) }
+    }
+
+    /// The sender a hello names, if it is this version's hello.
+    static func sender(parsing bytes: ArraySlice<UInt8>) -> SenderID? {
+        guard bytes.count == length else { return nil }
+        let words = stride(from: bytes.startIndex, to: bytes.endIndex, by: 4).map { start in
+            bytes[start..<start + 4].reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+        }
+        guard words[0] == magic, words[1] == UInt32(JournalHeader.version), words[3] != 0 else { return nil }
+        return SenderID(pid: Int32(bitPattern: words[2]), serial: words[3])
+    }
+
+    static func socketPath(_ endpoint: Endpoint) -> String {
+        endpoint.path(suffix: ".rendezvous")
+    }
 }
 
 /// Identifies the writer of a record in the listener's inbox: a client's pid and a number that

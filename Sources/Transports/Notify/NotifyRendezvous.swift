@@ -17,17 +17,6 @@ enum NotifyRendezvous {
     /// The descriptors that come with a hello, in this order.
     static let descriptorCount = 3
 
-    /// The listener's answer, a 32-bit little-endian word.
-    enum Status: UInt32 {
-        case accepted = 1
-        /// The accept filter refused this client's credentials.
-        case refused = 2
-        /// The hello or its descriptors were not a valid store and doorbells.
-        case malformed = 3
-        /// Too many clients are in the middle of connecting.
-        case busy = 4
-    }
-
     static func socketPath(_ endpoint: Endpoint) -> String {
         endpoint.path(suffix: ".rendezvous")
     }
@@ -44,23 +33,6 @@ enum NotifyRendezvous {
         }
         guard words[0] == NotifyStore.magic, words[1] == NotifyStore.version, words[3] == 0 else { return nil }
         return Int(words[2])
-    }
-
-    static func statusBytes(_ status: Status) -> [UInt8] {
-        withUnsafeBytes(of: status.rawValue.littleEndian, Array.init)
-    }
-
-    /// Waits up to `deadline` (``monotonicNanoseconds()``) for `fd` to be readable.
-    static func waitUntilReadable(_ fd: CInt, deadline: UInt64) -> Bool {
-        while true {
-            let now = monotonicNanoseconds()
-            guard now < deadline else { return false }
-            var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            let milliseconds = CInt(clamping: (deadline - now + 999_999) / 1_000_000)
-            let result = poll(&entry, 1, milliseconds)
-            if result > 0 { return true }
-            if result < 0, errno != EINTR { return false }
-        }
     }
 
     /// The client's side: makes the store and the doorbells, hands them to the listener on
@@ -91,22 +63,8 @@ enum NotifyRendezvous {
             guard sent == helloLength || errno == EPIPE || errno == ECONNRESET else {
                 throw IPCError(code: .transportFailure, message: "the notify hello was not sent whole (errno \(errno))")
             }
-            guard waitUntilReadable(socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds) else {
-                throw IPCError(code: .endpointNotFound, message: "the notify listener did not answer within \(timeout)")
-            }
-            var answer = [UInt8](repeating: 0, count: 4)
-            let count = (try? answer.withUnsafeMutableBytes { try UnixSocket.readIfReady(socket, into: $0) }) ?? 0
-            let status = count == 4 ? Status(rawValue: answer.reversed().reduce(UInt32(0)) { $0 << 8 | UInt32($1) }) : nil
-            switch status {
-            case .accepted:
-                return (store, ownBell, peerBell)
-            case .refused:
-                throw IPCError(code: .accessDenied, message: "the notify listener's accept filter refused this process")
-            case .busy:
-                throw IPCError(code: .endpointNotFound, message: "the notify listener has too many clients connecting at once; try again")
-            case .malformed, nil:
-                throw IPCError(code: .transportFailure, message: "the notify listener did not accept the connection (answer \(answer.prefix(count)))")
-            }
+            try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: "notify")
+            return (store, ownBell, peerBell)
         } catch {
             closeDescriptor(ownBell)
             closeDescriptor(peerBell)

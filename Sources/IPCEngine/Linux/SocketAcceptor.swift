@@ -1,0 +1,246 @@
+#if os(Linux)
+import Glibc
+import IPCCore
+import IPCPosix
+import Synchronization
+import SystemPackage
+
+/// The answer a listener gives on a rendezvous socket: one 32-bit little-endian word.
+package enum RendezvousStatus: UInt32, Sendable {
+    case accepted = 1
+    /// The accept filter refused this client's credentials.
+    case refused = 2
+    /// The hello (or what came with it) was not valid.
+    case malformed = 3
+    /// Too many clients are in the middle of connecting.
+    case busy = 4
+
+    package var bytes: [UInt8] { withUnsafeBytes(of: rawValue.littleEndian, Array.init) }
+
+    /// Sends this answer without waiting (a client that does not read it is not waited for).
+    package func send(on fd: CInt) {
+        _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+    }
+
+    /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's
+    /// answer on `fd`, and returns if it is ``accepted``.
+    /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused this process;
+    ///   ``IPCError/Code/endpointNotFound`` if the listener was busy or did not answer in time;
+    ///   ``IPCError/Code/transportFailure`` if it found the hello malformed or did not answer
+    ///   with a status word. `listener` names the transport in the messages.
+    package static func awaitAcceptance(on fd: CInt, deadline: UInt64, listener: String) throws {
+        switch try read(from: fd, deadline: deadline) {
+        case .accepted:
+            return
+        case .refused:
+            throw IPCError(code: .accessDenied, message: "the \(listener) listener's accept filter refused this process")
+        case .busy:
+            throw IPCError(code: .endpointNotFound, message: "the \(listener) listener has too many clients connecting at once; try again")
+        case .malformed:
+            throw IPCError(code: .transportFailure, message: "the \(listener) listener did not accept the hello (malformed)")
+        }
+    }
+
+    /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's
+    /// answer on `fd`.
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if none came in time;
+    ///   ``IPCError/Code/transportFailure`` if the listener closed the socket without a whole
+    ///   answer or answered something else.
+    package static func read(from fd: CInt, deadline: UInt64) throws -> RendezvousStatus {
+        while true {
+            let now = monotonicNanoseconds()
+            guard now < deadline else {
+                throw IPCError(code: .endpointNotFound, message: "the listener did not answer within the connect timeout")
+            }
+            var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let result = poll(&entry, 1, CInt(clamping: (deadline - now + 999_999) / 1_000_000))
+            if result < 0, errno != EINTR { throw IPCError.syscall("poll", Errno(rawValue: errno)) }
+            guard result > 0 else { continue }
+            var answer = [UInt8](repeating: 0, count: 4)
+            guard let count = try answer.withUnsafeMutableBytes({ try UnixSocket.readIfReady(fd, into: $0) }) else { continue }
+            guard count == 4, let status = RendezvousStatus(rawValue: answer.reversed().reduce(UInt32(0)) { $0 << 8 | UInt32($1) }) else {
+                throw IPCError(code: .transportFailure, message: "the listener did not answer with a status word (got \(answer.prefix(count)))")
+            }
+            return status
+        }
+    }
+}
+
+/// The listening side of an `AF_UNIX` stream socket in the group directory, on the event loop:
+/// accepts every client waiting on each wake-up (backlog `SOMAXCONN`), takes its
+/// kernel-verified credentials (`SO_PEERCRED`) and asks the accept filter. Then, by ``Mode``:
+///
+/// - ``Mode/immediate(_:)`` (unix-socket, whose messages travel over the accepted socket): the
+///   client is handed over at once; a refused one is closed without a word.
+/// - ``Mode/handshake(timeout:maximumPending:_:)`` (notify, file-presenter: a *rendezvous*
+///   socket that sets each connection up): a refused client is answered
+///   ``RendezvousStatus/refused``; the transport's handshake is called each time the client's
+///   socket is readable, until it finishes. A client that says nothing is dropped after
+///   `timeout`, and at most `maximumPending` may be in the middle of connecting (the next are
+///   answered ``RendezvousStatus/busy``), so clients that never finish cannot hold the
+///   listener's descriptors.
+///
+/// Nothing here blocks the loop.
+package final class SocketAcceptor: Sendable {
+    /// What a transport's handshake made of a readable client socket.
+    package enum Handshake: Sendable {
+        /// Not all of the hello is there yet: wait for more.
+        case incomplete
+        /// Answer with this status and close the socket.
+        case finished(RendezvousStatus)
+        /// Accepted and kept: the acceptor stops watching the socket, answers
+        /// ``RendezvousStatus/accepted``, and then calls `adopt`, which owns the socket from then
+        /// on (it may watch it on the loop: the acceptor's watch is gone).
+        case accepted(adopt: @Sendable () -> Void)
+    }
+
+    /// What happens to a client the accept filter let through (loop thread).
+    package enum Mode: Sendable {
+        /// Hand the socket over at once; the callee owns it.
+        case immediate(@Sendable (CInt, PeerCredentials) -> Void)
+        /// Wait for the client's hello (see ``Handshake``).
+        case handshake(timeout: Duration, maximumPending: Int, @Sendable (CInt, PeerCredentials) -> Handshake)
+    }
+
+    private let listenFD: CInt
+    private let loop: EventLoop
+    private let acceptFilter: AcceptFilter?
+    private let mode: Mode
+    private let watch = Mutex<EventLoop.ReadinessWatch?>(nil)
+    private let closed = Atomic<Bool>(false)
+    private let pending = Pending()
+
+    /// Sockets of clients between connecting and the end of their handshake, by descriptor.
+    private final class Pending: Sendable {
+        struct Entry: Sendable {
+            var watch: EventLoop.ReadinessWatch
+            var peer: PeerCredentials
+            /// Tells this handshake from a later one on a reused descriptor number.
+            var serial: UInt64
+        }
+
+        let entries = Mutex<[CInt: Entry]>([:])
+        private let nextSerial = Atomic<UInt64>(0)
+
+        func add(_ fd: CInt, watch: EventLoop.ReadinessWatch, peer: PeerCredentials) -> UInt64 {
+            let serial = nextSerial.add(1, ordering: .relaxed).newValue
+            entries.withLock { $0[fd] = Entry(watch: watch, peer: peer, serial: serial) }
+            return serial
+        }
+
+        /// Stops watching `fd` (loop thread) if it is pending (and is handshake `serial`, if
+        /// given); returns its entry if so. The caller answers or closes `fd`.
+        func remove(_ fd: CInt, serial: UInt64? = nil, on loop: EventLoop) -> Entry? {
+            let entry: Entry? = entries.withLock { entries in
+                guard let entry = entries[fd], serial == nil || entry.serial == serial else { return nil }
+                entries[fd] = nil
+                return entry
+            }
+            if let entry { loop.cancel(entry.watch) }
+            return entry
+        }
+    }
+
+    /// Listens on `path` (which the caller, holding the endpoint's lock, has cleared).
+    /// - Throws: ``IPCError/Code/transportFailure`` if the socket cannot be made or watched.
+    package init(path: String, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
+        listenFD = try UnixSocket.listen(path: path)
+        self.loop = loop
+        self.acceptFilter = acceptFilter
+        self.mode = mode
+        do {
+            // Weak: the loop's table must not keep an acceptor alive that its owner dropped.
+            let watching = try loop.watchReadable(FileDescriptor(rawValue: listenFD)) { [weak self] in self?.acceptWaiting() }
+            watch.withLock { $0 = watching }
+        } catch {
+            closeDescriptor(listenFD)
+            throw error
+        }
+    }
+
+    /// Stops accepting; clients in the middle of their handshake are dropped. The caller removes
+    /// the socket file. Idempotent; the loop stops watching and closes in its own time.
+    package func close() {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        UnixSocket.shutdown(listenFD)
+        let watch = watch.withLock { $0 }
+        loop.execute { [listenFD, loop, pending] in
+            if let watch { loop.cancel(watch) }
+            closeDescriptor(listenFD)
+            for fd in pending.entries.withLock({ Array($0.keys) }) where pending.remove(fd, on: loop) != nil {
+                closeDescriptor(fd)
+            }
+        }
+    }
+
+    deinit {
+        close()
+    }
+
+    /// Accepts every connection waiting (on the loop's thread).
+    private func acceptWaiting() {
+        while !closed.load(ordering: .acquiring) {
+            let fd: CInt
+            do {
+                switch try UnixSocket.acceptIfReady(listenFD) {
+                case .accepted(let accepted): fd = accepted
+                case .none, .closed: return
+                }
+            } catch {
+                // A shortage of descriptors or memory: try again shortly instead of spinning.
+                if let watch = watch.withLock({ $0 }) { loop.pause(watch, forNanoseconds: 10_000_000) }
+                return
+            }
+            guard let peer = try? UnixSocket.peerCredentials(fd) else {
+                closeDescriptor(fd)
+                continue
+            }
+            switch mode {
+            case .immediate(let accepted):
+                guard acceptFilter?(peer) ?? true else {
+                    closeDescriptor(fd)
+                    continue
+                }
+                accepted(fd, peer)
+            case .handshake(let timeout, let maximumPending, _):
+                guard acceptFilter?(peer) ?? true else {
+                    RendezvousStatus.refused.send(on: fd)
+                    closeDescriptor(fd)
+                    continue
+                }
+                guard pending.entries.withLock({ $0.count }) < maximumPending else {
+                    RendezvousStatus.busy.send(on: fd)
+                    closeDescriptor(fd)
+                    continue
+                }
+                guard let watching = try? loop.watchReadable(FileDescriptor(rawValue: fd), { [weak self] in self?.readable(fd) }) else {
+                    closeDescriptor(fd)
+                    continue
+                }
+                let serial = pending.add(fd, watch: watching, peer: peer)
+                loop.schedule(at: monotonicNanoseconds() &+ timeout.wholeNanoseconds) { [weak self] in
+                    guard let self, self.pending.remove(fd, serial: serial, on: self.loop) != nil else { return }
+                    closeDescriptor(fd)
+                }
+            }
+        }
+    }
+
+    /// A pending client's socket is readable (loop thread): hands it to the transport's handshake.
+    private func readable(_ fd: CInt) {
+        guard case .handshake(_, _, let handshake) = mode, let peer = pending.entries.withLock({ $0[fd]?.peer }) else { return }
+        switch handshake(fd, peer) {
+        case .incomplete:
+            return
+        case .finished(let status):
+            guard pending.remove(fd, on: loop) != nil else { return }
+            status.send(on: fd)
+            closeDescriptor(fd)
+        case .accepted(let adopt):
+            guard pending.remove(fd, on: loop) != nil else { return }
+            RendezvousStatus.accepted.send(on: fd)
+            adopt()
+        }
+    }
+}
+#endif
