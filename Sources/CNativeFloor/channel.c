@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,8 +19,45 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_FUTEX: return &nf_futex_operations;
     case NF_INOTIFY: return &nf_inotify_operations;
     case NF_PIPE: return &nf_pipe_operations;
+    case NF_UNIX_STREAM_EPOLL: return &nf_unix_stream_operations;
+    case NF_MQUEUE_EPOLL: return &nf_mqueue_operations;
+    case NF_EVENTFD_EPOLL: return &nf_eventfd_operations;
     }
     return NULL;
+}
+
+/// Whether every wait for a stream or queue message goes through epoll first.
+static bool waits_through_epoll(nf_mechanism mechanism) {
+    return mechanism == NF_UNIX_STREAM_EPOLL || mechanism == NF_MQUEUE_EPOLL;
+}
+
+int nf_epoll_wait_readable(nf_channel *channel, int fd, bool edge) {
+    if (channel->epoll_fd < 0) {
+        channel->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+        if (channel->epoll_fd < 0) return -1;
+        struct epoll_event event = {.events = EPOLLIN | (edge ? EPOLLET : 0), .data = {.fd = fd}};
+        if (epoll_ctl(channel->epoll_fd, EPOLL_CTL_ADD, fd, &event) != 0) {
+            nf_close_fd(&channel->epoll_fd);
+            return -1;
+        }
+    }
+    for (;;) {
+        struct epoll_event event;
+        int count = NF_RETRY(epoll_wait(channel->epoll_fd, &event, 1, channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
+        if (count > 0) return 0;
+        if (count < 0) return -1;
+        if (!nf_process_alive(channel->responder_pid)) {
+            errno = ECONNRESET;
+            return -1;
+        }
+    }
+}
+
+/// Receives one message; for the epoll variants of the stream and queue, after epoll says the
+/// descriptor is readable (one epoll_wait and one read per message, as an event loop does).
+static int receive_message(nf_channel *channel, const struct nf_operations *operations, uint32_t *length, void *payload, size_t capacity) {
+    if (waits_through_epoll(channel->mechanism) && nf_epoll_wait_readable(channel, channel->in_fd, false) != 0) return -1;
+    return operations->receive(channel, length, payload, capacity);
 }
 
 const char *nf_mechanism_name(nf_mechanism mechanism) {
@@ -29,6 +67,9 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_FUTEX: return "futex";
     case NF_INOTIFY: return "inotify";
     case NF_PIPE: return "pipe";
+    case NF_UNIX_STREAM_EPOLL: return "unix-stream+epoll";
+    case NF_MQUEUE_EPOLL: return "mqueue+epoll";
+    case NF_EVENTFD_EPOLL: return "eventfd+epoll";
     }
     return NULL;
 }
@@ -46,6 +87,7 @@ static nf_channel *channel_new(nf_mechanism mechanism, const char *directory, si
     channel->responder_pid = responder_pid;
     channel->in_fd = channel->out_fd = channel->listen_fd = channel->file_fd = channel->alive_fd = -1;
     channel->alive_watch = -1;
+    channel->epoll_fd = channel->ring_fd = channel->bell_fd = -1;
     if (snprintf(channel->directory, sizeof(channel->directory), "%s", directory) >= (int)sizeof(channel->directory)) {
         free(channel);
         errno = ENAMETOOLONG;
@@ -92,7 +134,7 @@ static int sink_stream(nf_channel *channel, const struct nf_operations *operatio
     uint32_t parameters[2];
     uint32_t length;
     if (operations->send(channel, 0, NULL) != 0) return -1;
-    if (operations->receive(channel, &length, parameters, sizeof(parameters)) != 0) return -1;
+    if (receive_message(channel, operations, &length, parameters, sizeof(parameters)) != 0) return -1;
     if (length != sizeof(parameters) || parameters[1] > channel->max_payload) {
         errno = EPROTO;
         return -1;
@@ -102,7 +144,7 @@ static int sink_stream(nf_channel *channel, const struct nf_operations *operatio
         if (operations->sink(channel, count, payload) != 0) return -1;
     } else {
         for (size_t index = 0; index < count; index++) {
-            if (operations->receive(channel, &length, channel->buffer, channel->max_payload) != 0) return -1;
+            if (receive_message(channel, operations, &length, channel->buffer, channel->max_payload) != 0) return -1;
             if (length != payload) {
                 errno = EPROTO;
                 return -1;
@@ -121,7 +163,7 @@ int nf_responder_serve(nf_channel *channel) {
     if (operations->accept != NULL && operations->accept(channel) != 0) return -1;
     for (;;) {
         uint32_t length;
-        if (operations->receive(channel, &length, channel->buffer, channel->max_payload) != 0) return -1;
+        if (receive_message(channel, operations, &length, channel->buffer, channel->max_payload) != 0) return -1;
         if (length == NF_GOODBYE) return 0;
         if (length == NF_STREAM) {
             if (sink_stream(channel, operations) != 0) return -1;
@@ -139,7 +181,7 @@ int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t 
     }
     if (operations->send(channel, (uint32_t)length, request) != 0) return -1;
     uint32_t reply_length;
-    if (operations->receive(channel, &reply_length, reply, length) != 0) return -1;
+    if (receive_message(channel, operations, &reply_length, reply, length) != 0) return -1;
     if (reply_length != length) {
         // A goodbye here means the responder's end closed: it went away.
         errno = reply_length == NF_GOODBYE ? ECONNRESET : EPROTO;
@@ -150,7 +192,7 @@ int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t 
 
 static int receive_acknowledgement(nf_channel *channel, const struct nf_operations *operations) {
     uint32_t acknowledgement;
-    if (operations->receive(channel, &acknowledgement, NULL, 0) != 0) return -1;
+    if (receive_message(channel, operations, &acknowledgement, NULL, 0) != 0) return -1;
     if (acknowledgement != 0) {
         errno = acknowledgement == NF_GOODBYE ? ECONNRESET : EPROTO;
         return -1;
@@ -166,8 +208,9 @@ static uint64_t monotonic_nanoseconds(void) {
 
 int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds) {
     const struct nf_operations *operations = operations_for(channel->mechanism);
-    if (channel->responder || !operations->buffered || length > channel->max_payload || count > UINT32_MAX) {
-        errno = channel->responder ? EINVAL : !operations->buffered ? ENOTSUP : EMSGSIZE;
+    bool buffered = operations->buffered && !waits_through_epoll(channel->mechanism);
+    if (channel->responder || !buffered || length > channel->max_payload || count > UINT32_MAX) {
+        errno = channel->responder ? EINVAL : !buffered ? ENOTSUP : EMSGSIZE;
         return -1;
     }
     uint32_t parameters[2] = {(uint32_t)count, (uint32_t)length};
@@ -186,7 +229,7 @@ void nf_remove_names(const nf_channel *channel) {
     for (int index = 0; index < NF_NAME_COUNT; index++) {
         const char *name = channel->names[index];
         if (name[0] == '\0') continue;
-        if (channel->mechanism == NF_MQUEUE) {
+        if (channel->mechanism == NF_MQUEUE || channel->mechanism == NF_MQUEUE_EPOLL) {
             mq_unlink(name);
         } else {
             unlink(name);
@@ -209,6 +252,9 @@ void nf_close(nf_channel *channel) {
     nf_close_fd(&channel->listen_fd);
     nf_close_fd(&channel->file_fd);
     nf_close_fd(&channel->alive_fd);
+    nf_close_fd(&channel->epoll_fd);
+    nf_close_fd(&channel->ring_fd);
+    nf_close_fd(&channel->bell_fd);
     if (channel->mapping != NULL) munmap(channel->mapping, channel->mapping_length);
     free(channel->buffer);
     free(channel->scratch);

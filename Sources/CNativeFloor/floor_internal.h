@@ -64,6 +64,12 @@ struct nf_channel {
     /// mqueue: one queue message, for fragments that do not go straight to or from the payload.
     unsigned char *scratch;
     long message_size;
+    /// The epoll variants: the epoll instance every wait for a message goes through, made at the
+    /// first wait (the descriptor it watches may come only with the initiator's connection).
+    int epoll_fd;
+    /// eventfd+epoll: the doorbell this end rings (the other's) and the one it waits on.
+    int ring_fd;
+    int bell_fd;
     /// futex: the shared mapping and the last sequence numbers sent and seen.
     void *mapping;
     size_t mapping_length;
@@ -100,6 +106,12 @@ extern const struct nf_operations nf_mqueue_operations;
 extern const struct nf_operations nf_futex_operations;
 extern const struct nf_operations nf_inotify_operations;
 extern const struct nf_operations nf_pipe_operations;
+extern const struct nf_operations nf_eventfd_operations;
+
+/// The epoll variants: waits until `fd` is readable (registering it with the channel's epoll
+/// instance, made on first use; edge-triggered if `edge`). The initiator wakes every
+/// NF_LIVENESS_PERIOD_SECONDS to check the responder is alive (ECONNRESET if not).
+int nf_epoll_wait_readable(nf_channel *channel, int fd, bool edge);
 
 /// Sets channel->names[index] to "<directory>/floor-<responder pid>.<leaf>".
 int nf_set_path(nf_channel *channel, int index, const char *leaf);

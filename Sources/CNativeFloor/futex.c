@@ -9,6 +9,7 @@
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -31,7 +32,10 @@ struct shared_header {
     uint32_t magic;
     uint32_t reserved;
     uint64_t capacity;
-    char padding[64 - 2 * sizeof(uint32_t) - sizeof(uint64_t)];
+    /// eventfd+epoll: the responder's descriptor numbers of the two doorbells, [lane] woken when
+    /// that lane has a new message; the initiator takes them with pidfd_getfd.
+    int32_t bells[2];
+    char padding[64 - 4 * sizeof(uint32_t) - sizeof(uint64_t)];
     /// [0]: initiator to responder, [1]: responder to initiator.
     struct lane lanes[2];
 };
@@ -108,12 +112,33 @@ static int futex_open(nf_channel *channel) {
     return 0;
 }
 
-static int futex_send(nf_channel *channel, uint32_t length, const void *payload) {
+/// Copies the payload into this end's lane and publishes it; returns the lane.
+static struct lane *publish(nf_channel *channel, uint32_t length, const void *payload) {
     struct lane *lane = &header_of(channel)->lanes[outgoing(channel)];
     if (!NF_IS_CONTROL(length) && length > 0) memcpy(area(channel, outgoing(channel)), payload, length);
     lane->length = length;
     // Release: the payload and length are visible before the new sequence number is.
     atomic_store_explicit(&lane->sequence, ++channel->sent, memory_order_release);
+    return lane;
+}
+
+/// Takes the message that sequence number `sequence` published on the incoming lane.
+static int take(nf_channel *channel, struct lane *lane, uint32_t sequence, uint32_t *length, void *payload, size_t capacity) {
+    channel->seen = sequence;
+    uint32_t header = lane->length;
+    if (!NF_IS_CONTROL(header)) {
+        if (header > capacity) {
+            errno = EMSGSIZE;
+            return -1;
+        }
+        if (header > 0) memcpy(payload, area(channel, incoming(channel)), header);
+    }
+    *length = header;
+    return 0;
+}
+
+static int futex_send(nf_channel *channel, uint32_t length, const void *payload) {
+    struct lane *lane = publish(channel, length, payload);
     return futex_wake(&lane->sequence) < 0 ? -1 : 0;
 }
 
@@ -131,17 +156,7 @@ static int futex_receive(nf_channel *channel, uint32_t *length, void *payload, s
         // EAGAIN (the word moved before the kernel looked), EINTR, ETIMEDOUT: look again.
         if (errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) return -1;
     }
-    channel->seen = sequence;
-    uint32_t header = lane->length;
-    if (!NF_IS_CONTROL(header)) {
-        if (header > capacity) {
-            errno = EMSGSIZE;
-            return -1;
-        }
-        if (header > 0) memcpy(payload, area(channel, incoming(channel)), header);
-    }
-    *length = header;
-    return 0;
+    return take(channel, lane, sequence, length, payload, capacity);
 }
 
 const struct nf_operations nf_futex_operations = {
@@ -150,4 +165,66 @@ const struct nf_operations nf_futex_operations = {
     .open = futex_open,
     .send = futex_send,
     .receive = futex_receive,
+};
+
+// eventfd+epoll: the same mapping and lanes; the wake-up is an eventfd per lane that the reader
+// waits on with epoll (edge-triggered, never read: each write is a new edge), as the notify
+// transport's event loop does. The sequence numbers still say whether a message is there.
+
+static int eventfd_create(nf_channel *channel) {
+    if (futex_create(channel) != 0) return -1;
+    int bells[2];
+    for (int lane = 0; lane < 2; lane++) {
+        bells[lane] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (bells[lane] < 0) return -1;
+    }
+    // The responder waits on lane 0 and rings lane 1.
+    channel->bell_fd = bells[0];
+    channel->ring_fd = bells[1];
+    header_of(channel)->bells[0] = bells[0];
+    header_of(channel)->bells[1] = bells[1];
+    return 0;
+}
+
+/// Takes descriptor `number` from the responder's table (pidfd_getfd).
+static int take_descriptor(int pidfd, int number) {
+    return (int)syscall(SYS_pidfd_getfd, pidfd, number, 0);
+}
+
+static int eventfd_open(nf_channel *channel) {
+    if (futex_open(channel) != 0) return -1;
+    int pidfd = (int)syscall(SYS_pidfd_open, channel->responder_pid, 0);
+    if (pidfd < 0) return -1;
+    channel->bell_fd = take_descriptor(pidfd, header_of(channel)->bells[1]);
+    channel->ring_fd = take_descriptor(pidfd, header_of(channel)->bells[0]);
+    int error = errno;
+    close(pidfd);
+    if (channel->bell_fd < 0 || channel->ring_fd < 0) {
+        errno = error;
+        return -1;
+    }
+    return 0;
+}
+
+static int eventfd_send(nf_channel *channel, uint32_t length, const void *payload) {
+    publish(channel, length, payload);
+    uint64_t one = 1;
+    return NF_RETRY(write(channel->ring_fd, &one, sizeof(one))) == sizeof(one) ? 0 : -1;
+}
+
+static int eventfd_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
+    struct lane *lane = &header_of(channel)->lanes[incoming(channel)];
+    uint32_t sequence;
+    while ((sequence = atomic_load_explicit(&lane->sequence, memory_order_acquire)) == channel->seen) {
+        if (nf_epoll_wait_readable(channel, channel->bell_fd, true) != 0) return -1;
+    }
+    return take(channel, lane, sequence, length, payload, capacity);
+}
+
+const struct nf_operations nf_eventfd_operations = {
+    .create = eventfd_create,
+    .accept = NULL,
+    .open = eventfd_open,
+    .send = eventfd_send,
+    .receive = eventfd_receive,
 };

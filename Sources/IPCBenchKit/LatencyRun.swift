@@ -197,7 +197,8 @@ public struct LatencyRunner: Sendable {
             }
         }
         guard floors else { return }
-        for mechanism in orderedUnique(plan.transports.compactMap(FloorMechanism.init(transport:))) {
+        let blocking = plan.transports.compactMap(FloorMechanism.init(transport:))
+        for mechanism in orderedUnique(blocking + blocking.compactMap(\.eventDriven)) {
             for placement in placements {
                 let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))
                 sessions.append(Session(

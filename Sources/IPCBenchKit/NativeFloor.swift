@@ -17,8 +17,28 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     case inotify
     /// A pair of FIFOs: no transport uses it; the classic reference.
     case pipe
+    /// ``unixStream`` with an `epoll_wait` before every read: the kernel work of an event loop.
+    case unixStreamEpoll = "unix-stream+epoll"
+    /// ``mqueue`` with an `epoll_wait` before every receive.
+    case mqueueEpoll = "mqueue+epoll"
+    /// ``futex``'s shared mapping with eventfd doorbells waited on with `epoll_wait`
+    /// (edge-triggered), the notify transport's kernel work.
+    case eventfdEpoll = "eventfd+epoll"
 
     public var description: String { rawValue }
+
+    /// The same mechanism waited on the way an event loop waits (`epoll_wait`, then the read):
+    /// the floor for what an event-driven transport adds in user space alone. `nil` for the
+    /// mechanisms without one (inotify, whose transport reads on a thread of its own, and pipe)
+    /// and for the event-driven floors themselves.
+    public var eventDriven: FloorMechanism? {
+        switch self {
+        case .unixStream: .unixStreamEpoll
+        case .mqueue: .mqueueEpoll
+        case .futex: .eventfdEpoll
+        case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll: nil
+        }
+    }
 
     /// The mechanism under the transport called `transport` (a ``TransportCatalog`` name), or
     /// `nil` for a name without one.

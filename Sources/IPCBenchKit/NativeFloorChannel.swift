@@ -92,7 +92,7 @@ extension FloorMechanism {
     public var streams: Bool {
         switch self {
         case .unixStream, .mqueue, .pipe: true
-        case .futex, .inotify: false
+        case .futex, .inotify, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll: false
         }
     }
 
@@ -103,6 +103,9 @@ extension FloorMechanism {
         case .futex: NF_FUTEX
         case .inotify: NF_INOTIFY
         case .pipe: NF_PIPE
+        case .unixStreamEpoll: NF_UNIX_STREAM_EPOLL
+        case .mqueueEpoll: NF_MQUEUE_EPOLL
+        case .eventfdEpoll: NF_EVENTFD_EPOLL
         }
     }
 }

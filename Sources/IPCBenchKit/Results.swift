@@ -226,6 +226,14 @@ public struct LatencyResult: Codable, Sendable {
         return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && !$0.spins }
     }
 
+    /// The event-driven floor of its transport's mechanism (``FloorMechanism/eventDriven``: the
+    /// same kernel mechanism waited on with `epoll_wait` before each read, as an event loop
+    /// does), same placement and payload, blocking, from `results`; `nil` where there is none.
+    public func eventDrivenFloor(in results: [LatencyResult]) -> LatencyResult? {
+        guard let mechanism = FloorMechanism(transport: transport)?.eventDriven else { return nil }
+        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && !$0.spins }
+    }
+
     /// Both processes' context switches per round trip.
     public var contextSwitchesPerRoundTrip: Double? {
         localContextSwitchesPerRoundTrip.flatMap { local in peerContextSwitchesPerRoundTrip.map { local + $0 } }

@@ -38,10 +38,13 @@ struct CommandLineTests {
         #expect(table.contains("unix-socket"))
         let results = try ResultStore.read(output + "/results.json")
         // The transport on its preferred executor, again on the global executor, then its native
-        // floor, measured the same way in the same run.
-        #expect(results.latency.map(\.transport) == ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream"])
-        #expect(results.latency.map(\.executor) == ["preferred", "preferred", "global", "global", nil, nil])
-        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64])
+        // floor and its event-driven floor, measured the same way in the same run.
+        #expect(results.latency.map(\.transport) == ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"])
+        #expect(results.latency.map(\.executor) == ["preferred", "preferred", "global", "global", nil, nil, nil, nil])
+        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64, 0, 64])
+        let transportRow = try #require(results.latency.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
+        #expect(transportRow.eventDrivenFloor(in: results.latency)?.transport == "floor:unix-stream+epoll")
+        #expect(transportRow.floor(in: results.latency)?.transport == "floor:unix-stream")
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
         #expect(results.inProcess.isEmpty)
@@ -50,7 +53,8 @@ struct CommandLineTests {
         #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream"])
         #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
         #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
-        #expect(results.benchmarks.count == 10 * (LatencyResult.repetitions + 1))
+        // A benchmark entry per latency and throughput row and per repetition of each.
+        #expect(results.benchmarks.count == 12 * (LatencyResult.repetitions + 1))
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))

@@ -49,6 +49,16 @@ typedef enum nf_mechanism {
     NF_INOTIFY = 3,
     /// A pair of FIFOs: the classic pipe round trip, for reference.
     NF_PIPE = 4,
+    /// NF_UNIX_STREAM, with every wait for a message an epoll_wait on the socket before the read:
+    /// the kernel work of an event-driven transport (one poller for all connections).
+    NF_UNIX_STREAM_EPOLL = 5,
+    /// NF_MQUEUE, with every wait an epoll_wait on the queue before the receive.
+    NF_MQUEUE_EPOLL = 6,
+    /// NF_FUTEX's shared mapping, with an eventfd per direction as the doorbell instead of the
+    /// futex: the sender writes the receiver's eventfd, the receiver waits in epoll_wait on it
+    /// (edge-triggered, never read), as the notify transport does. The initiator takes the
+    /// responder's eventfds with pidfd_getfd (same user, or ptrace rights over the responder).
+    NF_EVENTFD_EPOLL = 7,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
@@ -84,8 +94,8 @@ int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t 
 /// returns once the responder has read them all (it acknowledges the last): one-way throughput.
 /// `*nanoseconds` gets the time from the first send to the acknowledgement (CLOCK_MONOTONIC),
 /// after a handshake that is not timed.
-/// Only for mechanisms whose kernel buffers messages (unix-stream, mqueue, pipe); ENOTSUP for
-/// the others, EMSGSIZE above max_payload, ECONNRESET if the responder went away.
+/// Only for mechanisms whose kernel buffers messages and that wait without epoll (unix-stream,
+/// mqueue, pipe); ENOTSUP for the others, EMSGSIZE above max_payload, ECONNRESET if the responder went away.
 int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds);
 
 /// Unlinks the channel's names. Safe to call while another thread is in nf_responder_serve
@@ -100,7 +110,7 @@ void nf_close(nf_channel *channel);
 int nf_pin_calling_thread(int cpu);
 
 /// The mechanism's name as ipcbench reports it ("unix-stream", "mqueue", "futex", "inotify",
-/// "pipe"), or NULL for an unknown value.
+/// "pipe", "unix-stream+epoll", "mqueue+epoll", "eventfd+epoll"), or NULL for an unknown value.
 const char *nf_mechanism_name(nf_mechanism mechanism);
 
 #ifdef __cplusplus
