@@ -30,7 +30,7 @@ public struct LatencyPlan: Sendable {
 
     public init(
         transports: [String] = TransportCatalog.names,
-        framings: [Framing] = Framing.allCases,
+        framings: [Framing] = Framing.measuredByDefault,
         placements: [Placement] = [.sameCore, .splitCores],
         payloadSizes: [Int] = [0, 64, 4096, 65536, 1 << 20],
         sampleScale: Double = 1,

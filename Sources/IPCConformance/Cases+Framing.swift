@@ -5,7 +5,7 @@ import IPCFraming
 /// hostile input with the right error, dropping only the offending connection. Raw bytes are
 /// written at a listener in this process, whose accepted connections show what it made of them.
 enum FramingCases {
-    static let all: [ConformanceCase] = [splitPoints, severalFramesInOneWrite, hostileLength, garbage, truncation]
+    static let all: [ConformanceCase] = [splitPoints, severalFramesInOneWrite, hostileLength, garbage, truncation, llbsdPeer]
 
     /// The payload limit of the listener these cases write at.
     static let maximumPayloadLength = 1 << 20
@@ -107,6 +107,69 @@ enum FramingCases {
         }
         try await checkServesAnotherClient(listener, context: context)
         return .passed("streams ending inside a header and inside a payload were reported as truncatedFrame; nothing partial was delivered")
+    }
+
+    static let llbsdPeer = ConformanceCase(
+        "2.6",
+        "An LLBSDMessaging peer's frames (HTTP/1.1 200 responses with Content-Length and no IPC- fields) arrive as one-way messages, and a one-way message reaches it as such a response",
+        requires: .rawByteStream, .llbsdFraming
+    ) { context in
+        let (listener, access) = try setUp(context, "llbsd")
+        let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
+        // Written as docs/WIRE-FORMAT.md (section 3.7) describes an LLBSD peer's frames, not with
+        // this package's encoder: a status line, Content-Length, the empty line, the body.
+        let payloads: [[UInt8]] = [Array("hello".utf8), [], Array("\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 9\r\n".utf8) + [0, 0xFF]]
+        for payload in payloads {
+            try stream.write(Array("HTTP/1.1 200 OK\r\nContent-Length: \(payload.count)\r\n\r\n".utf8) + payload)
+        }
+        let connection = try await listener.nextConnection(within: .seconds(5), "the LLBSD peer")
+        let received = try await connection.messages(payloads.count, within: .seconds(10), "the LLBSD peer's messages")
+        for (index, message) in received.enumerated() {
+            try check(
+                !message.isRequest && message.msgid == 0 && message.payload == payloads[index],
+                "the LLBSD peer's message \(index) arrived as \(message.isRequest ? "a request" : "a message") with msgid \(message.msgid) and \(message.payload.count) bytes"
+            )
+        }
+        // The other way: a message, then the end of the connection; an LLBSD peer must be able
+        // to read what came as one 200 response with Content-Length.
+        let outgoing = Array("from the listener".utf8) + [0, 0x0D, 0x0A]
+        try await connection.connection.send(outgoing, msgid: 7, timeout: .seconds(5))
+        connection.connection.invalidate()
+        let (bytes, closed) = try await blocking { stream.readUntilClosed(within: context.deadline) }
+        try check(closed, "the listener's side did not close within \(context.deadline)")
+        guard let response = LLBSDResponse(parsing: bytes) else {
+            throw ConformanceFailure("what the LLBSD peer read is not one HTTP/1.1 response with Content-Length: \(String(decoding: bytes.prefix(120), as: UTF8.self).debugDescription)")
+        }
+        try check(response.status == 200, "the message reached the LLBSD peer as a \(response.status) response, not 200")
+        try check(response.body == outgoing, "the LLBSD peer read a body of \(response.body.count) bytes, not the \(outgoing.count) sent")
+        try check(connection.connection.invalidationReason?.kind == .invalidatedLocally, "the LLBSD peer's connection ended with \(connection.connection.invalidationReason.map(String.init(describing:)) ?? "nothing") before it was closed locally")
+        return .passed("\(payloads.count) LLBSD frames (one empty, one whose body looks like a header) arrived as messages; a message reached the peer as a 200 response of \(response.body.count) bytes")
+    }
+
+    /// An HTTP/1.1 response as an LLBSDMessaging peer reads one (CFHTTPMessage): a status line,
+    /// header fields up to the empty line, a `Content-Length`, that many body bytes, and nothing
+    /// after them. `nil` if `bytes` are anything else.
+    private struct LLBSDResponse {
+        var status: Int
+        var body: [UInt8]
+
+        init?(parsing bytes: [UInt8]) {
+            let separator = Array("\r\n\r\n".utf8)
+            guard let end = (0...max(0, bytes.count - separator.count)).first(where: { Array(bytes[$0..<min(bytes.count, $0 + separator.count)]) == separator }) else { return nil }
+            let lines = String(decoding: bytes[..<end], as: UTF8.self).components(separatedBy: "\r\n")
+            let statusLine = lines[0].split(separator: " ", maxSplits: 2)
+            guard statusLine.count >= 2, statusLine[0] == "HTTP/1.1", let status = Int(statusLine[1]) else { return nil }
+            let lengths = lines.dropFirst().compactMap { line -> Int? in
+                let parts = line.split(separator: ":", maxSplits: 1)
+                guard parts.count == 2, parts[0].lowercased() == "content-length" else { return nil }
+                let value = parts[1].drop { $0 == " " || $0 == "\t" }
+                return Int(String(value.reversed().drop { $0 == " " || $0 == "\t" }.reversed()))
+            }
+            let bodyStart = end + separator.count
+            guard lengths.count == 1, bytes.count == bodyStart + lengths[0] else { return nil }
+            self.status = status
+            body = Array(bytes[bodyStart...])
+        }
     }
 
     // MARK: Helpers

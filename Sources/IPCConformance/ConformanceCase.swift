@@ -75,6 +75,9 @@ public struct ConformanceRequirement: Sendable, CustomStringConvertible {
     static let rawByteStream = ConformanceRequirement(description: "the subject offers no raw byte stream to its endpoints (not a stream transport)") {
         $0.rawStream != nil
     }
+    static let llbsdFraming = ConformanceRequirement(description: "the subject's raw byte stream does not speak the LLBSD-compatible framing (llbsd)") {
+        $0.rawStream?.framing == .llbsd
+    }
     static let payloadCodecs = ConformanceRequirement(description: "the subject names no payload codecs") {
         !$0.payloadCodecs.isEmpty
     }

@@ -94,6 +94,14 @@ public enum Framing: String, Sendable, Hashable, CaseIterable, Codable, CustomSt
     case binary
     /// HTTP/1.1 messages with `Content-Length`, as LLBSDMessaging framed with CFHTTPMessage.
     case http
+    /// ``http``, compatible with an LLBSDMessaging peer, which writes every message as a
+    /// `HTTP/1.1 200` response with `Content-Length` and no `IPC-` fields: such a frame is a
+    /// one-way message, and one-way messages are written that way. See `docs/WIRE-FORMAT.md`,
+    /// section 3.7.
+    case llbsd
+
+    /// What the harness measures unless told otherwise (``llbsd`` costs what ``http`` does).
+    public static let measuredByDefault: [Framing] = [.binary, .http]
 
     public var description: String { rawValue }
 
@@ -101,6 +109,7 @@ public enum Framing: String, Sendable, Hashable, CaseIterable, Codable, CustomSt
         switch self {
         case .binary: BinaryFrameEncoder(maximumPayloadLength: maximumPayloadLength)
         case .http: HTTPFrameEncoder(maximumPayloadLength: maximumPayloadLength)
+        case .llbsd: HTTPFrameEncoder(maximumPayloadLength: maximumPayloadLength, llbsdCompatible: true)
         }
     }
 
@@ -108,6 +117,7 @@ public enum Framing: String, Sendable, Hashable, CaseIterable, Codable, CustomSt
         switch self {
         case .binary: FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: maximumPayloadLength))
         case .http: FrameReassembler(decoder: HTTPFrameDecoder(maximumPayloadLength: maximumPayloadLength))
+        case .llbsd: FrameReassembler(decoder: HTTPFrameDecoder(maximumPayloadLength: maximumPayloadLength, llbsdCompatible: true))
         }
     }
 }

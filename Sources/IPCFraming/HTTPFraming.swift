@@ -18,11 +18,18 @@ public enum HTTPWireFormat {
 /// Writes frame headers as HTTP/1.1 messages: `.message` and `.request` as `POST /ipc` requests,
 /// `.reply` as a `200 OK` response and `.failure` as a `500 Internal Server Error` response, each
 /// with `Content-Length`, `IPC-Kind`, `IPC-Msgid` and `IPC-Correlation` fields.
+///
+/// LLBSD-compatible (``llbsdCompatible``): a `.message` is written as an LLBSDMessaging peer
+/// writes every message, a `HTTP/1.1 200 OK` response with `Content-Length`, and without
+/// `IPC-Kind` (it keeps `IPC-Msgid` and `IPC-Correlation`, which such a peer ignores), so that it
+/// can read it. The other kinds are written as usual.
 public struct HTTPFrameEncoder: FrameEncoder {
     public var maximumPayloadLength: Int
+    public var llbsdCompatible: Bool
 
-    public init(maximumPayloadLength: Int) {
+    public init(maximumPayloadLength: Int, llbsdCompatible: Bool = false) {
         self.maximumPayloadLength = maximumPayloadLength
+        self.llbsdCompatible = llbsdCompatible
     }
 
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the payload length is negative or above
@@ -31,15 +38,19 @@ public struct HTTPFrameEncoder: FrameEncoder {
         guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is outside 0...\(maximumPayloadLength)")
         }
+        let llbsdMessage = llbsdCompatible && header.kind == .message
         switch header.kind {
+        case .message where llbsdMessage: append("HTTP/1.1 200 OK\r\n", to: &buffer)
         case .message, .request: append("POST /ipc HTTP/1.1\r\nHost: ipcbench\r\n", to: &buffer)
         case .reply: append("HTTP/1.1 200 OK\r\n", to: &buffer)
         case .failure: append("HTTP/1.1 500 Internal Server Error\r\n", to: &buffer)
         }
         append("Content-Length: ", to: &buffer)
         appendDecimal(UInt64(header.payloadLength), to: &buffer)
-        append("\r\nIPC-Kind: ", to: &buffer)
-        append(header.kind.httpToken, to: &buffer)
+        if !llbsdMessage {
+            append("\r\nIPC-Kind: ", to: &buffer)
+            append(header.kind.httpToken, to: &buffer)
+        }
         append("\r\nIPC-Msgid: ", to: &buffer)
         appendDecimal(UInt64(header.msgid), to: &buffer)
         append("\r\nIPC-Correlation: ", to: &buffer)
@@ -70,6 +81,10 @@ public struct HTTPFrameEncoder: FrameEncoder {
 /// `.failure` otherwise. `IPC-Msgid` and `IPC-Correlation` default to 0; method, target, reason
 /// and unknown header fields are ignored.
 ///
+/// LLBSD-compatible (``llbsdCompatible``): a response without `IPC-Kind` is a `.message`, as an
+/// LLBSDMessaging peer means every frame it writes (a `200` response with `Content-Length` and a
+/// body); without `IPC-Kind` a response must then be 2xx (an LLBSD peer writes nothing else).
+///
 /// Each call resumes the scan where the previous one stopped and each line is parsed once, when its
 /// CRLF arrives, so a header fed one byte at a time costs linear time, and a bad byte or line is
 /// refused as soon as it arrives.
@@ -80,7 +95,8 @@ public struct HTTPFrameEncoder: FrameEncoder {
 ///   HTTP version other than 1.1, a status outside 100...599, more than one `Content-Length` (even
 ///   if equal) or `IPC-*` field, a `Content-Length` that is not digits or does not fit in `Int`,
 ///   an `IPC-Msgid` or `IPC-Correlation` that is not a decimal of 32 or 64 bits, an `IPC-Kind` that
-///   is unknown or contradicts the start line, a response without `Content-Length`.
+///   is unknown or contradicts the start line, a response without `Content-Length`; in LLBSD mode,
+///   a non-2xx response without `IPC-Kind`.
 /// - ``IPCError/Code/unsupportedFraming``: `Transfer-Encoding` (any value), or a 1xx interim response.
 /// - ``IPCError/Code/frameTooLarge``: a `Content-Length` above ``maximumPayloadLength`` (before any
 ///   of the body is buffered), or ``maximumHeaderLength`` bytes without the end of the header block.
@@ -90,11 +106,16 @@ public struct HTTPFrameDecoder: FrameDecoder {
     /// line that ends it.
     public var maximumHeaderLength: Int
 
-    private var head = Head()
+    /// Whether a response without `IPC-Kind` is a one-way message (see the type's notes).
+    public let llbsdCompatible: Bool
 
-    public init(maximumPayloadLength: Int, maximumHeaderLength: Int = HTTPWireFormat.defaultMaximumHeaderLength) {
+    private var head: Head
+
+    public init(maximumPayloadLength: Int, maximumHeaderLength: Int = HTTPWireFormat.defaultMaximumHeaderLength, llbsdCompatible: Bool = false) {
         self.maximumPayloadLength = maximumPayloadLength
         self.maximumHeaderLength = maximumHeaderLength
+        self.llbsdCompatible = llbsdCompatible
+        head = Head(llbsdCompatible: llbsdCompatible)
     }
 
     /// - Throws: the errors listed on the type.
@@ -118,7 +139,7 @@ public struct HTTPFrameDecoder: FrameDecoder {
             correlation: head.correlation ?? 0,
             payload: Array(UnsafeRawBufferPointer(rebasing: bytes[headLength..<total]))
         )
-        head = Head()
+        head = Head(llbsdCompatible: llbsdCompatible)
         return .frame(frame, consumed: total)
     }
 
@@ -166,6 +187,8 @@ private struct Head {
         case response(status: Int)
     }
 
+    /// A response without `IPC-Kind` is a message (LLBSD mode).
+    let llbsdCompatible: Bool
     /// Offset of the first byte of the line being read.
     var lineStart = 0
     /// Offset of the first byte not yet examined.
@@ -182,6 +205,7 @@ private struct Head {
     var kind: Frame.Kind {
         if let ipcKind { return ipcKind }
         switch startLine {
+        case .response where llbsdCompatible: return .message
         case .response(let status): return (200...299).contains(status) ? .reply : .failure
         case .request, nil: return .request
         }
@@ -194,8 +218,11 @@ private struct Head {
             return false
         }
         guard !line.isEmpty else {
-            if case .response = startLine, contentLength == nil {
-                throw malformed("response without Content-Length")
+            if case .response(let status) = startLine {
+                if contentLength == nil { throw malformed("response without Content-Length") }
+                if llbsdCompatible, ipcKind == nil, !(200...299).contains(status) {
+                    throw malformed("LLBSD mode: a response without IPC-Kind (a message) has status \(status), not 2xx")
+                }
             }
             return true
         }

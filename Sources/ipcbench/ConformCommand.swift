@@ -20,7 +20,7 @@ struct ConformCommand: AsyncParsableCommand {
     @Option(name: .customLong("transport"), help: "Transport to check; repeat for several. Known: \(TransportCatalog.names.joined(separator: ", ")). Default: all.")
     var transports: [String] = []
 
-    @Option(name: .customLong("framing"), help: "For transports with a framing: binary or http; repeat for both. Default: both.")
+    @Option(name: .customLong("framing"), help: "For transports with a framing: binary, http or llbsd; repeat for several. Default: all three.")
     var framings: [Framing] = []
 
     @Option(help: "Case id prefixes, comma-separated (for example 1,6.5). Default: every case.")

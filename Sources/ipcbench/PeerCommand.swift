@@ -20,7 +20,7 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Transport: \(TransportCatalog.names.joined(separator: ", ")).")
     var transport: String = "unix-socket"
 
-    @Option(help: "Framing: binary or http.")
+    @Option(help: "Framing: binary, http or llbsd.")
     var framing: Framing = .binary
 
     @Option(help: "Group directory (absolute path).")

@@ -25,7 +25,7 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .customLong("transport"), help: "Transport to measure; repeat for several. Known: \(TransportCatalog.names.joined(separator: ", ")). Default: all.")
     var transports: [String] = []
 
-    @Option(name: .customLong("framing"), help: "Framing: binary or http; repeat for several. Default: both.")
+    @Option(name: .customLong("framing"), help: "Framing: binary, http or llbsd (HTTP compatible with LLBSDMessaging peers); repeat for several. Default: binary and http.")
     var framings: [Framing] = []
 
     @Option(name: .customLong("placement"), help: "Core placement: same-core, split-cores or unpinned; repeat for several. Default: same-core and split-cores.")
@@ -106,7 +106,7 @@ struct RunCommand: AsyncParsableCommand {
     func run() async throws {
         let plan = LatencyPlan(
             transports: transports.isEmpty ? TransportCatalog.names : transports,
-            framings: framings.isEmpty ? Framing.allCases : framings,
+            framings: framings.isEmpty ? Framing.measuredByDefault : framings,
             placements: placements.isEmpty ? [.sameCore, .splitCores] : placements,
             payloadSizes: try parsedSizes(),
             sampleScale: quick ? 0.05 : sampleScale,

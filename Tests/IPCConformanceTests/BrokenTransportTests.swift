@@ -79,6 +79,20 @@ struct BrokenTransportTests {
         #expect(report.result("3.4")?.grade == .failed)
     }
 
+    @Test("plain HTTP framing claiming to be LLBSD-compatible fails 2.6 (an LLBSD peer's frames are dropped as stray replies), which the llbsd framing passes")
+    func httpClaimingLLBSDIsCaught() async throws {
+        let reference = try TransportCatalog.conformanceSubject(named: "unix-socket", framing: .llbsd)
+        let claiming = ConformanceSubject(
+            UnixSocketTransport(framing: .http),
+            peers: reference.peers,
+            rawStream: reference.rawStream
+        )
+        let broken = await ConformanceSuite(subject: claiming, options: ConformanceOptions(cases: ["2.6"])).run()
+        #expect(broken.result("2.6")?.grade == .failed, "\(String(describing: broken.result("2.6")))")
+        let real = await ConformanceSuite(subject: reference, options: ConformanceOptions(cases: ["2.6"])).run()
+        #expect(real.result("2.6")?.grade == .passed, "\(String(describing: real.result("2.6")))")
+    }
+
     @Test("a peer whose transport leaks descriptors into a spawned child fails 6.5.1")
     func leakedDescriptorsAreCaught() async throws {
         var subject = try TransportCatalog.conformanceSubject(named: "unix-socket")

@@ -66,6 +66,7 @@ import Testing
         var decoder: any FrameDecoder = switch framing {
         case .binary: BinaryFrameDecoder(maximumPayloadLength: 100)
         case .http: HTTPFrameDecoder(maximumPayloadLength: 100)
+        case .llbsd: HTTPFrameDecoder(maximumPayloadLength: 100, llbsdCompatible: true)
         }
         let step = try encoded.withUnsafeBytes { try decoder.decode(UnsafeRawBufferPointer(rebasing: $0[..<headerLength])) }
         #expect(step == .needMoreBytes(atLeast: encoded.count))
@@ -98,7 +99,7 @@ import Testing
     func errorsAreSticky(framing: Framing) throws {
         let garbage: [UInt8] = switch framing {
         case .binary: [0x49, 0x50, 0x01, 0x09]
-        case .http: Array("POST / HTTP/1.1\r\nBad\0".utf8)
+        case .http, .llbsd: Array("POST / HTTP/1.1\r\nBad\0".utf8)
         }
         let valid = try framing.makeEncoder(maximumPayloadLength: 100).encode(Frame(kind: .message, payload: [1]))
         let reassembler = framing.makeReassembler(maximumPayloadLength: 100)

@@ -53,6 +53,46 @@ struct HTTPRefusal: Sendable, CustomTestStringConvertible {
             "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\nIPC-Kind: failure\r\nIPC-Msgid: 4294967295\r\nIPC-Correlation: 18446744073709551615\r\n\r\nno")
     }
 
+    // MARK: LLBSD-compatible mode
+
+    /// Decodes with the LLBSD-compatible decoder (WIRE-FORMAT 3.7).
+    func decodeLLBSD(_ text: String) throws -> [Frame] {
+        let reassembler = FrameReassembler(decoder: HTTPFrameDecoder(maximumPayloadLength: Self.maximumPayloadLength, llbsdCompatible: true))
+        reassembler.append(Array(text.utf8))
+        let frames = try reassembler.drain()
+        try reassembler.finish()
+        return frames
+    }
+
+    @Test func anLLBSDPeersFrameIsAMessageInLLBSDModeAndAStrayReplyOtherwise() throws {
+        let llbsd = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+        #expect(try decodeLLBSD(llbsd) == [Frame(kind: .message, msgid: 0, correlation: 0, payload: Array("hello".utf8))])
+        #expect(try decode(llbsd) == [Frame(kind: .reply, msgid: 0, correlation: 0, payload: Array("hello".utf8))])
+        // Replies and failures that say so stay replies and failures; requests stay requests.
+        let ours = "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nIPC-Kind: reply\r\nIPC-Correlation: 9\r\n\r\nr" +
+            "HTTP/1.1 500 No\r\nContent-Length: 0\r\nIPC-Kind: failure\r\nIPC-Correlation: 9\r\n\r\n" +
+            "POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+        #expect(try decodeLLBSD(ours) == [
+            Frame(kind: .reply, msgid: 0, correlation: 9, payload: Array("r".utf8)),
+            Frame(kind: .failure, msgid: 0, correlation: 9),
+            Frame(kind: .request),
+        ])
+    }
+
+    @Test func inLLBSDModeAResponseWithoutIPCKindMustBe2xx() throws {
+        let error = #expect(throws: IPCError.self) { try decodeLLBSD("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n") }
+        #expect(error?.code == .malformedFrame)
+    }
+
+    @Test func inLLBSDModeAMessageIsWrittenAsA200ResponseWithoutIPCKind() throws {
+        let encoder = HTTPFrameEncoder(maximumPayloadLength: 100, llbsdCompatible: true)
+        let message = String(decoding: try encoder.encode(Frame(kind: .message, msgid: 3, payload: Array("hi".utf8))), as: UTF8.self)
+        #expect(message == "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nIPC-Msgid: 3\r\nIPC-Correlation: 0\r\n\r\nhi")
+        #expect(try decodeLLBSD(message) == [Frame(kind: .message, msgid: 3, payload: Array("hi".utf8))])
+        let request = String(decoding: try encoder.encode(Frame(kind: .request, msgid: 3, correlation: 4)), as: UTF8.self)
+        #expect(request.hasPrefix("POST /ipc HTTP/1.1\r\n") && request.contains("IPC-Kind: request"))
+    }
+
     // MARK: Accepted messages
 
     @Test func curlRequestIsARequestWithItsBody() throws {

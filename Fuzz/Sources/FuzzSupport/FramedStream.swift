@@ -21,8 +21,8 @@ public struct FramedStream: Sendable, CustomStringConvertible {
 
     public func makeReassembler() -> any FrameReassembling {
         switch (framing, maximumHeaderLength) {
-        case (.http, let headerLimit?):
-            FrameReassembler(decoder: HTTPFrameDecoder(maximumPayloadLength: maximumPayloadLength, maximumHeaderLength: headerLimit))
+        case (.http, let headerLimit?), (.llbsd, let headerLimit?):
+            FrameReassembler(decoder: HTTPFrameDecoder(maximumPayloadLength: maximumPayloadLength, maximumHeaderLength: headerLimit, llbsdCompatible: framing == .llbsd))
         default:
             framing.makeReassembler(maximumPayloadLength: maximumPayloadLength)
         }
@@ -33,7 +33,7 @@ public struct FramedStream: Sendable, CustomStringConvertible {
     var maximumBufferedWhileWaiting: Int {
         switch framing {
         case .binary: BinaryWireFormat.headerLength + maximumPayloadLength
-        case .http: (maximumHeaderLength ?? HTTPWireFormat.defaultMaximumHeaderLength) + maximumPayloadLength
+        case .http, .llbsd: (maximumHeaderLength ?? HTTPWireFormat.defaultMaximumHeaderLength) + maximumPayloadLength
         }
     }
 
@@ -42,7 +42,7 @@ public struct FramedStream: Sendable, CustomStringConvertible {
     var minimumOverhead: Int {
         switch framing {
         case .binary: BinaryWireFormat.headerLength
-        case .http: 16
+        case .http, .llbsd: 16
         }
     }
 }

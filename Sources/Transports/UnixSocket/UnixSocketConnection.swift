@@ -35,7 +35,7 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
         descriptor = FileDescriptor(rawValue: fd)
         switch framing {
         case .binary: encoding = .binary(BinaryFrameEncoder(maximumPayloadLength: maximumPayloadLength))
-        case .http: encoding = .general(framing.makeEncoder(maximumPayloadLength: maximumPayloadLength))
+        case .http, .llbsd: encoding = .general(framing.makeEncoder(maximumPayloadLength: maximumPayloadLength))
         }
         reassembler = framing.makeReassembler(maximumPayloadLength: maximumPayloadLength)
     }
