@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -22,8 +23,42 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_UNIX_STREAM_EPOLL: return &nf_unix_stream_operations;
     case NF_MQUEUE_EPOLL: return &nf_mqueue_operations;
     case NF_EVENTFD_EPOLL: return &nf_eventfd_operations;
+    case NF_UNIX_STREAM_SPIN: return &nf_unix_stream_operations;
+    case NF_MQUEUE_SPIN: return &nf_mqueue_operations;
+    case NF_SHM_SPIN: return &nf_shm_spin_operations;
+    case NF_JOURNAL: return &nf_journal_operations;
     }
     return NULL;
+}
+
+/// Whether every wait for a stream or queue message polls without blocking first.
+static bool waits_by_polling(nf_mechanism mechanism) {
+    return mechanism == NF_UNIX_STREAM_SPIN || mechanism == NF_MQUEUE_SPIN;
+}
+
+bool nf_liveness_due(uint64_t *last) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((uint64_t)now.tv_sec < *last + NF_LIVENESS_PERIOD_SECONDS) return false;
+    *last = (uint64_t)now.tv_sec;
+    return true;
+}
+
+/// Polls `fd` with a zero timeout until it is readable (or hung up).
+static int poll_until_readable(nf_channel *channel, int fd) {
+    uint64_t checked = 0;
+    nf_liveness_due(&checked);
+    for (;;) {
+        struct pollfd entry = {.fd = fd, .events = POLLIN};
+        int count = poll(&entry, 1, 0);
+        if (count > 0) return 0;
+        if (count < 0 && errno != EINTR) return -1;
+        if (!channel->responder && nf_liveness_due(&checked) && !nf_process_alive(channel->responder_pid)) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        nf_cpu_relax();
+    }
 }
 
 /// Whether every wait for a stream or queue message goes through epoll first.
@@ -57,6 +92,7 @@ int nf_epoll_wait_readable(nf_channel *channel, int fd, bool edge) {
 /// descriptor is readable (one epoll_wait and one read per message, as an event loop does).
 static int receive_message(nf_channel *channel, const struct nf_operations *operations, uint32_t *length, void *payload, size_t capacity) {
     if (waits_through_epoll(channel->mechanism) && nf_epoll_wait_readable(channel, channel->in_fd, false) != 0) return -1;
+    if (waits_by_polling(channel->mechanism) && poll_until_readable(channel, channel->in_fd) != 0) return -1;
     return operations->receive(channel, length, payload, capacity);
 }
 
@@ -70,6 +106,10 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_UNIX_STREAM_EPOLL: return "unix-stream+epoll";
     case NF_MQUEUE_EPOLL: return "mqueue+epoll";
     case NF_EVENTFD_EPOLL: return "eventfd+epoll";
+    case NF_UNIX_STREAM_SPIN: return "unix-stream+spin";
+    case NF_MQUEUE_SPIN: return "mqueue+spin";
+    case NF_SHM_SPIN: return "shm+spin";
+    case NF_JOURNAL: return "journal";
     }
     return NULL;
 }
@@ -208,7 +248,7 @@ static uint64_t monotonic_nanoseconds(void) {
 
 int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds) {
     const struct nf_operations *operations = operations_for(channel->mechanism);
-    bool buffered = operations->buffered && !waits_through_epoll(channel->mechanism);
+    bool buffered = operations->buffered && !waits_through_epoll(channel->mechanism) && !waits_by_polling(channel->mechanism);
     if (channel->responder || !buffered || length > channel->max_payload || count > UINT32_MAX) {
         errno = channel->responder ? EINVAL : !buffered ? ENOTSUP : EMSGSIZE;
         return -1;
@@ -229,7 +269,7 @@ void nf_remove_names(const nf_channel *channel) {
     for (int index = 0; index < NF_NAME_COUNT; index++) {
         const char *name = channel->names[index];
         if (name[0] == '\0') continue;
-        if (channel->mechanism == NF_MQUEUE || channel->mechanism == NF_MQUEUE_EPOLL) {
+        if (channel->mechanism == NF_MQUEUE || channel->mechanism == NF_MQUEUE_EPOLL || channel->mechanism == NF_MQUEUE_SPIN) {
             mq_unlink(name);
         } else {
             unlink(name);

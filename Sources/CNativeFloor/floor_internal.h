@@ -107,6 +107,21 @@ extern const struct nf_operations nf_futex_operations;
 extern const struct nf_operations nf_inotify_operations;
 extern const struct nf_operations nf_pipe_operations;
 extern const struct nf_operations nf_eventfd_operations;
+extern const struct nf_operations nf_shm_spin_operations;
+extern const struct nf_operations nf_journal_operations;
+
+/// Tells the CPU the caller is spinning (x86 pause, ARM yield).
+static inline void nf_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/// For a spinning initiator: whether a second has passed since *last (CLOCK_MONOTONIC seconds;
+/// updates it), so that it checks now and then that the responder is alive.
+bool nf_liveness_due(uint64_t *last);
 
 /// The epoll variants: waits until `fd` is readable (registering it with the channel's epoll
 /// instance, made on first use; edge-triggered if `edge`). The initiator wakes every

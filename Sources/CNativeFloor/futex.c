@@ -228,3 +228,34 @@ const struct nf_operations nf_eventfd_operations = {
     .send = eventfd_send,
     .receive = eventfd_receive,
 };
+
+// shm+spin: the same mapping and lanes, and no wake-up at all: the receiver busy-polls the
+// sequence number. The limit for any transport whose messages are in shared memory.
+
+static int shm_spin_send(nf_channel *channel, uint32_t length, const void *payload) {
+    publish(channel, length, payload);
+    return 0;
+}
+
+static int shm_spin_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
+    struct lane *lane = &header_of(channel)->lanes[incoming(channel)];
+    uint64_t checked = 0;
+    nf_liveness_due(&checked);
+    uint32_t sequence;
+    while ((sequence = atomic_load_explicit(&lane->sequence, memory_order_acquire)) == channel->seen) {
+        nf_cpu_relax();
+        if (!channel->responder && nf_liveness_due(&checked) && !nf_process_alive(channel->responder_pid)) {
+            errno = ECONNRESET;
+            return -1;
+        }
+    }
+    return take(channel, lane, sequence, length, payload, capacity);
+}
+
+const struct nf_operations nf_shm_spin_operations = {
+    .create = futex_create,
+    .accept = NULL,
+    .open = futex_open,
+    .send = shm_spin_send,
+    .receive = shm_spin_receive,
+};

@@ -8,7 +8,11 @@
 #include "floor_internal.h"
 
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <string.h>
 #include <sys/inotify.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /// The file this end writes and the one it reads.
@@ -29,27 +33,32 @@ static int create_file(const char *path) {
     return 0;
 }
 
-/// Opens the file this end reads and watches it for IN_CLOSE_WRITE.
-static int watch_read_file(nf_channel *channel) {
+/// Opens the file this end reads (read-write for a journal, which it locks) and watches it for
+/// `event` (IN_CLOSE_WRITE, or IN_MODIFY for a journal).
+static int watch_read_file(nf_channel *channel, uint32_t event) {
     const char *path = channel->names[read_name(channel)];
     channel->in_fd = inotify_init1(IN_CLOEXEC);
-    if (channel->in_fd < 0 || inotify_add_watch(channel->in_fd, path, IN_CLOSE_WRITE) < 0) return -1;
-    channel->file_fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (channel->in_fd < 0 || inotify_add_watch(channel->in_fd, path, event) < 0) return -1;
+    channel->file_fd = open(path, (event == IN_MODIFY ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     return channel->file_fd < 0 ? -1 : 0;
 }
 
-static int inotify_create(nf_channel *channel) {
+static int create_files(nf_channel *channel, uint32_t event) {
     if (set_paths(channel) != 0) return -1;
     for (int index = 0; index < NF_NAME_COUNT; index++) {
         if (create_file(channel->names[index]) != 0) return -1;
     }
     channel->alive_fd = open(channel->names[NF_NAME_ALIVE], O_WRONLY | O_CLOEXEC);
     if (channel->alive_fd < 0) return -1;
-    return watch_read_file(channel);
+    return watch_read_file(channel, event);
 }
 
-static int inotify_open(nf_channel *channel) {
-    if (set_paths(channel) != 0 || watch_read_file(channel) != 0) return -1;
+static int inotify_create(nf_channel *channel) {
+    return create_files(channel, IN_CLOSE_WRITE);
+}
+
+static int open_files(nf_channel *channel, uint32_t event) {
+    if (set_paths(channel) != 0 || watch_read_file(channel, event) != 0) return -1;
     channel->alive_watch = inotify_add_watch(channel->in_fd, channel->names[NF_NAME_ALIVE], IN_CLOSE_WRITE);
     if (channel->alive_watch < 0) return -1;
     // A responder that died before the watch was in place will not close the alive file again.
@@ -58,6 +67,10 @@ static int inotify_open(nf_channel *channel) {
         return -1;
     }
     return 0;
+}
+
+static int inotify_open(nf_channel *channel) {
+    return open_files(channel, IN_CLOSE_WRITE);
 }
 
 static int inotify_send(nf_channel *channel, uint32_t length, const void *payload) {
@@ -71,8 +84,8 @@ static int inotify_send(nf_channel *channel, uint32_t length, const void *payloa
     return result;
 }
 
-/// Sleeps until the file this end reads was written and closed.
-static int await_close_write(nf_channel *channel) {
+/// Sleeps until inotify reports `event` (IN_CLOSE_WRITE or IN_MODIFY) on the file this end reads.
+static int await_event(nf_channel *channel, uint32_t wanted) {
     _Alignas(struct inotify_event) char events[sizeof(struct inotify_event) + NAME_MAX + 1];
     for (;;) {
         ssize_t length = NF_RETRY(read(channel->in_fd, events, sizeof(events)));
@@ -84,7 +97,7 @@ static int await_close_write(nf_channel *channel) {
                 errno = ECONNRESET;
                 return -1;
             }
-            if (event->mask & IN_CLOSE_WRITE) written = true;
+            if (event->mask & wanted) written = true;
             offset += (ssize_t)(sizeof(struct inotify_event) + event->len);
         }
         if (written) return 0;
@@ -92,7 +105,7 @@ static int await_close_write(nf_channel *channel) {
 }
 
 static int inotify_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
-    if (await_close_write(channel) != 0) return -1;
+    if (await_event(channel, IN_CLOSE_WRITE) != 0) return -1;
     return nf_read_message(channel->file_fd, true, length, payload, capacity);
 }
 
@@ -102,4 +115,122 @@ const struct nf_operations nf_inotify_operations = {
     .open = inotify_open,
     .send = inotify_send,
     .receive = inotify_receive,
+};
+
+// journal: a file per direction kept the way the file-presenter transport keeps its journals. A
+// 64-byte header holds a sequence number and the end of the record; the record follows it. The
+// writer takes the file's exclusive open-file-description lock, writes the record with pwrite
+// (the write raises IN_MODIFY at the reader), stores the end and the next sequence number
+// through a shared mapping of the header (which raises nothing), and unlocks. The reader sleeps
+// in read(2) on inotify until IN_MODIFY, takes the shared lock, reads the sequence number and
+// the end, reads the record, and unlocks. Each record overwrites the last one (in a ping-pong
+// the reader has always taken it), so the file does not grow.
+
+#define JOURNAL_HEADER 64
+
+struct journal_header {
+    _Atomic uint64_t sequence;
+    _Atomic uint64_t end;
+};
+
+static int lock_journal(int fd, short type) {
+    struct flock lock = {.l_type = type, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    return NF_RETRY(fcntl(fd, F_OFD_SETLKW, &lock));
+}
+
+/// Opens the file this end writes (kept open, with its header mapped) and maps the header of the
+/// one it reads.
+static int journal_prepare(nf_channel *channel) {
+    channel->out_fd = open(channel->names[written_name(channel)], O_RDWR | O_CLOEXEC);
+    if (channel->out_fd < 0) return -1;
+    struct stat status;
+    if (fstat(channel->file_fd, &status) != 0) return -1;
+    if (status.st_size < JOURNAL_HEADER && ftruncate(channel->file_fd, JOURNAL_HEADER) != 0) return -1;
+    if (fstat(channel->out_fd, &status) != 0) return -1;
+    if (status.st_size < JOURNAL_HEADER && ftruncate(channel->out_fd, JOURNAL_HEADER) != 0) return -1;
+    // Two pages reserved, then each header mapped over one: [0] the header this end reads,
+    // [1] the one it writes. One range, so nf_close unmaps both.
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    channel->mapping = mmap(NULL, 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (channel->mapping == MAP_FAILED) {
+        channel->mapping = NULL;
+        return -1;
+    }
+    channel->mapping_length = 2 * page;
+    char *base = channel->mapping;
+    if (mmap(base, JOURNAL_HEADER, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, channel->file_fd, 0) == MAP_FAILED) return -1;
+    if (mmap(base + page, JOURNAL_HEADER, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, channel->out_fd, 0) == MAP_FAILED) return -1;
+    return 0;
+}
+
+static struct journal_header *incoming_header(const nf_channel *channel) { return (struct journal_header *)channel->mapping; }
+static struct journal_header *outgoing_header(const nf_channel *channel) {
+    return (struct journal_header *)((char *)channel->mapping + channel->mapping_length / 2);
+}
+
+static int journal_create(nf_channel *channel) {
+    return create_files(channel, IN_MODIFY) == 0 ? journal_prepare(channel) : -1;
+}
+
+static int journal_open(nf_channel *channel) {
+    return open_files(channel, IN_MODIFY) == 0 ? journal_prepare(channel) : -1;
+}
+
+static int journal_send(nf_channel *channel, uint32_t length, const void *payload) {
+    if (lock_journal(channel->out_fd, F_WRLCK) != 0) return -1;
+    uint32_t header = length;
+    size_t payload_length = NF_IS_CONTROL(length) ? 0 : length;
+    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, payload_length}};
+    ssize_t written = NF_RETRY(pwritev(channel->out_fd, vector, 2, JOURNAL_HEADER));
+    int result = written == (ssize_t)(NF_HEADER_LENGTH + payload_length) ? 0 : -1;
+    if (result == 0) {
+        struct journal_header *out = outgoing_header(channel);
+        atomic_store_explicit(&out->end, JOURNAL_HEADER + NF_HEADER_LENGTH + payload_length, memory_order_relaxed);
+        atomic_store_explicit(&out->sequence, ++channel->sent, memory_order_release);
+    }
+    int error = errno;
+    lock_journal(channel->out_fd, F_UNLCK);
+    errno = error;
+    return result;
+}
+
+static int journal_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
+    struct journal_header *in = incoming_header(channel);
+    for (;;) {
+        if (lock_journal(channel->file_fd, F_RDLCK) != 0) return -1;
+        uint64_t sequence = atomic_load_explicit(&in->sequence, memory_order_acquire);
+        if (sequence != channel->seen) {
+            channel->seen = (uint32_t)sequence;
+            uint64_t end = atomic_load_explicit(&in->end, memory_order_relaxed);
+            uint32_t header = 0;
+            int result = -1;
+            if (end >= JOURNAL_HEADER + NF_HEADER_LENGTH && NF_RETRY(pread(channel->file_fd, &header, NF_HEADER_LENGTH, JOURNAL_HEADER)) == NF_HEADER_LENGTH) {
+                size_t payload_length = NF_IS_CONTROL(header) ? 0 : header;
+                if (payload_length > capacity) {
+                    errno = EMSGSIZE;
+                } else if (end != JOURNAL_HEADER + NF_HEADER_LENGTH + payload_length) {
+                    errno = EPROTO;
+                } else if (payload_length == 0 || NF_RETRY(pread(channel->file_fd, payload, payload_length, JOURNAL_HEADER + NF_HEADER_LENGTH)) == (ssize_t)payload_length) {
+                    *length = header;
+                    result = 0;
+                }
+            } else {
+                errno = EPROTO;
+            }
+            int error = errno;
+            lock_journal(channel->file_fd, F_UNLCK);
+            errno = error;
+            return result;
+        }
+        lock_journal(channel->file_fd, F_UNLCK);
+        if (await_event(channel, IN_MODIFY) != 0) return -1;
+    }
+}
+
+const struct nf_operations nf_journal_operations = {
+    .create = journal_create,
+    .accept = NULL,
+    .open = journal_open,
+    .send = journal_send,
+    .receive = journal_receive,
 };

@@ -154,15 +154,17 @@ public struct LatencyRunner: Sendable {
         var measured: [Session] = []
         // One phase per wait strategy, each with its own peers, started when the phase starts and
         // stopped when it ends: all of them at once would hold more POSIX message queues than a
-        // user's RLIMIT_MSGQUEUE (800 KiB by default) allows. The floors run in the first phase.
-        for (index, strategy) in plan.waitStrategies.enumerated() {
+        // user's RLIMIT_MSGQUEUE (800 KiB by default) allows. The blocking floors run in the
+        // blocking phase, the spinning floors beside the spinning transports.
+        for phase in phases() {
             var sessions: [Session] = []
             defer {
                 for session in sessions { session.close() }
             }
-            try startSessions(strategy, floors: index == 0 && plan.includeFloors, group: group.directory, into: &sessions)
+            try startSessions(phase.strategy, transports: phase.transports, placements: phase.placements, floors: plan.includeFloors, group: group.directory, into: &sessions)
             guard !sessions.isEmpty else { continue }
-            progress.note("\(strategy.name): started \(sessions.count) peer processes")
+            let strategy = phase.strategy
+            progress.note("\(strategy.name): started \(sessions.count) peer processes (\(phase.transports.joined(separator: ", ")); \(phase.placements.map(\.rawValue).joined(separator: ", ")))")
             try await sweep(sessions, phase: strategy.name, originalAffinity: originalAffinity)
             measured += sessions
         }
@@ -183,9 +185,8 @@ public struct LatencyRunner: Sendable {
     /// Starts a session for every transport, framing and placement that `strategy` applies to
     /// (spinning only where the processes are on different cores and the transport can poll),
     /// and the native floors under the transports if `floors` is set.
-    private func startSessions(_ strategy: WaitStrategy, floors: Bool, group: GroupDirectory, into sessions: inout [Session]) throws {
-        let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
-        for name in plan.transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
+    private func startSessions(_ strategy: WaitStrategy, transports: [String], placements: [Placement], floors: Bool, group: GroupDirectory, into sessions: inout [Session]) throws {
+        for name in transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
             for framing in TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil] {
                 for placement in placements where !strategy.spins || placement.spreadsProcesses {
                     let session = try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, group: group)
@@ -197,17 +198,44 @@ public struct LatencyRunner: Sendable {
             }
         }
         guard floors else { return }
-        let blocking = plan.transports.compactMap(FloorMechanism.init(transport:))
-        for mechanism in orderedUnique(blocking + blocking.compactMap(\.eventDriven)) {
-            for placement in placements {
+        let base = transports.compactMap(FloorMechanism.init(transport:))
+        let mechanisms = strategy.spins ? base.compactMap(\.spinning) : base + base.compactMap(\.sameWork)
+        for mechanism in orderedUnique(mechanisms) {
+            for placement in placements where !mechanism.spins || placement.spreadsProcesses {
                 let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))
                 sessions.append(Session(
-                    name: mechanism.resultName, framing: nil, placement: placement, peerPID: floor.peerPID,
+                    name: mechanism.resultName, framing: nil, placement: placement, waitStrategy: mechanism.spins ? strategy : .blocking, peerPID: floor.peerPID,
                     roundTrips: { size, count in try await floor.roundTripTimes(payloadSize: size, count: count) },
                     stream: mechanism.streams ? { size, count in try await floor.streamTime(payloadSize: size, count: count) } : nil,
                     close: { floor.close() }
                 ))
             }
+        }
+    }
+
+    /// One phase of a run: the sessions whose peers live at the same time, measured interleaved.
+    struct Phase {
+        var strategy: WaitStrategy
+        var transports: [String]
+        var placements: [Placement]
+    }
+
+    /// The phases of a run: one per wait strategy, each with its own peers. With the floors,
+    /// message-port's blocking measurements are phases of their own, one per placement: a
+    /// connection's two queues and the two mqueue floors' (blocking and epoll) take about half of
+    /// a user's RLIMIT_MSGQUEUE (800 KiB, a cap that root in a user namespace cannot raise), so
+    /// beside the other placement's, or other transports' peers, they could not all start. They
+    /// run right after the other transports' blocking phase, each with its floors interleaved.
+    func phases() -> [Phase] {
+        let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
+        return plan.waitStrategies.flatMap { strategy -> [Phase] in
+            let queued = plan.transports.filter { $0 == "message-port" }
+            guard plan.includeFloors, !strategy.spins, !queued.isEmpty else {
+                return [Phase(strategy: strategy, transports: plan.transports, placements: placements)]
+            }
+            let others = plan.transports.filter { !queued.contains($0) }
+            return (others.isEmpty ? [] : [Phase(strategy: strategy, transports: others, placements: placements)])
+                + placements.map { Phase(strategy: strategy, transports: queued, placements: [$0]) }
         }
     }
 

@@ -24,19 +24,51 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     /// ``futex``'s shared mapping with eventfd doorbells waited on with `epoll_wait`
     /// (edge-triggered), the notify transport's kernel work.
     case eventfdEpoll = "eventfd+epoll"
+    /// ``unixStream``, each end polling the socket without blocking until a message is there.
+    case unixStreamSpin = "unix-stream+spin"
+    /// ``mqueue``, polled the same way.
+    case mqueueSpin = "mqueue+spin"
+    /// ``futex``'s shared mapping, busy-polled: no system call at all, the limit of any
+    /// shared-memory transport.
+    case shmSpin = "shm+spin"
+    /// A journal file per direction kept as the file-presenter transport keeps its journals
+    /// (exclusive lock, write, end published through a mapping, unlock; inotify wake-up, shared
+    /// lock, read, unlock).
+    case journal
 
     public var description: String { rawValue }
 
-    /// The same mechanism waited on the way an event loop waits (`epoll_wait`, then the read):
-    /// the floor for what an event-driven transport adds in user space alone. `nil` for the
-    /// mechanisms without one (inotify, whose transport reads on a thread of its own, and pipe)
-    /// and for the event-driven floors themselves.
-    public var eventDriven: FloorMechanism? {
+    /// The floor that does the kernel work the transport's blocking round trip does: the
+    /// mechanism waited on as an event loop waits (`epoll_wait`, then the read) for the
+    /// transports on the event loop, the journal protocol for file-presenter. A transport's
+    /// ratio to it is what its own code adds. `nil` for pipe and for these floors themselves.
+    public var sameWork: FloorMechanism? {
         switch self {
         case .unixStream: .unixStreamEpoll
         case .mqueue: .mqueueEpoll
         case .futex: .eventfdEpoll
-        case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll: nil
+        case .inotify: .journal
+        case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: nil
+        }
+    }
+
+    /// The floor that spins the way the transport's spin-then-block strategy does: polling the
+    /// socket or queue without blocking, or busy-polling shared memory. Measured with split cores
+    /// only. `nil` where the transport does not spin.
+    public var spinning: FloorMechanism? {
+        switch self {
+        case .unixStream: .unixStreamSpin
+        case .mqueue: .mqueueSpin
+        case .futex: .shmSpin
+        case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: nil
+        }
+    }
+
+    /// Whether this floor busy-polls (so it runs only with the two ends on different cores).
+    public var spins: Bool {
+        switch self {
+        case .unixStreamSpin, .mqueueSpin, .shmSpin: true
+        default: false
         }
     }
 

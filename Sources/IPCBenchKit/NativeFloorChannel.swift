@@ -92,7 +92,7 @@ extension FloorMechanism {
     public var streams: Bool {
         switch self {
         case .unixStream, .mqueue, .pipe: true
-        case .futex, .inotify, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll: false
+        case .futex, .inotify, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: false
         }
     }
 
@@ -106,6 +106,10 @@ extension FloorMechanism {
         case .unixStreamEpoll: NF_UNIX_STREAM_EPOLL
         case .mqueueEpoll: NF_MQUEUE_EPOLL
         case .eventfdEpoll: NF_EVENTFD_EPOLL
+        case .unixStreamSpin: NF_UNIX_STREAM_SPIN
+        case .mqueueSpin: NF_MQUEUE_SPIN
+        case .shmSpin: NF_SHM_SPIN
+        case .journal: NF_JOURNAL
         }
     }
 }

@@ -38,7 +38,11 @@ public enum NativeFloor {
             let after = CPUReading(peer: session.peerPID)
             accumulator.record(block: times, cpuBefore: before, cpuAfter: after)
         }
-        return accumulator.result(transport: mechanism.resultName, framing: nil, placement: placement, payloadBytes: payloadSize, warmup: blockWarmup * repetitions)
+        // A spinning floor is filed with the spinning rows (it never blocks at all).
+        return accumulator.result(
+            transport: mechanism.resultName, framing: nil, placement: placement, waitStrategy: mechanism.spins ? .spinThenBlock() : .blocking,
+            payloadBytes: payloadSize, warmup: blockWarmup * repetitions
+        )
     }
 }
 

@@ -2,19 +2,19 @@ import Foundation
 
 /// Renders results as a plain-text table (for the terminal) and as Markdown (for `Reports/`).
 public enum ReportRenderer {
-    static let latencyColumns = ["transport", "framing", "placement", "wait", "payload", "samples", "p50", "p90", "p99", "p99.9", "max", "p50 ÷ floor", "÷ epoll floor", "CPU/rt", "cs/rt"]
+    static let latencyColumns = ["transport", "framing", "placement", "wait", "payload", "samples", "p50", "p90", "p99", "p99.9", "max", "p50 ÷ floor", "÷ same-work floor", "CPU/rt", "cs/rt"]
 
     static func latencyRows(_ results: [LatencyResult]) -> [[String]] {
         results.map { result in
             let floor = result.floor(in: results)
-            let eventDriven = result.eventDrivenFloor(in: results)
+            let sameWork = result.sameWorkFloor(in: results)
             let cpu = result.localCPUPerRoundTrip.flatMap { local in result.peerCPUPerRoundTrip.map { UInt64(local + $0) } }
             return [
                 result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitDescription,
                 formatBytes(result.payloadBytes), String(result.samples), formatMicroseconds(result.p50), formatMicroseconds(result.p90),
                 formatMicroseconds(result.p99), formatMicroseconds(result.p999), formatMicroseconds(result.maximum),
                 floor.map { String(format: "%.2f×", Double(result.p50) / Double(max(1, $0.p50))) } ?? "-",
-                eventDriven.map { String(format: "%.2f×", Double(result.p50) / Double(max(1, $0.p50))) } ?? "-",
+                sameWork.map { String(format: "%.2f×", Double(result.p50) / Double(max(1, $0.p50))) } ?? "-",
                 cpu.map(formatMicroseconds) ?? "-",
                 result.contextSwitchesPerRoundTrip.map { String(format: "%.2f", $0) } ?? "-",
             ]
@@ -148,10 +148,13 @@ public enum ReportRenderer {
         `wait` is the wait strategy of both ends: `blocking` sleeps in the kernel at once;
         `spin-then-block` polls for a bounded time first (only ever with split cores).
         `p50 ÷ floor` divides by the native floor's p50 (same mechanism, placement and payload,
-        blocking). `÷ epoll floor` divides by the event-driven floor's: the same mechanism in C,
-        waited on as an event loop waits (`epoll_wait`, then the read; for notify, eventfd
-        doorbells instead of the futex), so it leaves out the kernel's cost of the one-poller
-        design and measures what the transport's own code adds. CPU/rt is both processes' CPU time per round trip; cs/rt their context
+        blocking). `÷ same-work floor` divides by the p50 of a C floor that does the kernel work
+        the transport's round trip does: for blocking rows the mechanism waited on as an event
+        loop waits (`epoll_wait`, then the read; eventfd doorbells for notify) or, for
+        file-presenter, the journal protocol (locks, write, inotify, read); for spinning rows a
+        floor that spins the same way (polling the socket or queue without blocking; busy-polling
+        shared memory for notify). It leaves out what the design costs in the kernel and
+        measures what the transport's own code adds. CPU/rt is both processes' CPU time per round trip; cs/rt their context
         switches per round trip (voluntary and involuntary, all threads; a raw C ping-pong makes
         2.00).
 

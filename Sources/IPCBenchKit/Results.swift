@@ -226,12 +226,13 @@ public struct LatencyResult: Codable, Sendable {
         return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && !$0.spins }
     }
 
-    /// The event-driven floor of its transport's mechanism (``FloorMechanism/eventDriven``: the
-    /// same kernel mechanism waited on with `epoll_wait` before each read, as an event loop
-    /// does), same placement and payload, blocking, from `results`; `nil` where there is none.
-    public func eventDrivenFloor(in results: [LatencyResult]) -> LatencyResult? {
-        guard let mechanism = FloorMechanism(transport: transport)?.eventDriven else { return nil }
-        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && !$0.spins }
+    /// The floor that does the kernel work this measurement's round trip does, same placement
+    /// and payload, from `results`: for a blocking row ``FloorMechanism/sameWork`` of its
+    /// transport's mechanism (event-loop waits, or the journal protocol), for a spinning row
+    /// ``FloorMechanism/spinning``. `nil` for floors and where there is none.
+    public func sameWorkFloor(in results: [LatencyResult]) -> LatencyResult? {
+        guard let base = FloorMechanism(transport: transport), let mechanism = spins ? base.spinning : base.sameWork else { return nil }
+        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
     }
 
     /// Both processes' context switches per round trip.

@@ -43,9 +43,12 @@ struct FloorCommand: AsyncParsableCommand {
         var results: [LatencyResult] = []
         let chosenMechanisms = mechanisms.isEmpty ? FloorMechanism.allCases : mechanisms
         let runnablePlacements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
-        let total = chosenMechanisms.count * runnablePlacements.count * plan.payloadSizes.count
+        let total = chosenMechanisms.reduce(0) { sum, mechanism in
+            sum + runnablePlacements.filter { !mechanism.spins || $0.spreadsProcesses }.count * plan.payloadSizes.count
+        }
         for mechanism in chosenMechanisms {
-            for placement in runnablePlacements {
+            // Two spinning ends on one core would each wait out the other's time slice.
+            for placement in runnablePlacements where !mechanism.spins || placement.spreadsProcesses {
                 for size in plan.payloadSizes {
                     let label = "\(mechanism.resultName) \(placement) \(formatBytes(size))"
                     progress.begin(step: results.count + 1, of: total, label: label)

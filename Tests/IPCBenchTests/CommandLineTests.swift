@@ -43,7 +43,7 @@ struct CommandLineTests {
         #expect(results.latency.map(\.executor) == ["preferred", "preferred", "global", "global", nil, nil, nil, nil])
         #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64, 0, 64])
         let transportRow = try #require(results.latency.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
-        #expect(transportRow.eventDrivenFloor(in: results.latency)?.transport == "floor:unix-stream+epoll")
+        #expect(transportRow.sameWorkFloor(in: results.latency)?.transport == "floor:unix-stream+epoll")
         #expect(transportRow.floor(in: results.latency)?.transport == "floor:unix-stream")
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])

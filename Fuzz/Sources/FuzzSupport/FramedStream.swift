@@ -248,7 +248,7 @@ private struct Checker {
         switch stream.framing {
         case .binary:
             precondition(encoded[...] == input[consumed..<consumed + used], "\(stream): a decoded frame encodes to other bytes than it came from")
-        case .http:
+        case .http, .llbsd:
             precondition(stream.decodeWhole(encoded) == [frame], "\(stream): a decoded frame does not survive encoding and decoding")
         }
     }

@@ -59,6 +59,20 @@ typedef enum nf_mechanism {
     /// (edge-triggered, never read), as the notify transport does. The initiator takes the
     /// responder's eventfds with pidfd_getfd (same user, or ptrace rights over the responder).
     NF_EVENTFD_EPOLL = 7,
+    /// NF_UNIX_STREAM, each end polling the socket without blocking (poll(2) with a zero timeout,
+    /// in a loop) until a message is there: the floor for a transport that spins with its
+    /// event loop's poll. Only meaningful with the two ends on different cores.
+    NF_UNIX_STREAM_SPIN = 8,
+    /// NF_MQUEUE, polling the queue the same way.
+    NF_MQUEUE_SPIN = 9,
+    /// NF_FUTEX's shared mapping, each end busy-polling the sequence number (no system call at
+    /// all): the limit for any shared-memory transport.
+    NF_SHM_SPIN = 10,
+    /// A journal file per direction, as the file-presenter transport keeps one: the writer takes
+    /// an exclusive open-file-description lock, writes the record, publishes its end in the
+    /// header through a shared mapping and unlocks; the reader waits for inotify's IN_MODIFY,
+    /// takes the shared lock, reads the end and the record, and unlocks.
+    NF_JOURNAL = 11,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
@@ -110,7 +124,8 @@ void nf_close(nf_channel *channel);
 int nf_pin_calling_thread(int cpu);
 
 /// The mechanism's name as ipcbench reports it ("unix-stream", "mqueue", "futex", "inotify",
-/// "pipe", "unix-stream+epoll", "mqueue+epoll", "eventfd+epoll"), or NULL for an unknown value.
+/// "pipe", "unix-stream+epoll", "mqueue+epoll", "eventfd+epoll", "unix-stream+spin",
+/// "mqueue+spin", "shm+spin", "journal"), or NULL for an unknown value.
 const char *nf_mechanism_name(nf_mechanism mechanism);
 
 #ifdef __cplusplus
