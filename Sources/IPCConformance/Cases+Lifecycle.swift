@@ -5,7 +5,7 @@ import Synchronization
 /// Area 5: endpoints have one live listener and outlive no dead one; a connection is
 /// invalidated exactly once, and reports nothing after that.
 enum LifecycleCases {
-    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler]
+    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry]
 
     static let secondListener = ConformanceCase("5.1", "A second listener on a live endpoint is refused with endpointInUse, from another process or this one") { context in
         let endpoint = try context.endpoint("taken")
@@ -33,6 +33,47 @@ enum LifecycleCases {
             try check(elapsed < context.deadline, "connecting to \(name) took \(elapsed.formattedMilliseconds) to fail")
         }
         return .passed("both connects failed with endpointNotFound within \(context.deadline)")
+    }
+
+    static let connectWithRetry = ConformanceCase(
+        "5.8",
+        "A client that connects with retry (ConnectRetry) before its server listens is connected once the server listens, and gives up with endpointNotFound at its deadline when nobody does"
+    ) { context in
+        let endpoint = try context.endpoint("later")
+        let transport = context.transport
+        let options = context.connectionOptions
+        let attempts = Mutex(0)
+        let connecting = Task {
+            try await ConnectRetry(for: .seconds(60)).run {
+                attempts.withLock { $0 += 1 }
+                return try await blocking { try transport.connect(endpoint, options) } as any MessageConnection
+            }
+        }
+        defer { connecting.cancel() }
+        // The server starts once the client has been trying for a while.
+        try await Task.sleep(for: .milliseconds(300))
+        let triedBefore = attempts.withLock { $0 }
+        try check(triedBefore >= 2, "the client tried \(triedBefore) times in the 300 ms before the server started")
+        // The context keeps the peer until the case's tear-down.
+        _ = try await context.launchPeer(.server, at: endpoint)
+        let started = ContinuousClock.now
+        let outcome = await result(of: connecting, within: context.deadline)
+        guard case .some(.success(let connection)) = outcome else {
+            throw ConformanceFailure("the retrying client was not connected within \(context.deadline) of the server listening: \(outcome.map { "\($0)" } ?? "still waiting")")
+        }
+        let probe = context.adopt(connection)
+        try await context.checkEcho(probe, "the retrying client")
+        let late = ContinuousClock.now - started
+        // Nobody: endpointNotFound once the limit has passed, not before and not much after.
+        let limit = Duration.milliseconds(500)
+        let nobody = try context.endpoint("never")
+        let start = ContinuousClock.now
+        try await checkError([.endpointNotFound], "connecting with retry where nobody listens") {
+            try await ConnectRetry(for: limit).run { try await blocking { try transport.connect(nobody, options) } }
+        }
+        let elapsed = ContinuousClock.now - start
+        try check(elapsed >= limit && elapsed < limit + context.deadline, "giving up took \(elapsed.formattedMilliseconds), for a limit of \(limit.formattedMilliseconds)")
+        return .passed("connected after \(triedBefore)+ attempts, \(late.formattedMilliseconds) after the server was ready; gave up with endpointNotFound after \(elapsed.formattedMilliseconds) where nobody listened")
     }
 
     static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in

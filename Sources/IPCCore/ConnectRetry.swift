@@ -1,0 +1,54 @@
+/// How a client connects to a service that may not be listening yet: it tries again while the
+/// connect fails with ``IPCError/Code/endpointNotFound``, waiting longer each time, until a
+/// deadline. The pattern LLBSDMessaging's and CFMessagePort's documentation give for a client
+/// that can start before its server registers.
+///
+///     let connection = try await transport.connect(to: endpoint, options: .defaults,
+///                                                  retrying: ConnectRetry(for: .seconds(10)))
+public struct ConnectRetry: Sendable, Hashable {
+    /// How long to keep trying, from the first attempt.
+    public var limit: Duration
+    /// The wait after the first failed attempt; it doubles after each one.
+    public var initialDelay: Duration
+    /// The longest wait between two attempts.
+    public var maximumDelay: Duration
+
+    public init(for limit: Duration, initialDelay: Duration = .milliseconds(10), maximumDelay: Duration = .milliseconds(250)) {
+        self.limit = limit
+        self.initialDelay = max(initialDelay, .zero)
+        self.maximumDelay = max(maximumDelay, self.initialDelay)
+    }
+
+    /// Calls `attempt` until it returns, and returns what it returned.
+    ///
+    /// Waits between attempts with `Task.sleep`: no thread is held while waiting, and cancelling
+    /// the task ends the wait at once. The last wait is cut short so that the last attempt starts
+    /// before the deadline.
+    /// - Throws: what `attempt` throws, at once, unless it is an `endpointNotFound`; the last
+    ///   `endpointNotFound` once the deadline has passed; `CancellationError` if the task is
+    ///   cancelled while waiting.
+    public func run<Result>(_ attempt: () async throws -> Result) async throws -> Result {
+        let clock = ContinuousClock()
+        let deadline = clock.now + limit
+        var delay = initialDelay
+        while true {
+            do {
+                return try await attempt()
+            } catch let error as IPCError where error.code == .endpointNotFound {
+                let remaining = clock.now.duration(to: deadline)
+                guard remaining > .zero else { throw error }
+                try await Task.sleep(for: min(delay, remaining))
+                delay = min(delay * 2, maximumDelay)
+            }
+        }
+    }
+}
+
+extension MessageTransport {
+    /// Connects to `endpoint`, trying again while nobody listens there, as `retrying` says.
+    /// - Throws: what ``connect(to:options:)`` throws (an `endpointNotFound` only once the
+    ///   retry's limit has passed); `CancellationError` if the task is cancelled while waiting.
+    public func connect(to endpoint: Endpoint, options: ConnectionOptions, retrying: ConnectRetry) async throws -> Connection {
+        try await retrying.run { try connect(to: endpoint, options: options) }
+    }
+}
