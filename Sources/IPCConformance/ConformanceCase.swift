@@ -44,6 +44,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
     case requestReply = 4
     case lifecycle = 5
     case peerDeath = 6
+    case service = 7
 
     public var description: String {
         switch self {
@@ -53,6 +54,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
         case .requestReply: "Request/reply"
         case .lifecycle: "Lifecycle"
         case .peerDeath: "Peer death"
+        case .service: "Service semantics"
         }
     }
 }

@@ -19,6 +19,17 @@ public struct ConnectRetry: Sendable, Hashable {
         self.maximumDelay = max(maximumDelay, self.initialDelay)
     }
 
+    /// The wait after failed attempt `attempt` (1 for the first): ``initialDelay`` doubled for
+    /// each attempt before it, at most ``maximumDelay``.
+    public func delay(afterAttempt attempt: Int) -> Duration {
+        var delay = initialDelay
+        for _ in 1..<max(1, attempt) {
+            guard delay < maximumDelay else { break }
+            delay = min(delay * 2, maximumDelay)
+        }
+        return delay
+    }
+
     /// Calls `attempt` until it returns, and returns what it returned.
     ///
     /// Waits between attempts with `Task.sleep`: no thread is held while waiting, and cancelling
@@ -30,15 +41,15 @@ public struct ConnectRetry: Sendable, Hashable {
     public func run<Result>(_ attempt: () async throws -> Result) async throws -> Result {
         let clock = ContinuousClock()
         let deadline = clock.now + limit
-        var delay = initialDelay
+        var attempts = 0
         while true {
             do {
                 return try await attempt()
             } catch let error as IPCError where error.code == .endpointNotFound {
+                attempts += 1
                 let remaining = clock.now.duration(to: deadline)
                 guard remaining > .zero else { throw error }
-                try await Task.sleep(for: min(delay, remaining))
-                delay = min(delay * 2, maximumDelay)
+                try await Task.sleep(for: min(delay(afterAttempt: attempts), remaining))
             }
         }
     }

@@ -44,6 +44,8 @@ extension IPCError {
             case invalidEndpoint, nameOutsideGroup, endpointInUse, endpointNotFound, accessDenied
             case sendTimeout, receiveTimeout, invalidated, peerInvalidated
             case unsupportedOperation, transportFailure, receiveBufferFull
+            // Services
+            case interrupted
             // File coordination
             case coordinationTimeout
         }
@@ -100,6 +102,12 @@ extension IPCError {
         /// ``ConnectionOptions/messageBufferLimit`` allows, on a connection whose receive path
         /// cannot wait for it (it serves other connections too); the connection is invalidated.
         public static var receiveBufferFull: Code { .init(.receiveBufferFull) }
+
+        /// The service a ``ServiceConnection`` talks to went away (its process died or ended the
+        /// connection) while the operation waited. Unlike ``peerInvalidated`` this is not final:
+        /// the next operation connects to the service again (XPC's
+        /// `XPC_ERROR_CONNECTION_INTERRUPTED`).
+        public static var interrupted: Code { .init(.interrupted) }
 
         /// A coordinated read or write of a file could not take the file's lock before its
         /// timeout, because another reader or writer (in this or another process) held it.

@@ -1,0 +1,91 @@
+import IPCCore
+import Synchronization
+
+/// Area 7: the service semantics users of XPC and launchd rely on, over the subject's
+/// transport: a ``ServiceConnection`` is interrupted, not invalidated, when its service dies,
+/// and reaches the service again once it is back.
+enum ServiceCases {
+    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal]
+
+    static let interruption = ConformanceCase(
+        "7.1",
+        "A service connection whose service process dies is interrupted, not invalidated: the interruption handler runs once per death, a pending request fails with interrupted, and the next request reaches the restarted service",
+        requires: .requestReply, .peerDeathDetection
+    ) { context in
+        let endpoint = try context.endpoint("service")
+        let transport = context.transport
+        let options = context.connectionOptions
+        let service = ServiceConnection { try transport.connect(endpoint, options) }
+        defer { service.invalidate() }
+        let interruptions = Mutex<[InvalidationReason]>([])
+        let invalidations = Mutex(0)
+        service.setInterruptionHandler { reason in interruptions.withLock { $0.append(reason) } }
+        service.setInvalidationHandler { _ in invalidations.withLock { $0 += 1 } }
+        var restarts: [String] = []
+        var peer = try await context.launchPeer(.server, at: endpoint)
+        for death in 1...2 {
+            let echoed = try await service.request(Array("before \(death)".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+            try check(echoed == Array("before \(death)".utf8), "death \(death): the echo before it came back different")
+            let pending = Task {
+                try await service.request([1], msgid: ConformancePeer.Request.stall, sendTimeout: .seconds(10), receiveTimeout: .seconds(120))
+            }
+            try await Task.sleep(for: .milliseconds(100))
+            _ = peer.kill()
+            let outcome = await result(of: pending, within: context.deadline)
+            guard case .some(.failure(let error)) = outcome else {
+                throw ConformanceFailure("death \(death): the pending request did not fail within \(context.deadline) (\(outcome.map { "\($0)" } ?? "still waiting"))")
+            }
+            try check((error as? IPCError)?.code == .interrupted, "death \(death): the pending request failed with \(error), not interrupted")
+            try check(await poll(within: context.deadline) { interruptions.withLock { $0.count } == death }, "death \(death): the interruption handler ran \(interruptions.withLock { $0.count }) times in all")
+            await peer.shutDown()
+            try check(service.invalidationReason == nil && invalidations.withLock { $0 } == 0, "death \(death): the service connection was invalidated")
+            // The service comes back on the same endpoint; the same service connection reaches it.
+            peer = try await context.launchPeer(.server, at: endpoint)
+            let after = try await service.request(Array("after \(death)".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+            try check(after == Array("after \(death)".utf8), "death \(death): the echo after the restart came back different")
+            try check(interruptions.withLock { $0.count } == death, "death \(death): \(interruptions.withLock { $0.count }) interruptions after reconnecting")
+            restarts.append(interruptions.withLock { "\($0[death - 1].kind)" })
+        }
+        return .passed("two service deaths: each interrupted once (\(restarts.joined(separator: ", "))), the pending request failed with interrupted, and the next request reached the restarted service")
+    }
+
+    static let localInvalidationIsFinal = ConformanceCase(
+        "7.2",
+        "A service connection invalidated locally is final: its invalidation handler runs once, requests fail with invalidated at once, and it never reconnects",
+        requires: .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("ended")
+        let transport = context.transport
+        let options = context.connectionOptions
+        let connects = Mutex(0)
+        let service = ServiceConnection {
+            connects.withLock { $0 += 1 }
+            return try transport.connect(endpoint, options)
+        }
+        let invalidations = Mutex(0)
+        let interruptions = Mutex(0)
+        service.setInterruptionHandler { _ in interruptions.withLock { $0 += 1 } }
+        service.setInvalidationHandler { _ in invalidations.withLock { $0 += 1 } }
+        _ = try await context.launchPeer(.server, at: endpoint)
+        let echoed = try await service.request(Array("hello".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        try check(echoed == Array("hello".utf8), "the echo came back different")
+        let pending = Task {
+            try await service.request([1], msgid: ConformancePeer.Request.stall, sendTimeout: .seconds(10), receiveTimeout: .seconds(120))
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        service.invalidate()
+        service.invalidate()
+        let outcome = await result(of: pending, within: context.deadline)
+        guard case .some(.failure(let error)) = outcome else {
+            throw ConformanceFailure("the pending request did not fail within \(context.deadline) of invalidate()")
+        }
+        try check((error as? IPCError)?.code == .invalidated, "the pending request failed with \(error), not invalidated")
+        try await checkError([.invalidated], "a request after invalidate()") {
+            try await service.request([2], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        }
+        try await checkError([.invalidated], "a send after invalidate()") { try await service.send([3], msgid: 1, timeout: .seconds(10)) }
+        try check(invalidations.withLock { $0 } == 1 && interruptions.withLock { $0 } == 0, "handlers ran: invalidation \(invalidations.withLock { $0 }), interruption \(interruptions.withLock { $0 })")
+        try check(connects.withLock { $0 } == 1, "it connected \(connects.withLock { $0 }) times")
+        return .passed("the invalidation handler ran once, the pending request and later ones failed with invalidated, and it never connected again")
+    }
+}
