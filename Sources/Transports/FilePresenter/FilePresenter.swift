@@ -1,4 +1,5 @@
 import CIPCShims
+import Dispatch
 import Glibc
 import IPCCore
 import IPCEngine
@@ -43,7 +44,9 @@ public final class FilePresenter: Sendable {
     }
 
     deinit {
-        watch.remove()
+        // Nobody can see a call that is still running finish: no need to wait for it (waiting
+        // could block whoever dropped the last reference on what that call waits for).
+        watch.remove(waiting: false)
     }
 
     /// Stops reporting changes. Idempotent.
@@ -117,7 +120,11 @@ private final class PresenterWatch: Sendable {
     }
 
     deinit {
-        closeDescriptor(inotify)
+        // Closing an inotify instance waits for the kernel's fsnotify mark reaper (an SRCU grace
+        // period: 10-25 ms at times on this VM kind), so it is closed off the releasing thread,
+        // which may be ending a connection whose invalidation handler waits behind it.
+        let inotify = inotify
+        DispatchQueue.global(qos: .utility).async { closeDescriptor(inotify) }
         closeDescriptor(marker)
     }
 
