@@ -81,8 +81,8 @@ final class CaseContext: Sendable {
     // MARK: This process's side
 
     /// Listens with the subject's transport in this process.
-    func listen(_ endpoint: Endpoint, options: ConnectionOptions? = nil) throws -> ListenerProbe {
-        let listener = ListenerProbe(try transport.listen(endpoint, options ?? connectionOptions))
+    func listen(_ endpoint: Endpoint, options: ConnectionOptions? = nil, acceptFilter: AcceptFilter? = nil) throws -> ListenerProbe {
+        let listener = ListenerProbe(try transport.listen(endpoint, options ?? connectionOptions, acceptFilter))
         state.withLock { $0.listeners.append(listener) }
         return listener
     }
@@ -129,7 +129,7 @@ final class CaseContext: Sendable {
         for listener in listeners.reversed() { listener.listener.close() }
         for peer in peers.reversed() { await peer.shutDown() }
         for endpoint in servedEndpoints {
-            (try? transport.listen(endpoint, connectionOptions))?.close()
+            (try? transport.listen(endpoint, connectionOptions, nil))?.close()
         }
         subject.removeLeftovers?(group)
         try? FileManager.default.removeItem(atPath: group.path)

@@ -5,7 +5,7 @@ import Synchronization
 /// Area 5: endpoints have one live listener and outlive no dead one; a connection is
 /// invalidated exactly once, and reports nothing after that.
 enum LifecycleCases {
-    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry]
+    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry, acceptFilter]
 
     static let secondListener = ConformanceCase("5.1", "A second listener on a live endpoint is refused with endpointInUse, from another process or this one") { context in
         let endpoint = try context.endpoint("taken")
@@ -74,6 +74,42 @@ enum LifecycleCases {
         let elapsed = ContinuousClock.now - start
         try check(elapsed >= limit && elapsed < limit + context.deadline, "giving up took \(elapsed.formattedMilliseconds), for a limit of \(limit.formattedMilliseconds)")
         return .passed("connected after \(triedBefore)+ attempts, \(late.formattedMilliseconds) after the server was ready; gave up with endpointNotFound after \(elapsed.formattedMilliseconds) where nobody listened")
+    }
+
+    static let acceptFilter = ConformanceCase(
+        "5.9",
+        "An accept filter decides on the kernel's credentials of the connecting process: it sees that process's pid, uid and gid; a refused client process does not connect and delivers nothing; an accepted one is the connection's peer",
+        requires: .acceptFilter
+    ) { context in
+        let endpoint = try context.endpoint("filtered")
+        let seen = Mutex<[PeerCredentials]>([])
+        // The first client is refused, the later ones accepted.
+        let listener = try context.listen(endpoint, acceptFilter: { credentials in
+            seen.withLock { seen in
+                seen.append(credentials)
+                return seen.count > 1
+            }
+        })
+        // A refused client may fail to connect (a rendezvous transport answers it) or see its
+        // connection closed at once (a stream socket's connect completes before the accept);
+        // either way the listener accepts nothing from it and nothing it sends is delivered.
+        let refused = try context.startPeer(.client, at: endpoint, burst: (count: 8, size: 16))
+        try check(await poll(within: context.deadline) { seen.withLock { !$0.isEmpty } }, "the accept filter was not asked about the first client within \(context.deadline)")
+        try await Task.sleep(for: .milliseconds(300))
+        let early = listener.takeAccepted().count
+        try check(early == 0, "the refused client's connection was accepted")
+        try check(seen.withLock { $0.count } == 1, "the filter was asked \(seen.withLock { $0.count }) times for one client")
+        let accepted = try await context.launchPeer(.client, at: endpoint)
+        let connection = try await listener.nextConnection(within: context.deadline, "the accepted client")
+        let others = listener.takeAccepted().count
+        try check(others == 0, "\(others + 1) connections were accepted, for one accepted client")
+        let asked = seen.withLock { $0 }
+        try check(asked.count == 2, "the filter was asked \(asked.count) times for two clients")
+        try check(asked.map(\.pid) == [refused.pid, accepted.pid], "the filter saw pids \(asked.map(\.pid)), not the client processes \([refused.pid, accepted.pid])")
+        let (uid, gid) = (currentUserID(), currentGroupID())
+        try check(asked.allSatisfy { $0.uid == uid && $0.gid == gid }, "the filter saw uid/gid \(asked.map { "\($0.uid)/\($0.gid)" }), not \(uid)/\(gid)")
+        try check(connection.connection.peer?.pid == accepted.pid, "the accepted connection's peer is \(connection.connection.peer.map { "pid \($0.pid)" } ?? "unknown"), not the client process \(accepted.pid)")
+        return .passed("the filter saw both client processes' kernel credentials; nothing of the refused one was accepted, the accepted one is the connection's peer")
     }
 
     static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in

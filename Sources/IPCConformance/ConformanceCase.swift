@@ -77,6 +77,9 @@ public struct ConformanceRequirement: Sendable, CustomStringConvertible {
     static let rawByteStream = ConformanceRequirement(description: "the subject offers no raw byte stream to its endpoints (not a stream transport)") {
         $0.rawStream != nil
     }
+    static let acceptFilter = ConformanceRequirement(description: "the transport does not declare supportsAcceptFilter") {
+        $0.capabilities.supportsAcceptFilter
+    }
     static let llbsdFraming = ConformanceRequirement(description: "the subject's raw byte stream does not speak the LLBSD-compatible framing (llbsd)") {
         $0.rawStream?.framing == .llbsd
     }

@@ -5,14 +5,14 @@ import IPCCore
 struct ErasedTransport: Sendable {
     let name: String
     let capabilities: TransportCapabilities
-    let listen: @Sendable (Endpoint, ConnectionOptions) throws -> ErasedListener
+    let listen: @Sendable (Endpoint, ConnectionOptions, AcceptFilter?) throws -> ErasedListener
     let connect: @Sendable (Endpoint, ConnectionOptions) throws -> any MessageConnection
 
     init<Transport: MessageTransport>(_ transport: Transport) {
         name = transport.name
         capabilities = transport.capabilities
-        listen = { endpoint, options in
-            ErasedListener(try transport.listen(at: endpoint, options: options, acceptFilter: nil))
+        listen = { endpoint, options, acceptFilter in
+            ErasedListener(try transport.listen(at: endpoint, options: options, acceptFilter: acceptFilter))
         }
         connect = { endpoint, options in
             try transport.connect(to: endpoint, options: options)

@@ -8,6 +8,8 @@ enum Violation: String, Sendable, CaseIterable {
     case dropsAMessage, duplicatesAMessage, reordersMessages, corruptsLargePayloads
     /// Declares a 1 MiB maximum but sends anything.
     case ignoresItsMaximum
+    /// Listens without the accept filter it is given.
+    case ignoresAcceptFilter
     case broadcastsToOne
     /// Listens with no payload limit, so hostile lengths are not refused.
     case acceptsHostileLengths
@@ -68,7 +70,8 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
             throw IPCError(code: .endpointInUse, message: "a socket file is in the way")
         }
         do {
-            return BrokenListener(try base.listen(at: endpoint, options: options, acceptFilter: acceptFilter), violation: violation)
+            let filter = violation == .ignoresAcceptFilter ? nil : acceptFilter
+            return BrokenListener(try base.listen(at: endpoint, options: options, acceptFilter: filter), violation: violation)
         } catch let error as IPCError where violation == .wrongEndpointInUseCode && error.code == .endpointInUse {
             throw IPCError(code: .transportFailure, message: error.message)
         }
