@@ -1,3 +1,5 @@
+import Dispatch
+
 /// How a client connects to a service that may not be listening yet: it tries again while the
 /// connect fails with ``IPCError/Code/endpointNotFound``, waiting longer each time, until a
 /// deadline. The pattern LLBSDMessaging's and CFMessagePort's documentation give for a client
@@ -56,10 +58,20 @@ public struct ConnectRetry: Sendable, Hashable {
 }
 
 extension MessageTransport {
-    /// Connects to `endpoint`, trying again while nobody listens there, as `retrying` says.
+    /// Connects to `endpoint`, trying again while nobody listens there, as `retrying` says. Each
+    /// attempt (a synchronous connect, which may wait for the listener's answer) runs on a
+    /// Dispatch thread, not on one of Swift's cooperative threads.
     /// - Throws: what ``connect(to:options:)`` throws (an `endpointNotFound` only once the
     ///   retry's limit has passed); `CancellationError` if the task is cancelled while waiting.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions, retrying: ConnectRetry) async throws -> Connection {
-        try await retrying.run { try connect(to: endpoint, options: options) }
+        try await retrying.run { try await runBlocking { try connect(to: endpoint, options: options) } }
+    }
+}
+
+/// Runs a synchronous call that may block (a transport's connect) on a Dispatch thread and
+/// waits for it without holding one of Swift's cooperative threads, which are few (one per core).
+func runBlocking<Result: Sendable>(_ body: @escaping @Sendable () throws -> Result) async throws -> Result {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Swift.Result { try body() }) }
     }
 }

@@ -110,7 +110,8 @@ public final class ServiceConnection: Sendable {
         if let found = try existing() { return found }
         return try await ConnectRetry(for: limit).run {
             if let found = try existing() { return found }
-            let connection = try connect()
+            // The connect may wait for the service's answer: not on a cooperative thread.
+            let connection = try await runBlocking(connect)
             // Operations racing to connect keep the first connection stored; the others' go.
             enum Outcome { case stored(Int, Interruption?), raced((any MessageConnection, Int)), invalidated }
             let outcome: Outcome = state.withLock { state in

@@ -145,11 +145,6 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         finish(reason)
     }
 
-    /// Appends a control record for the peer (hello, welcome).
-    func sendControl(_ kind: RecordKind, timeout: Duration) throws {
-        try appender().append(RecordHeader(kind: kind, sender: sender), timeout: timeout)
-    }
-
     private func appender() throws -> JournalAppender {
         guard let appender = outbound.withLock({ $0 }) else {
             throw IPCError(code: .invalidated, message: "the connection is invalid (\(core.latch.reason.map { "\($0)" } ?? "closed"))")

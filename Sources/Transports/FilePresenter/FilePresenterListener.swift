@@ -128,8 +128,8 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
 
     /// Takes a client's hello from its rendezvous socket (loop thread): checks that the pid it
     /// claims is the one the kernel reports and that the journal it names is that process's and
-    /// this user's, opens the journal, and admits the client. Never blocks: a journal whose lock
-    /// is busy makes the hello malformed.
+    /// this user's, opens the journal, and admits the client. Never waits: a journal whose lock
+    /// is taken (a client's fresh journal is not) makes the hello malformed.
     private func takeHello(_ fd: CInt, peer: PeerCredentials) -> SocketAcceptor.Handshake {
         var hello = [UInt8](repeating: 0, count: RendezvousHello.length)
         let count = hello.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_PEEK)) }
@@ -139,7 +139,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         _ = hello.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT)) }
         guard let client = RendezvousHello.sender(parsing: hello[...]), client.pid == peer.pid else { return .finished(.malformed) }
         let journalPath = JournalNames.clientJournal(endpoint, sender: client)
-        guard let journal = try? JournalFile(CoordinatedFile(path: journalPath, create: false), timeout: .milliseconds(10)),
+        guard let journal = try? JournalFile(CoordinatedFile(path: journalPath, create: false), timeout: .zero),
             journal.header.ownerPID == client.pid
         else { return .finished(.malformed) }
         var status = stat()
