@@ -68,6 +68,7 @@ public struct InProcessRunner: Sendable {
             for size in frameSizes {
                 results.append(try measureEncode(framing, size: size))
                 results.append(try measureDecode(framing, size: size))
+                results.append(try measureDecodeInPlace(framing, size: size))
             }
         }
         let codecs: [any PayloadCodec] = [JSONPayloadCodec.json, PropertyListPayloadCodec.propertyList, KeyedArchivePayloadCodec.keyedArchive, BinaryCodablePayloadCodec.binaryCodable]
@@ -146,25 +147,68 @@ public struct InProcessRunner: Sendable {
     /// Decoding through the reassembler, as a transport does: a stream of back-to-back frames
     /// arriving in 64 KiB reads.
     private func measureDecode(_ framing: Framing, size: Int) throws -> InProcessResult {
-        let encoder = framing.makeEncoder(maximumPayloadLength: 1 << 30)
-        let one = try encoder.encode(Frame(kind: .request, msgid: 7, correlation: 42, payload: [UInt8](repeating: 0x5A, count: size)))
-        let framesPerStream = max(1, (4 << 20) / one.count)
-        let stream = Array([[UInt8]](repeating: one, count: framesPerStream).joined())
-        let chunk = FrameReassembler<BinaryFrameDecoder>.chunkSize
-        return try measure(operation: "decode", subject: framing.rawValue, bytes: size, batch: framesPerStream) {
+        let stream = try FrameStream(framing, frame: Frame(kind: .request, msgid: 7, correlation: 42, payload: [UInt8](repeating: 0x5A, count: size)))
+        return try measure(operation: "decode", subject: framing.rawValue, bytes: size, batch: stream.frames) {
             let reassembler = framing.makeReassembler(maximumPayloadLength: 1 << 30)
             var decoded = 0
-            try stream.withUnsafeBytes { bytes in
+            try stream.feed(reassembler) {
+                while try reassembler.nextFrame() != nil { decoded += 1 }
+            }
+            guard decoded == stream.frames else {
+                throw IPCError(code: .malformedFrame, message: "decoded \(decoded) of \(stream.frames) frames")
+            }
+        }
+    }
+
+    /// Decoding as a transport does for a ``BorrowingMessageHandler``: the same stream of one-way
+    /// messages in 64 KiB reads, each payload lent in place to a handler that reads its first
+    /// and last byte, through one reassembler for the whole run (as one connection's).
+    private func measureDecodeInPlace(_ framing: Framing, size: Int) throws -> InProcessResult {
+        let stream = try FrameStream(framing, frame: Frame(kind: .message, msgid: 7, payload: [UInt8](repeating: 0x5A, count: size)))
+        let reassembler = framing.makeReassembler(maximumPayloadLength: 1 << 30)
+        return try measure(operation: "decode-in-place", subject: framing.rawValue, bytes: size, batch: stream.frames) {
+            var lent = 0
+            var checksum = 0
+            try stream.feed(reassembler) {
+                while let next = try reassembler.nextFrame(lending: { header, payload in
+                    if let first = payload.first, let last = payload.last { checksum &+= Int(first) &+ Int(last) }
+                    return header.kind == .message
+                }) {
+                    guard case .lent = next else {
+                        throw IPCError(code: .malformedFrame, message: "a \(size)-byte message was not lent in place")
+                    }
+                    lent += 1
+                }
+            }
+            guard lent == stream.frames, checksum == (size > 0 ? stream.frames * 0xB4 : 0) else {
+                throw IPCError(code: .malformedFrame, message: "lent \(lent) of \(stream.frames) frames in place, checksum \(checksum)")
+            }
+        }
+    }
+
+    /// About 4 MiB of one frame repeated back to back, delivered to a reassembler in 64 KiB
+    /// appends (as reads of a stream would bring it).
+    private struct FrameStream {
+        let bytes: [UInt8]
+        let frames: Int
+
+        init(_ framing: Framing, frame: Frame) throws {
+            let one = try framing.makeEncoder(maximumPayloadLength: 1 << 30).encode(frame)
+            frames = max(1, (4 << 20) / one.count)
+            bytes = Array([[UInt8]](repeating: one, count: frames).joined())
+        }
+
+        /// Appends the stream chunk by chunk, calling `drain` after each chunk.
+        func feed(_ reassembler: any FrameReassembling, drain: () throws -> Void) throws {
+            let chunk = FrameReassembler<BinaryFrameDecoder>.chunkSize
+            try bytes.withUnsafeBytes { bytes in
                 var offset = 0
                 while offset < bytes.count {
                     let end = min(offset + chunk, bytes.count)
                     reassembler.append(UnsafeRawBufferPointer(rebasing: bytes[offset..<end]))
                     offset = end
-                    while try reassembler.nextFrame() != nil { decoded += 1 }
+                    try drain()
                 }
-            }
-            guard decoded == framesPerStream else {
-                throw IPCError(code: .malformedFrame, message: "decoded \(decoded) of \(framesPerStream) frames")
             }
         }
     }

@@ -119,14 +119,16 @@ public struct LatencyRunner: Sendable {
         let roundTrips: (_ size: Int, _ count: Int) async throws -> [UInt64]
         /// Sends `count` one-way messages of `size` bytes; returns the nanoseconds until the
         /// peer had them all. `nil` where one-way throughput means nothing.
-        let stream: ((_ size: Int, _ count: Int) async throws -> UInt64)?
+        /// One-way stream of `count` messages: the time until the receiver had them all, and the
+        /// allocations the receiver reported making while taking them (`nil` if not counted).
+        let stream: ((_ size: Int, _ count: Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?))?
         let close: () -> Void
         var measurements: [Int: LatencyAccumulator] = [:]
         var throughput: [Int: ThroughputAccumulator] = [:]
 
         init(name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, peerPID: Int32,
              roundTrips: @escaping (Int, Int) async throws -> [UInt64],
-             stream: ((Int, Int) async throws -> UInt64)?, close: @escaping () -> Void) {
+             stream: ((Int, Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?))?, close: @escaping () -> Void) {
             self.name = name
             self.framing = framing
             self.placement = placement
@@ -206,7 +208,7 @@ public struct LatencyRunner: Sendable {
                 sessions.append(Session(
                     name: mechanism.resultName, framing: nil, placement: placement, waitStrategy: mechanism.spins ? strategy : .blocking, peerPID: floor.peerPID,
                     roundTrips: { size, count in try await floor.roundTripTimes(payloadSize: size, count: count) },
-                    stream: mechanism.streams ? { size, count in try await floor.streamTime(payloadSize: size, count: count) } : nil,
+                    stream: mechanism.streams ? { size, count in (try await floor.streamTime(payloadSize: size, count: count), nil) } : nil,
                     close: { floor.close() }
                 ))
             }
@@ -313,7 +315,7 @@ public struct LatencyRunner: Sendable {
                 guard report.messages == count, report.bytes == UInt64(count * size) else {
                     throw IPCError(code: .malformedPayload, message: "\(label): the peer received \(report.messages) messages (\(report.bytes) bytes) of \(count) (\(count * size) bytes)")
                 }
-                return elapsed
+                return (elapsed, report.allocations)
             },
             close: {
                 connection.invalidate()
@@ -337,9 +339,11 @@ public struct LatencyRunner: Sendable {
         // A short warm-up run first: buffers fault in, and the receiver is awake.
         _ = try await stream(size, max(2, count / 20))
         let cpuBefore = CPUReading(peer: session.peerPID)
-        let elapsed = try await stream(size, count)
+        let (elapsed, peerAllocations) = try await stream(size, count)
         let cpuAfter = CPUReading(peer: session.peerPID)
-        session.throughput[size, default: ThroughputAccumulator()].record(count: count, nanoseconds: elapsed, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
+        session.throughput[size, default: ThroughputAccumulator()].record(
+            count: count, nanoseconds: elapsed, cpuBefore: cpuBefore, cpuAfter: cpuAfter, peerAllocations: peerAllocations
+        )
     }
 
     private func result(_ session: Session, size: Int) -> LatencyResult {
@@ -380,7 +384,7 @@ private final class SinkReports {
 
     /// The next report. If none comes within `limit`, the connection is invalidated (its message
     /// stream ends) and this throws: a lost message must not hang the run.
-    func next(orInvalidate connection: any MessageConnection, after limit: Duration) async throws -> (messages: UInt64, bytes: UInt64) {
+    func next(orInvalidate connection: any MessageConnection, after limit: Duration) async throws -> (messages: UInt64, bytes: UInt64, allocations: UInt64?) {
         let watchdog = Task {
             try await Task.sleep(for: limit)
             connection.invalidate()

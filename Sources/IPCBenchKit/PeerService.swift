@@ -35,6 +35,9 @@ public struct PeerService: Sendable {
     public var grandchild: ConformancePeer.Grandchild?
     /// How the peer's connections wait for messages.
     public var waitStrategy: WaitStrategy
+    /// The calling thread's identity and heap allocations so far, reported with the
+    /// one-way throughput counts (``ConformancePeer/Sink``).
+    public var allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))?
 
     public init(
         transport: any MessageTransport,
@@ -43,8 +46,10 @@ public struct PeerService: Sendable {
         burstCount: Int = 0,
         burstSize: Int = 4,
         grandchild: ConformancePeer.Grandchild? = nil,
-        waitStrategy: WaitStrategy = .blocking
+        waitStrategy: WaitStrategy = .blocking,
+        allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil
     ) {
+        self.allocationCount = allocationCount
         self.transport = transport
         self.endpoint = endpoint
         self.role = role
@@ -70,7 +75,7 @@ public struct PeerService: Sendable {
                 grandchild: grandchild,
                 waitStrategy: waitStrategy
             )
-            try await ConformancePeer(transport: transport, configuration: configuration).run()
+            try await ConformancePeer(transport: transport, configuration: configuration, allocationCount: allocationCount).run()
         case .coordinator:
             var peer = FileCoordinationPeer(group: endpoint.group)
             peer.run()

@@ -19,6 +19,9 @@ public struct ThroughputResult: Codable, Sendable {
     /// CPU time this process and the receiver used per message, in nanoseconds.
     public var localCPUPerMessage: Double?
     public var peerCPUPerMessage: Double?
+    /// Heap allocations per message on the receiver's receive path (its handler's thread), when
+    /// the receiver counts them (`ipcbench peer` does; a native floor's C receiver does not).
+    public var peerAllocationsPerMessage: Double? = nil
 
     /// A stable name: `throughput/<transport>[/<framing>]/<placement>[/spin-then-block]/<bytes>`.
     public var name: String {
@@ -39,12 +42,21 @@ struct ThroughputAccumulator {
     private var rates: [Double] = []
     private var messages = 0
     private var cpu = CPUTotals()
+    /// Allocations the receiver reported and the messages they cover; `nil` once a repetition
+    /// came without a count.
+    private var allocations: (count: UInt64, messages: Int)? = (0, 0)
 
-    /// Adds a repetition: `count` messages in `nanoseconds`, and the CPU times read around it.
-    mutating func record(count: Int, nanoseconds: UInt64, cpuBefore: CPUReading, cpuAfter: CPUReading) {
+    /// Adds a repetition: `count` messages in `nanoseconds`, the CPU times read around it, and
+    /// the receiver's allocations while taking them (`nil` if not counted).
+    mutating func record(count: Int, nanoseconds: UInt64, cpuBefore: CPUReading, cpuAfter: CPUReading, peerAllocations: UInt64? = nil) {
         rates.append(Double(count) / (Double(max(1, nanoseconds)) / 1e9))
         messages += count
         cpu.add(from: cpuBefore, to: cpuAfter)
+        if let peerAllocations, let sum = allocations {
+            allocations = (sum.count + peerAllocations, sum.messages + count)
+        } else {
+            allocations = nil
+        }
     }
 
     func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, payloadBytes: Int) -> ThroughputResult {
@@ -54,7 +66,8 @@ struct ThroughputAccumulator {
             transport: transport, framing: framing, placement: placement, waitStrategy: waitStrategy,
             payloadBytes: payloadBytes, messagesPerRepetition: messages / max(1, rates.count),
             repetitionMessagesPerSecond: rates, messagesPerSecond: median, bytesPerSecond: median * Double(payloadBytes),
-            localCPUPerMessage: perMessage.local, peerCPUPerMessage: perMessage.peer
+            localCPUPerMessage: perMessage.local, peerCPUPerMessage: perMessage.peer,
+            peerAllocationsPerMessage: allocations.flatMap { $0.messages > 0 ? Double($0.count) / Double($0.messages) : nil }
         )
     }
 }

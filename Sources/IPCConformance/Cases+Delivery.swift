@@ -1,9 +1,10 @@
 import IPCCore
+import Synchronization
 
 /// Area 1: what is sent arrives, once, intact, in order. The peer echoes every one-way
 /// message, so each message crosses the process boundary twice.
 enum DeliveryCases {
-    static let all: [ConformanceCase] = [order, exactlyOnce, everySize, aboveMaximum, burst, concurrentSenders, broadcast]
+    static let all: [ConformanceCase] = [order, exactlyOnce, everySize, aboveMaximum, burst, concurrentSenders, broadcast, borrowingHandler]
 
     static let order = ConformanceCase("1.1", "One-way messages from one sender arrive in the order they were sent", requires: .preservesOrder) { context in
         let (_, connection) = try await context.connectToServerPeer("order")
@@ -124,6 +125,46 @@ enum DeliveryCases {
         try await Task.sleep(for: .milliseconds(200))
         try check(accepted.allSatisfy { $0.messageCount == 1 }, "a client received the broadcast more than once")
         return .passed("both clients received the broadcast once")
+    }
+
+    static let borrowingHandler = ConformanceCase(
+        "1.8", "A borrowing message handler is offered every one-way message once, in order, with its bytes; what it declines reaches messages"
+    ) { context in
+        let count = 600
+        // Above the size from which a stream reassembler gathers payloads into arrays of their own.
+        let size = min(context.capabilities.maximumPayloadLength, 20_000)
+        let offered = Mutex<[(msgid: UInt32, intact: Bool)]>([])
+        var options = context.connectionOptions
+        options.makeBorrowingMessageHandler = {
+            { msgid, payload, _ in
+                let intact = payload.withUnsafeBytes { $0.elementsEqual(ConformancePeer.burstPayload(Int(msgid), size: size)) }
+                offered.withLock { $0.append((msgid, intact)) }
+                // Takes the even ones.
+                return msgid % 2 == 0
+            }
+        }
+        let listener = try context.listen(try context.endpoint("borrowing"), options: options)
+        _ = try await context.launchPeer(.client, at: listener.endpoint, burst: (count, size))
+        let connection = try await listener.nextConnection(within: .seconds(10), "the bursting peer")
+        let declined = try await connection.messages(count / 2, within: .seconds(60), "the messages the handler declined")
+        _ = await poll(within: .seconds(30)) { offered.withLock { $0.count } >= count }
+        try await Task.sleep(for: .milliseconds(200))
+        let seen = offered.withLock { $0 }
+        try check(seen.count == count, "the handler was offered \(seen.count) messages of the \(count) sent")
+        try check(Set(seen.map(\.msgid)) == Set(0..<UInt32(count)), "the handler was offered some messages twice and others never")
+        if context.capabilities.preservesOrder {
+            try check(seen.map(\.msgid) == Array(0..<UInt32(count)), "the handler was offered the messages out of order")
+        }
+        if let altered = seen.first(where: { !$0.intact }) {
+            throw ConformanceFailure("message \(altered.msgid) was offered to the handler with altered bytes")
+        }
+        try check(connection.messageCount == count / 2, "\(connection.messageCount) messages reached messages; the handler declined \(count / 2)")
+        try check(declined.map(\.msgid).allSatisfy { $0 % 2 == 1 }, "a message the handler took also reached messages")
+        try check(Set(declined.map(\.msgid)).count == count / 2, "a declined message reached messages twice")
+        if let altered = declined.first(where: { $0.payload != ConformancePeer.burstPayload(Int($0.msgid), size: size) }) {
+            throw ConformanceFailure("declined message \(altered.msgid) reached messages altered")
+        }
+        return .passed("\(count) messages of \(size.formattedBytes) each offered once" + (context.capabilities.preservesOrder ? " in order" : "") + "; the \(count / 2) declined reached messages intact")
     }
 
     // MARK: Helpers

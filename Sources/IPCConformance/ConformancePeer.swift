@@ -41,28 +41,61 @@ public struct ConformancePeer: Sendable {
         /// Counted and dropped.
         public static let message: UInt32 = 0xFFFF_FF00
         /// Ends a run of ``message``s: the peer answers with one ``report`` message once its
-        /// receive path has handed everything sent before to its handler (``makeHandler()``).
+        /// receive path has handed everything sent before to its handler (``makeHandler(allocationCount:)``).
         public static let end: UInt32 = 0xFFFF_FF01
-        /// The peer's answer to ``end``: the number of ``message``s and of their payload bytes
-        /// since the previous report, two 8-byte big-endian integers.
+        /// The peer's answer to ``end``: since the previous report, the number of ``message``s,
+        /// of their payload bytes, and of heap allocations made on the receive path while taking
+        /// them (``unknownAllocations`` if the peer does not count them, or if the messages did
+        /// not all arrive on one thread): three 8-byte big-endian integers. A report of two
+        /// (16 bytes, from a peer before allocations were counted) is read as allocations unknown.
         public static let report: UInt32 = 0xFFFF_FF02
+        /// The allocation count of a report that has none.
+        public static let unknownAllocations = UInt64.max
 
-        /// A per-connection ``MessageHandler`` that counts ``message``s and answers ``end``, on the
-        /// receive path: a measurement then times the transport and its hand-over to application
-        /// code, not the wake-up of a task that drains ``MessageConnection/messages``.
-        public static func makeHandler() -> MessageHandler {
-            let counts = Mutex<(messages: UInt64, bytes: UInt64)>((0, 0))
-            return { message, send in
-                switch message.msgid {
+        /// A per-connection handler that takes ``message``s in place (a
+        /// ``BorrowingMessageHandler``: no copy of the payload, no allocation) and answers
+        /// ``end``, on the receive path: a measurement then times the transport and its hand-over
+        /// to application code, not the wake-up of a task that drains
+        /// ``MessageConnection/messages``. `allocationCount` gives the calling thread's identity and
+        /// its heap allocations so far (`nil`: not counted).
+        public static func makeHandler(allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil) -> BorrowingMessageHandler {
+            struct Counts {
+                var messages: UInt64 = 0
+                var bytes: UInt64 = 0
+                /// The thread and its allocation count at the first message since the last report.
+                var first: (thread: UInt64, allocations: UInt64)?
+                var oneThread = true
+            }
+            let counts = Mutex(Counts())
+            return { msgid, payload, send in
+                switch msgid {
                 case Sink.message:
-                    counts.withLock { $0.messages += 1; $0.bytes += UInt64(message.payload.count) }
+                    let reading = allocationCount?()
+                    counts.withLock { counts in
+                        counts.messages += 1
+                        counts.bytes += UInt64(payload.byteCount)
+                        if let reading {
+                            if let first = counts.first {
+                                if first.thread != reading.thread { counts.oneThread = false }
+                            } else {
+                                counts.first = reading
+                            }
+                        }
+                    }
                     return true
                 case Sink.end:
+                    // The allocations up to this message: taking `end` itself allocates nothing
+                    // before this reading.
+                    let reading = allocationCount?()
                     let sunk = counts.withLock { counts in
-                        defer { counts = (0, 0) }
+                        defer { counts = Counts() }
                         return counts
                     }
-                    try? send(makeReport(messages: sunk.messages, bytes: sunk.bytes), report)
+                    var allocations = unknownAllocations
+                    if let reading, let first = sunk.first, sunk.oneThread, first.thread == reading.thread, reading.allocations >= first.allocations {
+                        allocations = reading.allocations - first.allocations
+                    }
+                    try? send(makeReport(messages: sunk.messages, bytes: sunk.bytes, allocations: allocations), report)
                     return true
                 default:
                     return false
@@ -71,23 +104,30 @@ public struct ConformancePeer: Sendable {
         }
 
         /// Reads a ``report`` payload.
-        public static func parseReport(_ payload: [UInt8]) -> (messages: UInt64, bytes: UInt64)? {
-            guard payload.count == 16 else { return nil }
-            let values = stride(from: 0, to: 16, by: 8).map { start in payload[start..<start + 8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
-            return (values[0], values[1])
+        public static func parseReport(_ payload: [UInt8]) -> (messages: UInt64, bytes: UInt64, allocations: UInt64?)? {
+            guard payload.count == 16 || payload.count == 24 else { return nil }
+            let values = stride(from: 0, to: payload.count, by: 8).map { start in payload[start..<start + 8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
+            let allocations = values.count == 3 && values[2] != unknownAllocations ? values[2] : nil
+            return (values[0], values[1], allocations)
         }
 
-        static func makeReport(messages: UInt64, bytes: UInt64) -> [UInt8] {
-            withUnsafeBytes(of: messages.bigEndian, Array.init) + withUnsafeBytes(of: bytes.bigEndian, Array.init)
+        static func makeReport(messages: UInt64, bytes: UInt64, allocations: UInt64) -> [UInt8] {
+            [messages, bytes, allocations].flatMap { withUnsafeBytes(of: $0.bigEndian, Array.init) }
         }
     }
 
     public var transport: any MessageTransport
     public var configuration: Configuration
+    /// The calling thread's identity and heap allocations so far, for the ``Sink`` reports
+    /// (`nil`: the peer does not count allocations, and its reports say so).
+    public var allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))?
 
-    public init(transport: any MessageTransport, configuration: Configuration) {
+    public init(
+        transport: any MessageTransport, configuration: Configuration, allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil
+    ) {
         self.transport = transport
         self.configuration = configuration
+        self.allocationCount = allocationCount
     }
 
     /// Parses the command line (``Configuration/init(arguments:)``), runs the peer, and exits
@@ -138,7 +178,7 @@ public struct ConformancePeer: Sendable {
             $0.requestHandler = Self.requestHandler
             $0.maximumPayloadLength = 1 << 30
             $0.waitStrategy = configuration.waitStrategy
-            $0.makeMessageHandler = { Sink.makeHandler() }
+            $0.makeBorrowingMessageHandler = { [allocationCount] in Sink.makeHandler(allocationCount: allocationCount) }
         }
         try await run(transport, options: options)
     }

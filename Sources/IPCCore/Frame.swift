@@ -29,3 +29,32 @@ public struct Frame: Sendable, Hashable {
         self.payload = payload
     }
 }
+
+/// The fields of a frame other than its payload bytes.
+public struct FrameHeader: Sendable, Hashable {
+    public var kind: Frame.Kind
+    public var msgid: UInt32
+    public var correlation: UInt64
+    public var payloadLength: Int
+
+    public init(kind: Frame.Kind, msgid: UInt32, correlation: UInt64, payloadLength: Int) {
+        self.kind = kind
+        self.msgid = msgid
+        self.correlation = correlation
+        self.payloadLength = payloadLength
+    }
+
+    public init(_ frame: Frame) {
+        self.init(kind: frame.kind, msgid: frame.msgid, correlation: frame.correlation, payloadLength: frame.payload.count)
+    }
+}
+
+/// The next frame from a receive path that can lend payloads in place (see
+/// ``ConnectionOptions/makeBorrowingMessageHandler``).
+public enum ReassembledFrame: Sendable {
+    /// A frame with a payload of its own.
+    case owned(Frame)
+    /// A frame whose payload was lent, in place, to the one who asked, and taken by it: it is
+    /// consumed and needs nothing more.
+    case lent
+}

@@ -32,6 +32,17 @@ public typealias RequestHandler = @Sendable (_ msgid: UInt32, _ payload: [UInt8]
 /// through is the order in which each path sees them, not one order across both.
 public typealias MessageHandler = @Sendable (_ message: ReceivedMessage, _ send: (_ payload: [UInt8], _ msgid: UInt32) throws -> Void) -> Bool
 
+/// Takes a one-way message's payload where the receive path read it, before any
+/// ``MessageHandler``: no copy, no allocation. `payload` is borrowed for the call only (a
+/// `RawSpan` cannot outlive it); copy what must be kept. Returns `true` if it consumed the
+/// message, `false` to let it through, as a `[UInt8]` of its own, to the ``MessageHandler`` and
+/// then to ``MessageConnection/messages``. `send` as for a ``MessageHandler``. Runs on the receive
+/// path, in arrival order: keep it short.
+///
+/// Which transports lend in place is in `docs/ENGINE.md`; on the others the handler is given the
+/// payload of the array the transport made (the same call, one allocation per message).
+public typealias BorrowingMessageHandler = @Sendable (_ msgid: UInt32, _ payload: RawSpan, _ send: (_ payload: [UInt8], _ msgid: UInt32) throws -> Void) -> Bool
+
 /// Decides whether a connecting peer is accepted, from its kernel-verified credentials.
 public typealias AcceptFilter = @Sendable (PeerCredentials) -> Bool
 
@@ -83,6 +94,10 @@ public struct ConnectionOptions: Sendable {
     /// handler can keep per-connection state in its closure). When `nil`, every one-way message
     /// goes to ``MessageConnection/messages``.
     public var makeMessageHandler: (@Sendable () -> MessageHandler)?
+    /// Makes the ``BorrowingMessageHandler`` of each connection (once per connection, as
+    /// ``makeMessageHandler``). It sees every one-way message first. When `nil`, payloads are
+    /// copied out of the receive buffer as they are decoded.
+    public var makeBorrowingMessageHandler: (@Sendable () -> BorrowingMessageHandler)?
     /// How much may wait in ``MessageConnection/messages`` for the application to take it.
     /// When a connection's buffer holds this much, its receive path stops reading until the
     /// application takes a message (the peer's sends then wait, and time out), so a fast

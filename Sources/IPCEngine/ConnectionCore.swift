@@ -15,6 +15,8 @@ package final class ConnectionCore: Sendable {
     private let buffer: MessageBuffer
     /// This connection's ``ConnectionOptions/makeMessageHandler`` product.
     private let messageHandler: MessageHandler?
+    /// This connection's ``ConnectionOptions/makeBorrowingMessageHandler`` product.
+    private let borrowingHandler: BorrowingMessageHandler?
 
     package init(options: ConnectionOptions, loop: EventLoop) {
         self.options = options
@@ -23,6 +25,20 @@ package final class ConnectionCore: Sendable {
         self.buffer = buffer
         messages = AsyncStream(unfolding: { await buffer.next() })
         messageHandler = options.makeMessageHandler?()
+        borrowingHandler = options.makeBorrowingMessageHandler?()
+    }
+
+    /// Whether one-way messages are offered in place first (``lend(_:_:replyNow:)``).
+    package var lendsMessages: Bool { borrowingHandler != nil }
+
+    /// Offers a frame's payload, in place, to the borrowing message handler: whether it took it.
+    /// Only one-way messages are offered. `replyNow` as for ``dispatch(_:replyNow:responder:whenFull:offered:)``.
+    @inline(__always)
+    package func lend(_ header: FrameHeader, _ payload: UnsafeRawBufferPointer, replyNow: (Frame) throws -> Void) -> Bool {
+        guard header.kind == .message, let borrowingHandler else { return false }
+        return borrowingHandler(header.msgid, RawSpan(_unsafeBytes: payload)) { payload, msgid in
+            try replyNow(Frame(kind: .message, msgid: msgid, payload: payload))
+        }
     }
 
     /// Messages received and not yet taken from ``messages`` (at most
@@ -84,10 +100,18 @@ package final class ConnectionCore: Sendable {
     /// `responder` makes the sender a request delivered through ``messages`` keeps, only when one
     /// is. A connection can then answer its handlers through itself without a weak reference,
     /// whose side table would send every retain of the connection down the runtime's slow path.
+    /// `offered`: the frame was already offered to the borrowing handler (which did not take it).
     @discardableResult
-    package func dispatch(_ frame: Frame, replyNow: (Frame) throws -> Void, responder: () -> @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) -> Bool {
+    package func dispatch(
+        _ frame: Frame, replyNow: (Frame) throws -> Void, responder: () -> @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait, offered: Bool = false
+    ) -> Bool {
         switch frame.kind {
         case .message:
+            if !offered, borrowingHandler != nil,
+                frame.payload.withUnsafeBytes({ lend(FrameHeader(frame), $0, replyNow: replyNow) })
+            {
+                return false
+            }
             let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload)
             if let messageHandler, messageHandler(message, { payload, msgid in try replyNow(Frame(kind: .message, msgid: msgid, payload: payload)) }) {
                 return false

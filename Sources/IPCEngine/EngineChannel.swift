@@ -35,6 +35,15 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// - Throws: a typed framing error; the engine then invalidates the connection.
     func nextFrame() throws -> Frame?
 
+    /// ``nextFrame()``, lending the frame's payload in place first (for a
+    /// ``ConnectionOptions/makeBorrowingMessageHandler``): `lend` is given the header and the
+    /// payload, valid during the call only, and returns whether it took the frame; a frame it
+    /// took is ``ReassembledFrame/lent``, one it did not is returned with a payload of its own.
+    /// The default lends nothing: it returns ``nextFrame()``'s frame as
+    /// ``ReassembledFrame/owned(_:)`` (the engine then lends that frame's array).
+    /// - Throws: as ``nextFrame()``.
+    func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame?
+
     /// Whether part of a frame has been read and not the rest: the engine drops a peer that
     /// stalls there (``ConnectionOptions/stalledFrameTimeout``).
     var hasPartialFrame: Bool { get }
@@ -80,4 +89,8 @@ public enum ChannelReadiness: Sendable {
 
 extension EngineChannel {
     public var readiness: ChannelReadiness { .level }
+
+    public func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
+        try nextFrame().map { .owned($0) }
+    }
 }

@@ -227,6 +227,25 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// connection ended, or ``messages``' buffer is full (reading is then paused).
     private func dispatchFrames() -> Bool {
         do {
+            if core.lendsMessages {
+                // One-way messages are offered in place first; a frame not taken is dispatched as usual.
+                while let next = try channel.nextFrame(lending: { header, payload in
+                    core.lend(header, payload, replyNow: { try sendFrame($0, timeout: replySendTimeout) })
+                }) {
+                    var full = false
+                    if case .owned(let frame) = next {
+                        full = core.dispatch(
+                            frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep, offered: true
+                        )
+                    }
+                    if finished || !core.latch.isValid { return false }
+                    if full {
+                        pauseReading()
+                        return false
+                    }
+                }
+                return true
+            }
             while let frame = try channel.nextFrame() {
                 let full = core.dispatch(
                     frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep

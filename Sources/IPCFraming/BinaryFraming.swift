@@ -96,20 +96,33 @@ public struct BinaryFrameDecoder: FrameDecoder {
     }
 
     public mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep {
+        switch try inPlace(bytes) {
+        case .frame(let header, let headerLength):
+            let total = headerLength + header.payloadLength
+            // The payload's one copy, straight into the new array's storage. (This initializer is
+            // specialized for UInt8 here; `init(unsafeUninitializedCapacity:)` looks up generic
+            // metadata on every call, which costs more than a 64-byte frame's whole decode.)
+            let payload = Array(UnsafeRawBufferPointer(rebasing: bytes[headerLength..<total]))
+            return .frame(Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: payload), consumed: total)
+        case .needMoreBytes(let atLeast):
+            return .needMoreBytes(atLeast: atLeast)
+        }
+    }
+
+    public mutating func decodeInPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep? {
+        try inPlace(bytes)
+    }
+
+    @inline(__always)
+    private func inPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep {
         guard let header = try header(bytes) else {
             return .needMoreBytes(atLeast: BinaryWireFormat.headerLength)
         }
-        let headerLength = BinaryWireFormat.headerLength
-        let length = header.payloadLength
-        let total = headerLength + length
+        let total = BinaryWireFormat.headerLength + header.payloadLength
         guard bytes.count >= total else {
             return .needMoreBytes(atLeast: total)
         }
-        // The payload's one copy, straight into the new array's storage. (This initializer is
-        // specialized for UInt8 here; `init(unsafeUninitializedCapacity:)` looks up generic
-        // metadata on every call, which costs more than a 64-byte frame's whole decode.)
-        let payload = Array(UnsafeRawBufferPointer(rebasing: bytes[headerLength..<total]))
-        return .frame(Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: payload), consumed: total)
+        return .frame(header, headerLength: BinaryWireFormat.headerLength)
     }
 
     public mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? {

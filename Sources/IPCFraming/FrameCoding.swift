@@ -1,24 +1,5 @@
 import IPCCore
 
-/// The fields of a frame other than its payload bytes.
-public struct FrameHeader: Sendable, Hashable {
-    public var kind: Frame.Kind
-    public var msgid: UInt32
-    public var correlation: UInt64
-    public var payloadLength: Int
-
-    public init(kind: Frame.Kind, msgid: UInt32, correlation: UInt64, payloadLength: Int) {
-        self.kind = kind
-        self.msgid = msgid
-        self.correlation = correlation
-        self.payloadLength = payloadLength
-    }
-
-    public init(_ frame: Frame) {
-        self.init(kind: frame.kind, msgid: frame.msgid, correlation: frame.correlation, payloadLength: frame.payload.count)
-    }
-}
-
 /// The outcome of one decode attempt.
 public enum DecodeStep: Sendable, Equatable {
     /// A whole frame was decoded from the first `consumed` bytes.
@@ -26,6 +7,17 @@ public enum DecodeStep: Sendable, Equatable {
     /// More bytes are needed. `atLeast` is the total number of bytes (from the start of the
     /// frame) that the next attempt needs, when the decoder knows it; a reader may use it to
     /// size its buffer, and the decoder has already checked it against its maximum.
+    case needMoreBytes(atLeast: Int)
+}
+
+/// The outcome of one decode attempt that leaves the payload where it is
+/// (``FrameDecoder/decodeInPlace(_:)``).
+public enum InPlaceDecodeStep: Sendable, Equatable {
+    /// A whole frame is at the front of the bytes: its header, then its payload at
+    /// `headerLength ..< headerLength + header.payloadLength`; the frame takes
+    /// `headerLength + header.payloadLength` bytes.
+    case frame(FrameHeader, headerLength: Int)
+    /// As ``DecodeStep/needMoreBytes(atLeast:)``.
     case needMoreBytes(atLeast: Int)
 }
 
@@ -80,10 +72,21 @@ public protocol FrameDecoder {
     /// without calling ``decode(_:)`` for that frame, so only a decoder that keeps no state between
     /// frames should offer it.
     mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)?
+
+    /// ``decode(_:)`` without copying the payload out: where the next frame's payload lies in
+    /// `bytes`, for a reassembler that lends payloads in place to a handler. The same checks,
+    /// errors and state as ``decode(_:)``; after a `.frame` result the caller consumes the frame's
+    /// bytes. nil if this decoder does not offer it (the default): the reassembler then uses
+    /// ``decode(_:)``.
+    mutating func decodeInPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep?
 }
 
 extension FrameDecoder {
     public mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? {
+        nil
+    }
+
+    public mutating func decodeInPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep? {
         nil
     }
 }

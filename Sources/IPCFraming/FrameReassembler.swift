@@ -19,6 +19,19 @@ public protocol FrameReassembling: AnyObject {
     ///   ...). Errors are final: every later call throws the same error.
     func nextFrame() throws -> Frame?
 
+    /// ``nextFrame()``, lending the frame's payload in place first: `lend` is given the frame's
+    /// header and its payload, valid during the call only, and returns whether it took the
+    /// frame. A frame taken is consumed (``ReassembledFrame/lent``); one not taken is returned
+    /// with a payload of its own (``ReassembledFrame/owned(_:)``, one copy). `lend` must not
+    /// call the reassembler.
+    ///
+    /// A reassembler asked this way once serves one-way messages from its own buffer from then
+    /// on, whatever their size (it no longer gathers a large message's payload into an array of
+    /// its own), and keeps a buffer of up to ``FrameReassembler/lendingRetainedCapacity`` bytes
+    /// between large messages instead of allocating one for each.
+    /// - Throws: as ``nextFrame()``.
+    func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame?
+
     /// Call at end of stream.
     /// - Throws: ``IPCError/Code/truncatedFrame`` if the stream ended inside a frame.
     func finish() throws
@@ -46,6 +59,8 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     /// Total bytes the frame being assembled needs, when the decoder has said.
     @exclusivity(unchecked) private var pendingFrameLength = 0
     @exclusivity(unchecked) private var failure: IPCError?
+    /// Whether frames are lent in place (``nextFrame(lending:)`` was called).
+    @exclusivity(unchecked) private var lends = false
 
     /// The frame whose payload is being gathered into its own array: its header, the header's
     /// length on the wire, the array (of the payload's length) and how much of it holds bytes.
@@ -69,6 +84,15 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
 
     /// The smallest payload gathered straight into the frame's array rather than buffered first.
     public static var gatheringThreshold: Int { 16 * 1024 }
+
+    /// The largest buffer a reassembler that lends payloads keeps between frames (one that does
+    /// not returns to ``chunkSize`` after a frame that needed more).
+    public static var lendingRetainedCapacity: Int { 4 << 20 }
+
+    /// The buffer a reassembler that lends payloads grows to, rather than moving a partly read
+    /// message to its front after each one (four of its messages, if that is more, up to
+    /// ``lendingRetainedCapacity``).
+    public static var lendingBatchCapacity: Int { 1 << 20 }
 
     /// How much of a large append is buffered first, to see the header of the frame it starts.
     private static var probeLength: Int { 4 * 1024 }
@@ -157,20 +181,70 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
         }
         switch step {
         case .frame(let frame, let consumed):
-            readIndex += consumed
-            pendingFrameLength = 0
-            if readIndex == writeIndex {
-                readIndex = 0
-                writeIndex = 0
-                releaseOversizedStorage()
-            }
+            consume(consumed)
             return frame
         case .needMoreBytes(let atLeast):
-            pendingFrameLength = atLeast
-            if atLeast - (writeIndex - readIndex) >= Self.gatheringThreshold {
-                _ = startGathering()
-            }
+            needMoreBytes(atLeast)
             return nil
+        }
+    }
+
+    public func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
+        lends = true
+        if readyIndex < ready.count {
+            // A frame gathered into its own array (a request or reply; messages are not gathered
+            // once lending): lent from there.
+            guard let frame = try nextFrame() else { return nil }
+            let taken = frame.payload.withUnsafeBytes { lend(FrameHeader(frame), $0) }
+            return taken ? .lent : .owned(frame)
+        }
+        if let failure { throw failure }
+        guard gatheringHeader == nil, writeIndex > readIndex else { return nil }
+        let bytes = UnsafeRawBufferPointer(start: storage + readIndex, count: writeIndex - readIndex)
+        let step: InPlaceDecodeStep
+        do {
+            guard let inPlace = try decoder.decodeInPlace(bytes) else {
+                return try nextFrame().map { .owned($0) }
+            }
+            step = inPlace
+        } catch let error as IPCError {
+            failure = error
+            throw error
+        }
+        switch step {
+        case .frame(let header, let headerLength):
+            let end = headerLength + header.payloadLength
+            let payload = UnsafeRawBufferPointer(rebasing: bytes[headerLength..<end])
+            let result: ReassembledFrame =
+                lend(header, payload)
+                ? .lent
+                : .owned(Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: Array(payload)))
+            consume(end)
+            return result
+        case .needMoreBytes(let atLeast):
+            needMoreBytes(atLeast)
+            return nil
+        }
+    }
+
+    /// The frame at the front of the buffer, `count` bytes, is decoded.
+    @inline(__always)
+    private func consume(_ count: Int) {
+        readIndex += count
+        pendingFrameLength = 0
+        if readIndex == writeIndex {
+            readIndex = 0
+            writeIndex = 0
+            releaseOversizedStorage()
+        }
+    }
+
+    /// The decoder needs `atLeast` bytes for the frame at the front of the buffer.
+    @inline(__always)
+    private func needMoreBytes(_ atLeast: Int) {
+        pendingFrameLength = atLeast
+        if atLeast - (writeIndex - readIndex) >= Self.gatheringThreshold {
+            _ = startGathering()
         }
     }
 
@@ -196,6 +270,8 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
         // The decoder checks again what `decode` will check; an error here is left for `decode`.
         guard let (header, headerLength) = (try? decoder.decodeHeader(UnsafeRawBufferPointer(start: storage + readIndex, count: buffered))) ?? nil,
             header.payloadLength >= Self.gatheringThreshold, buffered < headerLength + header.payloadLength,
+            // A message lent in place stays in the buffer.
+            !(lends && header.kind == .message),
             // Memory follows what arrived: an array of at most `upfrontReservation` bytes, or of at
             // most twice the bytes already here.
             header.payloadLength <= Self.upfrontReservation || 2 * buffered >= headerLength + header.payloadLength
@@ -251,24 +327,35 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     private func reserveFreeSpace(_ count: Int) {
         if capacity - writeIndex >= count { return }
         let unread = writeIndex - readIndex
-        if readIndex > 0 {
+        // Moving the unread bytes to the front copies them once more. A reassembler that
+        // lends payloads in place reads large messages into its buffer, where the next message's
+        // first part is left behind after each one, so it grows its buffer (to a few messages, at
+        // most `lendingRetainedCapacity`) rather than move every time; it then moves once per
+        // buffer's worth of messages.
+        // (Moving a few kilobytes costs less than a larger buffer's cache misses.)
+        let batchCapacity = min(Self.lendingRetainedCapacity, max(Self.lendingBatchCapacity, 4 * pendingFrameLength))
+        let batching = lends && unread >= Self.gatheringThreshold && capacity < batchCapacity
+        if readIndex > 0, !batching {
             // Move the unread bytes to the front (regions may overlap; copyMemory is memmove).
             storage.copyMemory(from: storage + readIndex, byteCount: unread)
             readIndex = 0
             writeIndex = unread
             if capacity - writeIndex >= count { return }
         }
-        let newCapacity = max(capacity * 2, unread + count)
+        let newCapacity = max(batching ? min(capacity * 2, batchCapacity) : capacity * 2, unread + count)
         let newStorage = UnsafeMutableRawPointer.allocate(byteCount: newCapacity, alignment: 16)
-        newStorage.copyMemory(from: storage, byteCount: unread)
+        newStorage.copyMemory(from: storage + readIndex, byteCount: unread)
         storage.deallocate()
         storage = newStorage
         capacity = newCapacity
+        readIndex = 0
+        writeIndex = unread
     }
 
-    /// After a large frame, return to the normal buffer size instead of holding its memory.
+    /// After a large frame, return to the normal buffer size instead of holding its memory (a
+    /// reassembler that lends keeps up to ``lendingRetainedCapacity``, for the next large message).
     private func releaseOversizedStorage() {
-        guard capacity > 4 * Self.chunkSize else { return }
+        guard capacity > (lends ? Self.lendingRetainedCapacity : 4 * Self.chunkSize) else { return }
         storage.deallocate()
         storage = .allocate(byteCount: Self.chunkSize, alignment: 16)
         capacity = Self.chunkSize

@@ -120,6 +120,27 @@ public struct HTTPFrameDecoder: FrameDecoder {
 
     /// - Throws: the errors listed on the type.
     public mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep {
+        switch try inPlace(bytes) {
+        case .frame(let header, let headerLength):
+            let total = headerLength + header.payloadLength
+            return .frame(
+                Frame(
+                    kind: header.kind, msgid: header.msgid, correlation: header.correlation,
+                    payload: Array(UnsafeRawBufferPointer(rebasing: bytes[headerLength..<total]))
+                ),
+                consumed: total
+            )
+        case .needMoreBytes(let atLeast):
+            return .needMoreBytes(atLeast: atLeast)
+        }
+    }
+
+    /// - Throws: the errors listed on the type.
+    public mutating func decodeInPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep? {
+        try inPlace(bytes)
+    }
+
+    private mutating func inPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep {
         if head.end == nil {
             try scanHead(bytes)
         }
@@ -133,14 +154,9 @@ public struct HTTPFrameDecoder: FrameDecoder {
         guard bytes.count >= total else {
             return .needMoreBytes(atLeast: total)
         }
-        let frame = Frame(
-            kind: head.kind,
-            msgid: head.msgid ?? 0,
-            correlation: head.correlation ?? 0,
-            payload: Array(UnsafeRawBufferPointer(rebasing: bytes[headLength..<total]))
-        )
+        let header = FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength)
         head = Head(llbsdCompatible: llbsdCompatible)
-        return .frame(frame, consumed: total)
+        return .frame(header, headerLength: headLength)
     }
 
     /// Examines the bytes not examined by earlier calls and parses each line when its CRLF arrives.

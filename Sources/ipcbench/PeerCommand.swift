@@ -1,4 +1,5 @@
 import ArgumentParser
+import CMallocCounter
 import Glibc
 import IPCBenchKit
 import IPCConformance
@@ -67,7 +68,8 @@ struct PeerCommand: AsyncParsableCommand {
             burstCount: burstCount,
             burstSize: burstSize,
             grandchild: grandchild,
-            waitStrategy: WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)
+            waitStrategy: WaitStrategy(spinNanoseconds: spinMicroseconds * 1000),
+            allocationCount: { (UInt64(pthread_self()), ipc_thread_allocation_count()) }
         )
         try await service.run()
     }

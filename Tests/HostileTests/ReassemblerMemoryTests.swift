@@ -15,22 +15,70 @@ struct ReassemblerMemoryTests {
         return room
     }
 
-    @Test("a header announcing 4 GiB - 1 (allowed) reserves at most 1 MiB until payload bytes arrive", arguments: Framing.allCases)
-    func announcedLengthIsNotReserved(_ framing: Framing) throws {
+    /// `nextFrame()`, or `nextFrame(lending:)` (which takes every message) mapped back to frames.
+    private func next(_ reassembler: any FrameReassembling, lending: Bool) throws -> Frame? {
+        guard lending else { return try reassembler.nextFrame() }
+        var taken: Frame?
+        switch try reassembler.nextFrame(lending: { header, payload in
+            taken = Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: Array(payload))
+            return true
+        }) {
+        case nil: return nil
+        case .lent: return taken
+        case .owned(let frame): return frame
+        }
+    }
+
+    @Test(
+        "a header announcing 4 GiB - 1 (allowed) reserves at most 1 MiB until payload bytes arrive, also when lending in place",
+        arguments: Framing.allCases, [false, true]
+    )
+    func announcedLengthIsNotReserved(_ framing: Framing, lending: Bool) throws {
         let announced = Int(UInt32.max)
         let reassembler = framing.makeReassembler(maximumPayloadLength: announced)
         var header: [UInt8] = []
         try framing.makeEncoder(maximumPayloadLength: announced)
             .encodeHeader(FrameHeader(kind: .message, msgid: 1, correlation: 0, payloadLength: announced), into: &header)
         header.withUnsafeBytes { reassembler.append($0) }
-        #expect(try reassembler.nextFrame() == nil)
+        #expect(try next(reassembler, lending: lending) == nil)
         #expect(offeredRoom(reassembler) <= FrameReassembler<BinaryFrameDecoder>.upfrontReservation + FrameReassembler<BinaryFrameDecoder>.chunkSize)
 
         // As bytes arrive, the room offered at most doubles what is buffered.
         let chunk = [UInt8](repeating: 7, count: 3 << 20)
         chunk.withUnsafeBytes { reassembler.append($0) }
-        #expect(try reassembler.nextFrame() == nil)
+        #expect(try next(reassembler, lending: lending) == nil)
         #expect(offeredRoom(reassembler) <= 2 * reassembler.bufferedByteCount + FrameReassembler<BinaryFrameDecoder>.chunkSize)
+    }
+
+    @Test(
+        "a reassembler lending in place keeps a buffer of at most 4 MiB between messages; one that does not, 256 KiB",
+        arguments: Framing.allCases, [false, true]
+    )
+    func retainedBufferIsBounded(_ framing: Framing, lending: Bool) throws {
+        let reassembler = framing.makeReassembler(maximumPayloadLength: 16 << 20)
+        let encoder = framing.makeEncoder(maximumPayloadLength: 16 << 20)
+        let retained = lending ? FrameReassembler<BinaryFrameDecoder>.lendingRetainedCapacity : 4 * FrameReassembler<BinaryFrameDecoder>.chunkSize
+        // A reassembler lends from its first `nextFrame(lending:)` on (a connection asks before its first read).
+        #expect(try next(reassembler, lending: lending) == nil)
+        for size in [1 << 20, 8 << 20] {
+            let bytes = try encoder.encode(Frame(kind: .message, msgid: 2, payload: patterned(size)))
+            bytes.withUnsafeBytes { reassembler.append($0) }
+            let frame = try next(reassembler, lending: lending)
+            #expect(frame?.payload == patterned(size))
+            #expect(reassembler.bufferedByteCount == 0)
+            // The room offered next is the buffer kept (nothing is buffered).
+            let room = offeredRoom(reassembler)
+            if size < retained {
+                #expect(room <= retained)
+                #expect(lending ? room > size : room == FrameReassembler<BinaryFrameDecoder>.chunkSize)
+            } else {
+                #expect(room == FrameReassembler<BinaryFrameDecoder>.chunkSize)
+            }
+        }
+    }
+
+    private func patterned(_ count: Int) -> [UInt8] {
+        (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 5) }
     }
 
     @Test("a frame within the limit still arrives whole through the growing buffer", arguments: Framing.allCases)

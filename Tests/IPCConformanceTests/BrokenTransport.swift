@@ -10,6 +10,8 @@ enum Violation: String, Sendable, CaseIterable {
     case ignoresItsMaximum
     /// Listens without the accept filter it is given.
     case ignoresAcceptFilter
+    /// Listens without the borrowing message handler it is given.
+    case ignoresBorrowingHandler
     case broadcastsToOne
     /// Listens with no payload limit, so hostile lengths are not refused.
     case acceptsHostileLengths
@@ -66,6 +68,7 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
     func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> Listener {
         var options = options
         if violation == .acceptsHostileLengths { options.maximumPayloadLength = Int(Int32.max) }
+        if violation == .ignoresBorrowingHandler { options.makeBorrowingMessageHandler = nil }
         if violation == .refusesStaleEndpoints, FileManager.default.fileExists(atPath: endpoint.path(suffix: ".sock")) {
             throw IPCError(code: .endpointInUse, message: "a socket file is in the way")
         }

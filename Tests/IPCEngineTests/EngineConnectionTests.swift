@@ -243,6 +243,43 @@ struct EngineConnectionTests {
         #expect(Double(at - sent) / 1e6 < 500)
     }
 
+    @Test("a borrowing handler is offered one-way messages in place, before the message handler and the stream; requests never")
+    func borrowingHandler() async throws {
+        let offered = Mutex<[(msgid: UInt32, payload: [UInt8])]>([])
+        let options = ConnectionOptions.defaults { options in
+            options.makeBorrowingMessageHandler = {
+                { msgid, payload, send in
+                    offered.withLock { $0.append((msgid, payload.withUnsafeBytes { Array($0) })) }
+                    if msgid == 100 { try? send([42], 101) }
+                    return msgid % 2 == 0
+                }
+            }
+            // Sees only what the borrowing handler declined.
+            options.makeMessageHandler = {
+                { message, _ in message.msgid % 3 == 0 }
+            }
+        }
+        let (connection, peer) = try connect(options)
+        defer { connection.invalidate(); peer.close() }
+        for msgid in UInt32(0)..<12 {
+            peer.send(Frame(kind: .message, msgid: msgid, payload: [UInt8](repeating: UInt8(msgid), count: Int(msgid) * 1000)))
+        }
+        peer.send(Frame(kind: .request, msgid: 50, correlation: 9, payload: [5]))
+        peer.send(Frame(kind: .message, msgid: 100, payload: []))
+        var stream = connection.messages.makeAsyncIterator()
+        var reached: [UInt32] = []
+        for _ in 0..<5 {
+            reached.append(try #require(await stream.next()).msgid)
+        }
+        // Odd msgids not divisible by 3, then the request (never offered).
+        #expect(reached == [1, 5, 7, 11, 50])
+        let answer = try #require(await blocking { peer.readFrame() })
+        #expect(answer.kind == .message && answer.msgid == 101 && answer.payload == [42])
+        let seen = offered.withLock { $0 }
+        #expect(seen.map(\.msgid) == Array(0..<12) + [100])
+        #expect(seen.allSatisfy { $0.payload == [UInt8](repeating: UInt8($0.msgid % 256), count: $0.msgid == 100 ? 0 : Int($0.msgid) * 1000) })
+    }
+
     @Test("a task that prefers the event loop sends and is resumed on the loop's thread")
     func executorPreference() async throws {
         let (connection, peer) = try connect()

@@ -50,6 +50,23 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
         return Frame(kind: kind, msgid: msgid, correlation: correlation, payload: payload)
     }
 
+    /// Lends in place from the read buffer, as a stream transport's reassembler does.
+    func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
+        guard buffer.count >= Self.headerLength else { return nil }
+        let length = Int(buffer[13..<17].reduce(UInt32(0)) { $0 << 8 | UInt32($1) })
+        guard length <= Self.maximumPayloadLength, buffer.count >= Self.headerLength + length, let kind = Frame.Kind(rawValue: buffer[0]) else {
+            return try nextFrame().map { .owned($0) }
+        }
+        let header = FrameHeader(
+            kind: kind, msgid: buffer[1..<5].reduce(UInt32(0)) { $0 << 8 | UInt32($1) },
+            correlation: buffer[5..<13].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }, payloadLength: length
+        )
+        let taken = buffer.withUnsafeBytes { lend(header, UnsafeRawBufferPointer(rebasing: $0[Self.headerLength..<(Self.headerLength + length)])) }
+        guard taken else { return try nextFrame().map { .owned($0) } }
+        buffer.removeFirst(Self.headerLength + length)
+        return .lent
+    }
+
     var hasPartialFrame: Bool { !buffer.isEmpty }
 
     func finishReading() throws {

@@ -11,6 +11,10 @@ import Testing
 /// inside the first frame (header and body); and seeded random chunkings, half of them delivered
 /// through `receive` (the path transports use) and half through `append`. Each failure names the
 /// chunking and the seed, so it can be replayed with `IPCBENCH_TEST_SEED=<seed>`.
+///
+/// Some chunkings drain with `nextFrame(lending:)` instead of `nextFrame()` (the path of a
+/// borrowing message handler): messages with an even msgid are taken in place (their payload
+/// copied out by the test during the loan), every other frame comes back owned.
 struct ReassemblyVerifier {
     var framing: Framing
     var maximumPayloadLength = 4 << 20
@@ -42,9 +46,10 @@ struct ReassemblyVerifier {
         let headerLength = firstLength - (frames.first?.payload.count ?? 0)
         var random = SplitMix64(seed: seed)
 
-        var chunkings: [(name: String, boundaries: [Int], useReceive: Bool)] = [("whole", [], false)]
+        var chunkings: [(name: String, boundaries: [Int], useReceive: Bool, lending: Bool)] = [("whole", [], false, false), ("whole, lending", [], false, true)]
         if bytes.count <= byteByByteLimit {
-            chunkings.append(("byte by byte", Array(1..<max(bytes.count, 1)), false))
+            chunkings.append(("byte by byte", Array(1..<max(bytes.count, 1)), false, false))
+            chunkings.append(("byte by byte, lending", Array(1..<max(bytes.count, 1)), false, true))
         }
         var splits: [Int]
         if firstLength <= everySplitLimit {
@@ -54,7 +59,7 @@ struct ReassemblyVerifier {
             splits += (0..<64).map { _ in Int(random.next(upperBound: UInt64(firstLength - 1))) + 1 }
         }
         for split in splits {
-            chunkings.append(("split at \(split) of the first frame (header \(headerLength) bytes)", [split], false))
+            chunkings.append(("split at \(split) of the first frame (header \(headerLength) bytes)\(split % 2 == 1 ? ", lending" : "")", [split], false, split % 2 == 1))
         }
         for index in 0..<randomChunkings {
             // Cap the number of chunks so that large inputs stay cheap, yet small ones get tiny chunks.
@@ -65,14 +70,14 @@ struct ReassemblyVerifier {
                 boundaries.append(offset)
                 offset += Int(random.next(upperBound: UInt64(largest))) + 1
             }
-            chunkings.append(("random chunking \(index), chunks of 1...\(largest)", boundaries, index % 2 == 1))
+            chunkings.append(("random chunking \(index), chunks of 1...\(largest)\(index % 3 == 2 ? ", lending" : "")", boundaries, index % 2 == 1, index % 3 == 2))
         }
 
         for chunking in chunkings {
             let context = "\(framing) framing, \(chunking.name), seed \(seed), \(frames.count) frames, \(bytes.count) bytes"
             let decoded: [Frame]
             do {
-                decoded = try feed(bytes, boundaries: chunking.boundaries, useReceive: chunking.useReceive)
+                decoded = try feed(bytes, boundaries: chunking.boundaries, useReceive: chunking.useReceive, lending: chunking.lending)
             } catch {
                 Issue.record("\(context): \(error)", sourceLocation: sourceLocation)
                 return
@@ -86,7 +91,7 @@ struct ReassemblyVerifier {
 
     /// Delivers `bytes` in the chunks that `boundaries` (increasing offsets) cut, drains frames after
     /// every chunk, and checks that the stream ends cleanly.
-    private func feed(_ bytes: [UInt8], boundaries: [Int], useReceive: Bool) throws -> [Frame] {
+    private func feed(_ bytes: [UInt8], boundaries: [Int], useReceive: Bool, lending: Bool) throws -> [Frame] {
         let reassembler = framing.makeReassembler(maximumPayloadLength: maximumPayloadLength)
         var decoded: [Frame] = []
         var start = 0
@@ -106,7 +111,26 @@ struct ReassemblyVerifier {
                 bytes.withUnsafeBytes { reassembler.append(UnsafeRawBufferPointer(rebasing: $0[start..<end])) }
                 start = end
             }
-            while let frame = try reassembler.nextFrame() { decoded.append(frame) }
+            if lending {
+                var taken: Frame?
+                while let next = try reassembler.nextFrame(lending: { header, payload in
+                    guard header.kind == .message, header.msgid % 2 == 0 else { return false }
+                    taken = Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: Array(payload))
+                    return true
+                }) {
+                    switch next {
+                    case .lent:
+                        guard let frame = taken else { throw VerifierFailure("a frame reported lent was never offered") }
+                        decoded.append(frame)
+                    case .owned(let frame):
+                        if frame.kind == .message, frame.msgid % 2 == 0 { throw VerifierFailure("message \(frame.msgid) was taken and came back owned") }
+                        decoded.append(frame)
+                    }
+                    taken = nil
+                }
+            } else {
+                while let frame = try reassembler.nextFrame() { decoded.append(frame) }
+            }
         }
         try reassembler.finish()
         if reassembler.bufferedByteCount != 0 {

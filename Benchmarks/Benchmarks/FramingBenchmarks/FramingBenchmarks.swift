@@ -11,6 +11,9 @@ import IPCFraming
 /// - `Decode`: a whole frame's bytes appended to a reassembler and the frame taken out, as a
 ///   stream transport does after a read; the payload is copied once, into the frame's own array
 ///   (binary frames of 16 KiB or more are gathered straight into it), so one allocation a frame.
+/// - `DecodeInPlace`: the same for one-way messages whose payload is lent in place to a handler
+///   (`nextFrame(lending:)`, the path of a `BorrowingMessageHandler`): no allocation a frame,
+///   which the thresholds hold at 0.
 let benchmarks: @Sendable () -> Void = {
     Benchmark.defaultConfiguration = .init(
         metrics: [.wallClock, .throughput, .mallocCountTotal],
@@ -59,6 +62,20 @@ let benchmarks: @Sendable () -> Void = {
                         fatalError("\(framing) decoder did not return the \(size)-byte frame")
                     }
                     blackHole(decoded)
+                }
+            }
+
+            let message = try! encoder.encode(Frame(kind: .message, msgid: 2, payload: [UInt8](repeating: 0x5A, count: size)))
+            let lending = framing.makeReassembler(maximumPayloadLength: maximumPayload)
+            Benchmark("DecodeInPlace.\(framing).\(sizeLabel(size))", configuration: .init(scalingFactor: scaling)) { benchmark in
+                for _ in benchmark.scaledIterations {
+                    message.withUnsafeBytes { lending.append($0) }
+                    guard case .lent = try lending.nextFrame(lending: { header, payload in
+                        blackHole(payload.last)
+                        return header.kind == .message && payload.count == size
+                    }) else {
+                        fatalError("\(framing) reassembler did not lend the \(size)-byte message")
+                    }
                 }
             }
         }

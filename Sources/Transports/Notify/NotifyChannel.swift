@@ -72,6 +72,10 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
         try reassembler.nextFrame()
     }
 
+    func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
+        try reassembler.nextFrame(lending: lend)
+    }
+
     var hasPartialFrame: Bool { reassembler.bufferedByteCount > 0 }
 
     func finishReading() throws {

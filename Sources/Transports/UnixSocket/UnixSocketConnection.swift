@@ -50,6 +50,10 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
         try reassembler.nextFrame()
     }
 
+    func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
+        try reassembler.nextFrame(lending: lend)
+    }
+
     var hasPartialFrame: Bool { reassembler.bufferedByteCount > 0 }
 
     func finishReading() throws {
