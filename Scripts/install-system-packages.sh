@@ -6,7 +6,11 @@
 #             cross-check with it (Benchmarks/FloorCrossCheck)
 set -euo pipefail
 
+#
+#   Scripts/install-system-packages.sh [PACKAGE...]   with arguments, those packages instead
+#   (Benchmarks/References/install-system-packages.sh passes the reference systems' own)
 packages=(curl chromium libbenchmark-dev g++ make)
+[ $# -gt 0 ] && packages=("$@")
 
 missing=()
 for package in "${packages[@]}"; do

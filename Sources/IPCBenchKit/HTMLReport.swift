@@ -8,6 +8,9 @@ public enum HTMLReport {
         for (label, results) in files {
             body += contextTable(label: label, context: results.context)
         }
+        for (label, results) in files {
+            body += ChoiceReport.html(results, label: files.count > 1 ? label + ": " : "")
+        }
         let rows = files.flatMap { file in file.results.latency.map { (label: files.count > 1 ? file.label + " " : "", result: $0) } }
         let placements = Placement.allCases.filter { placement in rows.contains { $0.result.placement == placement } }
         for placement in placements {

@@ -4,6 +4,7 @@ import IPCCore
 import IPCEngine
 import IPCFraming
 import IPCPosix
+import Synchronization
 
 /// What a cross-process run measures: round-trip latency and one-way throughput.
 public struct LatencyPlan: Sendable {
@@ -27,6 +28,9 @@ public struct LatencyPlan: Sendable {
     /// default, resumed on Swift's global executor: blocking, binary framing, for the transports
     /// that have a preferred executor.
     public var includeGlobalExecutor: Bool
+    /// Reference systems (D-Bus, ZeroMQ, gRPC, SwiftNIO) to measure beside the transports, in
+    /// the first blocking phase's sweeps (see ``ReferenceSystem``).
+    public var references: [ReferenceSystem]
 
     public init(
         transports: [String] = TransportCatalog.names,
@@ -37,8 +41,10 @@ public struct LatencyPlan: Sendable {
         includeFloors: Bool = true,
         waitStrategies: [WaitStrategy] = [.blocking, .spinThenBlock()],
         includeThroughput: Bool = true,
-        includeGlobalExecutor: Bool = true
+        includeGlobalExecutor: Bool = true,
+        references: [ReferenceSystem] = []
     ) {
+        self.references = references
         self.transports = transports
         self.framings = framings
         self.placements = placements
@@ -80,10 +86,13 @@ public struct LatencyPlan: Sendable {
 public struct CrossProcessResults: Sendable {
     public var latency: [LatencyResult]
     public var throughput: [ThroughputResult]
+    /// Reference systems, or measurements of one, that could not be made, and why.
+    public var skippedReferences: [SkippedReference]
 
-    public init(latency: [LatencyResult] = [], throughput: [ThroughputResult] = []) {
+    public init(latency: [LatencyResult] = [], throughput: [ThroughputResult] = [], skippedReferences: [SkippedReference] = []) {
         self.latency = latency
         self.throughput = throughput
+        self.skippedReferences = skippedReferences
     }
 }
 
@@ -123,12 +132,22 @@ public struct LatencyRunner: Sendable {
         /// allocations the receiver reported making while taking them (`nil` if not counted).
         let stream: ((_ size: Int, _ count: Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?))?
         let close: () -> Void
+        /// A reference system's server: its `measure` client takes the samples, and reads both
+        /// sides' CPU time itself (``roundTrips`` and ``stream`` are not used).
+        let reference: ReferenceSession?
         var measurements: [Int: LatencyAccumulator] = [:]
         var throughput: [Int: ThroughputAccumulator] = [:]
+        /// What a reference system could not measure (its client's exit status 4), by mode and size.
+        var unsupported: [String: SkippedReference] = [:]
+        /// Why a reference system's measurement failed (its own byte-for-byte check, or its
+        /// client): it is then measured no more, and none of its rows is reported.
+        var failure: SkippedReference?
 
         init(name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, peerPID: Int32,
              roundTrips: @escaping (Int, Int) async throws -> [UInt64],
-             stream: ((Int, Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?))?, close: @escaping () -> Void) {
+             stream: ((Int, Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?))?, close: @escaping () -> Void,
+             reference: ReferenceSession? = nil) {
+            self.reference = reference
             self.name = name
             self.framing = framing
             self.placement = placement
@@ -150,6 +169,8 @@ public struct LatencyRunner: Sendable {
     /// - Throws: ``IPCError`` if a peer cannot be started or a request fails.
     public func run() async throws -> CrossProcessResults {
         let group = try TemporaryGroup()
+        // Reference systems whose server did not start, with the reason.
+        var unstarted: [SkippedReference] = []
         defer { group.remove() }
         let originalAffinity = CPUAffinity.current()
         defer { try? CPUAffinity.pinCurrentProcess(to: originalAffinity) }
@@ -163,31 +184,49 @@ public struct LatencyRunner: Sendable {
             defer {
                 for session in sessions { session.close() }
             }
-            try startSessions(phase.strategy, transports: phase.transports, placements: phase.placements, floors: plan.includeFloors, group: group.directory, into: &sessions)
+            try startSessions(
+                phase.strategy, transports: phase.transports, placements: phase.placements, floors: plan.includeFloors,
+                references: phase.references, group: group.directory, into: &sessions, skipped: &unstarted
+            )
             guard !sessions.isEmpty else { continue }
             let strategy = phase.strategy
             progress.note("\(strategy.name): started \(sessions.count) peer processes (\(phase.transports.joined(separator: ", ")); \(phase.placements.map(\.rawValue).joined(separator: ", ")))")
             try await sweep(sessions, phase: strategy.name, originalAffinity: originalAffinity)
             measured += sessions
         }
+        let failed = measured.compactMap(\.failure)
+        measured.removeAll { $0.failure != nil }
         let latency = measured.flatMap { session in
-            plan.payloadSizes.map { size in result(session, size: size) }
-        }
-        let throughput = measured.flatMap { session in
-            plan.payloadSizes.compactMap { size in
-                session.throughput[size]?.result(
-                    transport: session.name, framing: session.framing, placement: session.placement,
-                    waitStrategy: session.waitStrategy.name, payloadBytes: size
-                )
+            plan.payloadSizes.map { size in
+                var row = result(session, size: size)
+                if session.reference != nil { row.reference = true }
+                return row
             }
         }
-        return CrossProcessResults(latency: latency, throughput: throughput)
+        let throughput = measured.flatMap { session in
+            plan.payloadSizes.compactMap { size -> ThroughputResult? in
+                guard var row = session.throughput[size]?.result(
+                    transport: session.name, framing: session.framing, placement: session.placement,
+                    waitStrategy: session.waitStrategy.name, payloadBytes: size
+                ) else { return nil }
+                if session.reference != nil { row.reference = true }
+                return row
+            }
+        }
+        let skipped = unstarted + failed + measured.flatMap { $0.unsupported.values.sorted { ($0.mode ?? "", $0.payloadBytes ?? 0) < ($1.mode ?? "", $1.payloadBytes ?? 0) } }
+        return CrossProcessResults(
+            // A reference's rows for a size it could not carry have no samples.
+            latency: latency.filter { $0.samples > 0 }, throughput: throughput, skippedReferences: orderedUnique(skipped)
+        )
     }
 
     /// Starts a session for every transport, framing and placement that `strategy` applies to
     /// (spinning only where the processes are on different cores and the transport can poll),
     /// and the native floors under the transports if `floors` is set.
-    private func startSessions(_ strategy: WaitStrategy, transports: [String], placements: [Placement], floors: Bool, group: GroupDirectory, into sessions: inout [Session]) throws {
+    private func startSessions(
+        _ strategy: WaitStrategy, transports: [String], placements: [Placement], floors: Bool, references: Bool, group: GroupDirectory,
+        into sessions: inout [Session], skipped: inout [SkippedReference]
+    ) throws {
         for name in transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
             for framing in TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil] {
                 for placement in placements where !strategy.spins || placement.spreadsProcesses {
@@ -195,6 +234,23 @@ public struct LatencyRunner: Sendable {
                     sessions.append(session.main)
                     if plan.includeGlobalExecutor, !strategy.spins, framing ?? .binary == .binary, let global = session.global {
                         sessions.append(global)
+                    }
+                }
+            }
+        }
+        // The reference systems, beside the blocking transports (they do not spin).
+        if references {
+            for reference in plan.references {
+                for placement in placements {
+                    do {
+                        let server = try ReferenceSession(reference, placement: placement, group: URL(fileURLWithPath: group.path))
+                        sessions.append(Session(
+                            name: reference.resultName, framing: nil, placement: placement, peerPID: server.pid,
+                            roundTrips: { _, _ in [] }, stream: { _, _ in (0, nil) }, close: { server.stop() }, reference: server
+                        ))
+                    } catch {
+                        progress.note("skipped \(reference.resultName) \(placement.rawValue): \(error)")
+                        skipped.append(SkippedReference(system: reference.system, reason: "its server did not start (\(placement.rawValue)): \(error)"))
                     }
                 }
             }
@@ -220,6 +276,8 @@ public struct LatencyRunner: Sendable {
         var strategy: WaitStrategy
         var transports: [String]
         var placements: [Placement]
+        /// Whether the reference systems run in this phase (the first blocking one).
+        var references = false
     }
 
     /// The phases of a run: one per wait strategy, each with its own peers. With the floors,
@@ -230,7 +288,7 @@ public struct LatencyRunner: Sendable {
     /// run right after the other transports' blocking phase, each with its floors interleaved.
     func phases() -> [Phase] {
         let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
-        return plan.waitStrategies.flatMap { strategy -> [Phase] in
+        var phases = plan.waitStrategies.flatMap { strategy -> [Phase] in
             let queued = plan.transports.filter { $0 == "message-port" }
             guard plan.includeFloors, !strategy.spins, !queued.isEmpty else {
                 return [Phase(strategy: strategy, transports: plan.transports, placements: placements)]
@@ -239,6 +297,15 @@ public struct LatencyRunner: Sendable {
             return (others.isEmpty ? [] : [Phase(strategy: strategy, transports: others, placements: placements)])
                 + placements.map { Phase(strategy: strategy, transports: queued, placements: [$0]) }
         }
+        // The reference systems are measured interleaved with the first blocking phase's transports.
+        if !plan.references.isEmpty {
+            if let first = phases.firstIndex(where: { !$0.strategy.spins }) {
+                phases[first].references = true
+            } else {
+                phases.append(Phase(strategy: .blocking, transports: [], placements: placements, references: true))
+            }
+        }
+        return phases
     }
 
     /// Takes the samples of `sessions` in ``LatencyResult/repetitions`` sweeps.
@@ -247,16 +314,24 @@ public struct LatencyRunner: Sendable {
         for repetition in 1...repetitions {
             let label = "\(phase): repetition \(repetition)/\(repetitions)"
             progress.begin(step: repetition, of: repetitions, label: label)
-            for (index, session) in sessions.enumerated() {
+            for (index, session) in sessions.enumerated() where session.failure == nil {
                 try CPUAffinity.pinCurrentProcess(to: session.placement.cpus.map { [$0.local] } ?? originalAffinity)
-                for size in plan.payloadSizes {
-                    let blockSamples = max(1, plan.samples(forPayload: size) / repetitions)
-                    // Warm up before each block: the connection may have been idle while others ran.
-                    try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
-                    try await measureBlock(session, size: size, samples: blockSamples, record: true)
-                    if plan.includeThroughput, session.stream != nil {
-                        try await measureThroughput(session, size: size)
+                do {
+                    for size in plan.payloadSizes {
+                        let blockSamples = max(1, plan.samples(forPayload: size) / repetitions)
+                        // Warm up before each block: the connection may have been idle while others ran.
+                        try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
+                        try await measureBlock(session, size: size, samples: blockSamples, record: true)
+                        if plan.includeThroughput, session.stream != nil {
+                            try await measureThroughput(session, size: size)
+                        }
                     }
+                } catch let error where session.reference != nil {
+                    // A reference system that fails (a wrong echo, a crash) is reported as such,
+                    // never with figures, and the run goes on with the others.
+                    let system = session.reference!.reference.system
+                    session.failure = SkippedReference(system: system, reason: "FAILED in repetition \(repetition), \(session.placement.rawValue): \(error)")
+                    progress.note("\(session.name) \(session.placement.rawValue) failed: \(error)")
                 }
                 progress.update(label: label, fraction: Double(index + 1) / Double(sessions.count))
             }
@@ -326,6 +401,14 @@ public struct LatencyRunner: Sendable {
     }
 
     private func measureBlock(_ session: Session, size: Int, samples: Int, record: Bool) async throws {
+        if let reference = session.reference {
+            // The client's own warm-up comes before its timed round trips, in the same process.
+            let warmup = max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions)
+            guard record, let measurement = try await measureReference(session, reference, mode: "latency", size: size, count: samples, warmup: warmup) else { return }
+            let usage = measurement.usage
+            session.measurements[size, default: LatencyAccumulator()].record(block: measurement.samplesNs ?? [], cpuBefore: usage.before, cpuAfter: usage.after)
+            return
+        }
         let cpuBefore = CPUReading(peer: session.peerPID)
         let elapsedTimes = try await session.roundTrips(size, samples)
         guard record else { return }
@@ -333,9 +416,30 @@ public struct LatencyRunner: Sendable {
         session.measurements[size, default: LatencyAccumulator()].record(block: elapsedTimes, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
     }
 
+    /// Runs a reference system's `measure`; `nil` (and the measurement filed as skipped) if the
+    /// system cannot carry this payload in this mode.
+    private func measureReference(_ session: Session, _ reference: ReferenceSession, mode: String, size: Int, count: Int, warmup: Int) async throws -> ReferenceMeasurement? {
+        let key = "\(mode)/\(size)"
+        guard session.unsupported[key] == nil else { return nil }
+        do {
+            return try await reference.measure(mode: mode, payload: size, warmup: warmup, count: count)
+        } catch let unsupported as ReferenceUnsupported {
+            session.unsupported[key] = SkippedReference(system: reference.reference.system, reason: unsupported.reason, mode: mode, payloadBytes: size)
+            return nil
+        }
+    }
+
     private func measureThroughput(_ session: Session, size: Int) async throws {
-        guard let stream = session.stream else { return }
         let count = plan.throughputMessages(forPayload: size)
+        if let reference = session.reference {
+            guard let measurement = try await measureReference(session, reference, mode: "throughput", size: size, count: count, warmup: max(2, count / 20)) else { return }
+            let usage = measurement.usage
+            session.throughput[size, default: ThroughputAccumulator()].record(
+                count: count, nanoseconds: measurement.elapsedNs ?? 0, cpuBefore: usage.before, cpuAfter: usage.after
+            )
+            return
+        }
+        guard let stream = session.stream else { return }
         // A short warm-up run first: buffers fault in, and the receiver is awake.
         _ = try await stream(size, max(2, count / 20))
         let cpuBefore = CPUReading(peer: session.peerPID)

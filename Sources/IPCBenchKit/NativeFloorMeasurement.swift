@@ -54,6 +54,13 @@ struct CPUReading {
     let localSwitches: UInt64?
     let peerSwitches: UInt64?
 
+    init(local: UInt64?, peer: UInt64?, localSwitches: UInt64?, peerSwitches: UInt64?) {
+        self.local = local
+        self.peer = peer
+        self.localSwitches = localSwitches
+        self.peerSwitches = peerSwitches
+    }
+
     init(peer pid: Int32) {
         local = processCPUNanoseconds()
         peer = processCPUNanoseconds(pid: pid)

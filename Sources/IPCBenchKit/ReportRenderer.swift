@@ -140,7 +140,7 @@ public enum ReportRenderer {
         | mitigations | \(context.machine?.mitigationSummary ?? "not recorded") |
         | Swift | \(context.swiftVersion), \(context.buildConfiguration) build |
         | command | `\(context.command)` |
-
+        \(ChoiceReport.markdown(results))
         ## Round-trip latency
 
         Cross-process request/reply: the peer is a separate `ipcbench peer` process that echoes

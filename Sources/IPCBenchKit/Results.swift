@@ -17,11 +17,18 @@ public struct RunResults: Codable, Sendable {
     /// One client's latency to a Unix socket server alone and with other clients sending;
     /// absent in files from before it was measured.
     public var scale: [ScaleResult]?
+    /// Reference systems (``ReferenceSystem``) asked for and not measured, or measured in part,
+    /// with the reason; absent when none was skipped.
+    public var skippedReferences: [SkippedReference]?
     /// The same measurements as Google Benchmark JSON entries (one `iteration` entry per
     /// repetition block, then a `median` aggregate), so its `compare.py` can read this file.
     public var benchmarks: [BenchmarkEntry]
 
-    public init(context: RunContext, latency: [LatencyResult], throughput: [ThroughputResult] = [], invalidation: [InvalidationResult] = [], inProcess: [InProcessResult] = [], scale: [ScaleResult] = []) {
+    public init(
+        context: RunContext, latency: [LatencyResult], throughput: [ThroughputResult] = [], invalidation: [InvalidationResult] = [],
+        inProcess: [InProcessResult] = [], scale: [ScaleResult] = [], skippedReferences: [SkippedReference] = []
+    ) {
+        self.skippedReferences = skippedReferences.isEmpty ? nil : skippedReferences
         self.schema = Self.currentSchema
         self.context = context
         self.latency = latency
@@ -217,6 +224,9 @@ public struct LatencyResult: Codable, Sendable {
     /// in files from before they were recorded.
     public var localContextSwitchesPerRoundTrip: Double? = nil
     public var peerContextSwitchesPerRoundTrip: Double? = nil
+    /// `true` for a reference system's row (`ref:<system>`: D-Bus, ZeroMQ, gRPC, SwiftNIO),
+    /// absent otherwise. Its "local" side is the reference's own client process.
+    public var reference: Bool? = nil
 
     /// The native floor this measurement is divided by: the floor of its transport's mechanism,
     /// same placement and payload, blocking, from `results` (one run's rows); `nil` for a floor

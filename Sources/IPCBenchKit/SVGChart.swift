@@ -7,14 +7,70 @@ public enum SVGChart {
         public var name: String
         /// One value per x position; `nil` where the series has no point.
         public var values: [Double?]
+        /// Whose measurement it is, which sets its colours (``Family``).
+        public var family: Family
 
-        public init(name: String, values: [Double?]) {
+        /// `family` defaults to what the name says: a name containing `floor:` is a floor's,
+        /// `ref:` a reference system's, anything else one of ours.
+        public init(name: String, values: [Double?], family: Family? = nil) {
             self.name = name
             self.values = values
+            self.family = family ?? Family(seriesName: name)
         }
     }
 
-    static let palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
+    /// Who a series measures. Each family has colours of its own — ours blues and greens, floors
+    /// greys, reference systems warm colours — and within a chart every series gets a colour and
+    /// marker pair of its own.
+    public enum Family: Sendable, CaseIterable {
+        case ours, floor, reference
+
+        init(seriesName name: String) {
+            self = name.contains("floor:") ? .floor : name.contains(ReferenceSystem.prefix) ? .reference : .ours
+        }
+
+        var palette: [String] {
+            switch self {
+            case .ours: ["#08519c", "#2ca02c", "#17becf", "#3182bd", "#006d2c", "#6baed6", "#74c476"]
+            case .floor: ["#252525", "#737373", "#969696", "#525252"]
+            case .reference: ["#d62728", "#ff7f0e", "#9467bd", "#e377c2", "#8c564b", "#bcbd22"]
+            }
+        }
+    }
+
+    /// The shapes that tell apart series of one colour.
+    enum Marker: CaseIterable { case circle, square, triangle, diamond }
+
+    /// The colour and marker of each series, in order: within a family, colours first, then the
+    /// next marker with the colours again, so no two series of a chart share both.
+    static func styles(_ series: [Series]) -> [(color: String, marker: Marker)] {
+        var counts: [Family: Int] = [:]
+        return series.map { line in
+            let number = counts[line.family, default: 0]
+            counts[line.family] = number + 1
+            let palette = line.family.palette
+            return (palette[number % palette.count], Marker.allCases[(number / palette.count) % Marker.allCases.count])
+        }
+    }
+
+    /// A marker's SVG at (x, y), with a tooltip.
+    static func marker(_ marker: Marker, x: Double, y: Double, color: String, title: String) -> String {
+        let shape: String
+        switch marker {
+        case .circle:
+            shape = "<circle cx=\"\(f(x))\" cy=\"\(f(y))\" r=\"3.5\" fill=\"\(color)\" class=\"point\">"
+            return shape + "<title>\(escape(title))</title></circle>\n"
+        case .square:
+            shape = "<rect x=\"\(f(x - 3.5))\" y=\"\(f(y - 3.5))\" width=\"7\" height=\"7\" fill=\"\(color)\" class=\"point\">"
+            return shape + "<title>\(escape(title))</title></rect>\n"
+        case .triangle:
+            shape = "<polygon points=\"\(f(x)),\(f(y - 4.5)) \(f(x - 4)),\(f(y + 3.5)) \(f(x + 4)),\(f(y + 3.5))\" fill=\"\(color)\" class=\"point\">"
+            return shape + "<title>\(escape(title))</title></polygon>\n"
+        case .diamond:
+            shape = "<polygon points=\"\(f(x)),\(f(y - 4.5)) \(f(x - 4.5)),\(f(y)) \(f(x)),\(f(y + 4.5)) \(f(x + 4.5)),\(f(y))\" fill=\"\(color)\" class=\"point\">"
+            return shape + "<title>\(escape(title))</title></polygon>\n"
+        }
+    }
     static let width = 720.0
     static let height = 360.0
     static let margin = (left: 70.0, right: 190.0, top: 40.0, bottom: 50.0)
@@ -32,17 +88,18 @@ public enum SVGChart {
         for (index, label) in xLabels.enumerated() {
             svg += "<text x=\"\(f(x(index)))\" y=\"\(f(height - margin.bottom + 18))\" text-anchor=\"middle\" class=\"tick\">\(escape(label))</text>\n"
         }
+        let styles = styles(series)
         for (number, line) in series.enumerated() {
-            let color = palette[number % palette.count]
+            let (color, shape) = styles[number]
             let points = line.values.enumerated().compactMap { index, value in value.map { (x(index), scale.y($0)) } }
             if points.count > 1 {
                 svg += "<polyline fill=\"none\" stroke=\"\(color)\" stroke-width=\"2\" points=\"\(points.map { "\(f($0.0)),\(f($0.1))" }.joined(separator: " "))\"/>\n"
             }
             for (index, value) in line.values.enumerated() {
                 guard let value else { continue }
-                svg += "<circle cx=\"\(f(x(index)))\" cy=\"\(f(scale.y(value)))\" r=\"3.5\" fill=\"\(color)\" class=\"point\"><title>\(escape(line.name)) \(escape(xLabels[index])): \(format(value))</title></circle>\n"
+                svg += marker(shape, x: x(index), y: scale.y(value), color: color, title: "\(line.name) \(xLabels[index]): \(format(value))")
             }
-            svg += legend(number: number, name: line.name, color: color)
+            svg += legend(number: number, name: line.name, color: color, marker: shape)
         }
         return svg + "</svg>\n"
     }
@@ -59,15 +116,16 @@ public enum SVGChart {
         for (index, label) in xLabels.enumerated() {
             svg += "<text x=\"\(f(margin.left + group * (Double(index) + 0.5)))\" y=\"\(f(height - margin.bottom + 18))\" text-anchor=\"middle\" class=\"tick\">\(escape(label))</text>\n"
         }
+        let styles = styles(series)
         for (number, bars) in series.enumerated() {
-            let color = palette[number % palette.count]
+            let (color, shape) = styles[number]
             for (index, value) in bars.values.enumerated() {
                 guard let value else { continue }
                 let left = margin.left + group * Double(index) + group * 0.1 + bar * Double(number)
                 let top = scale.y(value)
                 svg += "<rect x=\"\(f(left))\" y=\"\(f(top))\" width=\"\(f(bar * 0.9))\" height=\"\(f(height - margin.bottom - top))\" fill=\"\(color)\" class=\"bar\"><title>\(escape(bars.name)) \(escape(xLabels[index])): \(format(value))</title></rect>\n"
             }
-            svg += legend(number: number, name: bars.name, color: color)
+            svg += legend(number: number, name: bars.name, color: color, marker: shape)
         }
         if let reference {
             let y = scale.y(reference)
@@ -119,10 +177,11 @@ public enum SVGChart {
         return svg
     }
 
-    private static func legend(number: Int, name: String, color: String) -> String {
+    private static func legend(number: Int, name: String, color: String, marker shape: Marker) -> String {
         let y = margin.top + Double(number) * 18
         let x = width - margin.right + 12
-        return "<rect x=\"\(f(x))\" y=\"\(f(y - 9))\" width=\"12\" height=\"12\" fill=\"\(color)\"/><text x=\"\(f(x + 18))\" y=\"\(f(y + 1))\" class=\"legend\">\(escape(name))</text>\n"
+        return marker(shape, x: x + 6, y: y - 3, color: color, title: name)
+            + "<text x=\"\(f(x + 18))\" y=\"\(f(y + 1))\" class=\"legend\">\(escape(name))</text>\n"
     }
 
     static func format(_ value: Double) -> String {

@@ -22,6 +22,8 @@ public struct ThroughputResult: Codable, Sendable {
     /// Heap allocations per message on the receiver's receive path (its handler's thread), when
     /// the receiver counts them (`ipcbench peer` does; a native floor's C receiver does not).
     public var peerAllocationsPerMessage: Double? = nil
+    /// `true` for a reference system's row (``LatencyResult/reference``), absent otherwise.
+    public var reference: Bool? = nil
 
     /// A stable name: `throughput/<transport>[/<framing>]/<placement>[/spin-then-block]/<bytes>`.
     public var name: String {

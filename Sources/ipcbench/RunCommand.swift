@@ -79,6 +79,16 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(help: "Run only the in-process framing and secure-decoding measurements (no peer process).")
     var inProcessOnly = false
 
+    @Option(help: ArgumentHelp(
+        "Also measure the reference systems (ZeroMQ, D-Bus, SwiftNIO, gRPC) whose programs are in this directory.",
+        discussion: "Benchmarks/References/build.sh builds them into Benchmarks/References/.build/bin (Scripts/bench.sh --references does both). A system whose program is missing, or whose server does not start, is listed as skipped in the report with the reason.",
+        valueName: "directory"
+    ))
+    var references: String?
+
+    @Option(name: .customLong("reference"), help: "With --references: measure only this system (repeat for several): \(ReferenceSystem.catalog.flatMap(\.systems).joined(separator: ", ")).")
+    var referenceSystems: [String] = []
+
     @Flag(help: "Do not show progress on standard error.")
     var noProgress = false
 
@@ -92,6 +102,17 @@ struct RunCommand: AsyncParsableCommand {
         guard (1...4096).contains(scaleClients) else { throw ValidationError("--scale-clients takes 1 to 4096") }
         guard scaleRate > 0, scaleRate <= 100_000 else { throw ValidationError("--scale-rate takes a positive rate up to 100000") }
         guard (0...1_000_000).contains(spinMicroseconds) else { throw ValidationError("--spin-microseconds takes 0 to 1000000") }
+        let known = ReferenceSystem.catalog.flatMap(\.systems)
+        for system in referenceSystems where !known.contains(system) {
+            throw ValidationError("unknown reference system '\(system)'; known: \(known.joined(separator: ", "))")
+        }
+        if !referenceSystems.isEmpty, references == nil { throw ValidationError("--reference needs --references <directory>") }
+        if let references {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: references, isDirectory: &isDirectory), isDirectory.boolValue else {
+                throw ValidationError("--references: no directory at \(references); build the reference programs with Benchmarks/References/build.sh")
+            }
+        }
     }
 
     func parsedSizes() throws -> [Int] {
@@ -104,6 +125,7 @@ struct RunCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        let discovered = references.map { ReferenceSystem.discover(in: URL(fileURLWithPath: $0), only: referenceSystems) } ?? (systems: [], skipped: [])
         let plan = LatencyPlan(
             transports: transports.isEmpty ? TransportCatalog.names : transports,
             framings: framings.isEmpty ? Framing.measuredByDefault : framings,
@@ -113,7 +135,8 @@ struct RunCommand: AsyncParsableCommand {
             includeFloors: !skipFloor,
             waitStrategies: spinMicroseconds > 0 ? [.blocking, WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)] : [.blocking],
             includeThroughput: !skipThroughput,
-            includeGlobalExecutor: !skipGlobalExecutor
+            includeGlobalExecutor: !skipGlobalExecutor,
+            references: inProcessOnly ? [] : discovered.systems
         )
         let progress = ProgressReporter(enabled: !noProgress)
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
@@ -126,7 +149,12 @@ struct RunCommand: AsyncParsableCommand {
             repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress,
             allocationCount: { ipc_thread_allocation_count() }
         ).run()
-        let results = RunResults(context: .current(command: command), latency: crossProcess.latency, throughput: crossProcess.throughput, invalidation: invalidation, inProcess: inProcess, scale: scale)
+        let skipped = discovered.skipped + crossProcess.skippedReferences
+        let results = RunResults(
+            context: .current(command: command), latency: crossProcess.latency, throughput: crossProcess.throughput,
+            invalidation: invalidation, inProcess: inProcess, scale: scale, skippedReferences: skipped
+        )
+        for skip in skipped { print(ReportRenderer.skippedReferenceLine(skip)) }
         if !crossProcess.latency.isEmpty { print(ReportRenderer.table(crossProcess.latency), terminator: "") }
         if !crossProcess.throughput.isEmpty { print("\n" + ReportRenderer.throughputTable(crossProcess.throughput), terminator: "") }
         if !scale.isEmpty { print("\n" + ReportRenderer.scaleTable(scale), terminator: "") }

@@ -231,32 +231,37 @@ struct CommandLineTests {
 enum ReportFixtures {
     /// Every time multiplied by `scale` (rates divided), the floors' by `floorScale` (the same
     /// unless given).
-    static func results(scale: Double, floorScale: Double? = nil) -> RunResults {
+    /// With `references`, also a reference system (`ref:nio`, its round trips 0.75 × the
+    /// transports', its stream half unix-socket's rate) and a skipped one (`grpc`).
+    static func results(scale: Double, floorScale: Double? = nil, references: Bool = false) -> RunResults {
         var latency: [LatencyResult] = []
-        for transport in ["unix-socket", "notify", "floor:unix-stream", "floor:futex"] {
+        for transport in ["unix-socket", "notify", "floor:unix-stream", "floor:futex"] + (references ? ["ref:nio"] : []) {
             for placement in [Placement.sameCore, .splitCores] {
                 for (index, size) in [0, 64, 4096, 65536, 1 << 20].enumerated() {
                     let factor = transport.hasPrefix("floor") ? floorScale ?? scale : scale
-                    let base = (transport.hasPrefix("floor") ? 10_000.0 : 20_000.0) * Double(index + 1) * (placement == .sameCore ? 1 : 3) * factor
+                    let base = (transport.hasPrefix("floor") ? 10_000.0 : transport.hasPrefix("ref:") ? 15_000.0 : 20_000.0) * Double(index + 1) * (placement == .sameCore ? 1 : 3) * factor
                     let medians = (0..<LatencyResult.repetitions).map { UInt64(base * (1 + Double($0 % 3) * 0.01)) }
                     latency.append(LatencyResult(
                         transport: transport, framing: transport == "unix-socket" ? .binary : nil, placement: placement, payloadBytes: size,
                         warmup: 10, samples: 1000, minimum: UInt64(base * 0.9), p50: UInt64(base), p90: UInt64(base * 1.2),
                         p99: UInt64(base * 2), p999: UInt64(base * 3), maximum: UInt64(base * 5), mean: base, standardDeviation: base / 10,
-                        repetitionMedians: medians, localCPUPerRoundTrip: base / 2, peerCPUPerRoundTrip: base / 2
+                        repetitionMedians: medians, localCPUPerRoundTrip: base / 2, peerCPUPerRoundTrip: base / 2,
+                        reference: transport.hasPrefix("ref:") ? true : nil
                     ))
                 }
             }
         }
         var throughput: [ThroughputResult] = []
-        for transport in ["unix-socket", "floor:unix-stream"] {
+        for transport in ["unix-socket", "floor:unix-stream"] + (references ? ["ref:nio"] : []) {
             for placement in [Placement.sameCore, .splitCores] {
                 for size in [64, 65536, 1 << 20] {
-                    let rate = (transport.hasPrefix("floor") ? 200_000.0 : 100_000.0) / Double(max(1, size / 4096)) / (transport.hasPrefix("floor") ? floorScale ?? scale : scale)
+                    let perSecond = transport.hasPrefix("floor") ? 200_000.0 : transport.hasPrefix("ref:") ? 50_000.0 : 100_000.0
+                    let rate = perSecond / Double(max(1, size / 4096)) / (transport.hasPrefix("floor") ? floorScale ?? scale : scale)
                     throughput.append(ThroughputResult(
                         transport: transport, framing: transport == "unix-socket" ? .binary : nil, placement: placement, waitStrategy: "blocking",
                         payloadBytes: size, messagesPerRepetition: 1000, repetitionMessagesPerSecond: (0..<LatencyResult.repetitions).map { rate * (1 + Double($0 % 3) * 0.01) },
-                        messagesPerSecond: rate, bytesPerSecond: rate * Double(size), localCPUPerMessage: 1000, peerCPUPerMessage: 1000
+                        messagesPerSecond: rate, bytesPerSecond: rate * Double(size), localCPUPerMessage: 1000, peerCPUPerMessage: 1000,
+                        reference: transport.hasPrefix("ref:") ? true : nil
                     ))
                 }
             }
@@ -272,6 +277,9 @@ enum ReportFixtures {
             repetitionAchievedRequestsPerSecond: [31_900, 31_950, 31_850], skippedSlots: 3, alone: alone, loaded: loaded,
             serverCPUShareLoaded: 0.4, loadCPUShare: 0.2
         )
-        return RunResults(context: .current(command: "fixture"), latency: latency, throughput: throughput, invalidation: invalidation, scale: [scaleResult])
+        return RunResults(
+            context: .current(command: "fixture"), latency: latency, throughput: throughput, invalidation: invalidation, scale: [scaleResult],
+            skippedReferences: references ? [SkippedReference(system: "grpc", reason: "its program is missing")] : []
+        )
     }
 }

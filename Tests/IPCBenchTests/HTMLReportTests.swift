@@ -15,14 +15,14 @@ struct HTMLReportTests {
     func chartsAreDrawn() throws {
         let browser = try #require(Self.chromium, "headless Chromium is not installed; run Scripts/install-system-packages.sh")
         let group = try TestGroup()
-        let html = HTMLReport.render([(label: "fixture", results: ReportFixtures.results(scale: 1))])
+        let html = HTMLReport.render([(label: "fixture", results: ReportFixtures.results(scale: 1, references: true))])
         // Measure what the browser laid out, and write the counts into the DOM for --dump-dom.
         let probe = """
         <script>
         window.addEventListener('load', () => {
           const charts = [...document.querySelectorAll('svg.chart')];
           const drawn = charts.filter(svg => { const box = svg.getBoundingClientRect(); return box.width > 100 && box.height > 100; });
-          const marks = [...document.querySelectorAll('svg.chart polyline, svg.chart circle, svg.chart rect.bar')]
+          const marks = [...document.querySelectorAll('svg.chart polyline, svg.chart .point, svg.chart rect.bar')]
             .filter(mark => { const box = mark.getBBox(); return box.width > 0 || box.height > 0; });
           document.body.setAttribute('data-charts', charts.length);
           document.body.setAttribute('data-drawn', drawn.length);
@@ -44,8 +44,9 @@ struct HTMLReportTests {
             return Int(dom[range.upperBound...].prefix { $0.isNumber })
         }
         let charts = try #require(attribute("data-charts"), "the page did not run its probe; chromium said: \(dom.prefix(300))")
-        // Two placements × (p50, p99, ratio to floor) + scale (alone against loaded) + invalidation.
-        #expect(charts == 10)
+        // Two placements × (which should I use: round trips, 64 B stream, 1 MiB stream, CPU;
+        // p50, p99, ratio to floor) + scale (alone against loaded) + invalidation.
+        #expect(charts == 18)
         #expect(attribute("data-drawn") == charts)
         #expect((attribute("data-marks") ?? 0) > 50)
     }

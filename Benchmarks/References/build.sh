@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds the reference systems into Benchmarks/References/.build/bin/:
+#   ref-zmq   (C, libzmq)    zmq-reqrep, zmq-pushpull
+#   ref-dbus  (C, sd-bus)    dbus-daemon, dbus-p2p
+#   ref-nio   (Swift, NIO)   nio
+#   ref-grpc  (Swift, gRPC)  grpc
+# A reference whose dependency is missing is skipped with one line saying which Debian package
+# brings it (install-system-packages.sh installs them all); the exit status is non-zero only if
+# something whose dependencies are present fails to build.
+#
+#   Benchmarks/References/build.sh [--skip-swift]
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bin="$here/.build/bin"
+skip_swift=0
+for argument in "$@"; do
+    case "$argument" in
+        --skip-swift) skip_swift=1 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "build.sh: unknown argument '$argument'" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$bin"
+failed=0
+
+have_library() { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$1"; }
+
+build_c() { # program library debian-package
+    local program="$1" library="$2" package="$3"
+    rm -f "$bin/$program" # a skipped reference leaves no binary of an earlier build behind
+    if ! command -v make >/dev/null 2>&1 || ! command -v "${CC:-cc}" >/dev/null 2>&1; then
+        echo "skipped $program: no C compiler or make (Debian gcc, make)"
+    elif ! command -v pkg-config >/dev/null 2>&1; then
+        echo "skipped $program: pkg-config not found (Debian pkg-config)"
+    elif ! have_library "$library"; then
+        echo "skipped $program: $library not found (Debian $package)"
+    elif make -s -C "$here/C" OUT="$bin" "$program"; then
+        echo "built $program"
+    else
+        echo "FAILED to build $program" >&2
+        failed=1
+    fi
+}
+
+build_c ref-zmq libzmq libzmq3-dev
+build_c ref-dbus libsystemd libsystemd-dev
+if [ -x "$bin/ref-dbus" ] && ! command -v dbus-daemon >/dev/null 2>&1; then
+    echo "note: dbus-daemon not found (Debian dbus-daemon): ref-dbus's system dbus-daemon cannot serve; dbus-p2p can"
+fi
+
+if [ "$skip_swift" -eq 1 ]; then
+    echo "skipped ref-nio, ref-grpc: --skip-swift"
+elif ! command -v swift >/dev/null 2>&1; then
+    rm -f "$bin/ref-nio" "$bin/ref-grpc"
+    echo "skipped ref-nio, ref-grpc: swift not found"
+else
+    started=$(date +%s)
+    if (cd "$here/Swift" && swift build -c release); then
+        release="$(cd "$here/Swift" && swift build -c release --show-bin-path)"
+        for program in ref-nio ref-grpc; do
+            ln -sfn "$(realpath --relative-to="$bin" "$release/$program")" "$bin/$program"
+        done
+        echo "built ref-nio, ref-grpc in $(( $(date +%s) - started )) s"
+    else
+        rm -f "$bin/ref-nio" "$bin/ref-grpc"
+        echo "FAILED to build ref-nio, ref-grpc" >&2
+        failed=1
+    fi
+fi
+
+echo "binaries in $bin:" $(cd "$bin" && ls)
+[ "$skip_swift" -eq 1 ] && [ -e "$bin/ref-nio" ] && echo "(ref-nio and ref-grpc are from an earlier build)"
+exit "$failed"
