@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 import IPCConformance
 import IPCBenchKit
 import IPCCore
@@ -142,6 +143,93 @@ struct NotifyCenterTests {
         #expect(try center.state(for: "test.state") == value)
         try center.setState(value ^ 1, for: "test.other")
         #expect(try notifyutil(group, ["--get", "test.other"]).output == "\(value ^ 1)\n")
+    }
+
+    @Test("posts while suspended are not delivered, and coalesce into one delivery on resume")
+    func suspendAndResume() async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let calls = Mutex(0)
+        let registration = try center.register("test.suspend") { calls.withLock { $0 += 1 } }
+        defer { registration.cancel() }
+        registration.suspend()
+        for _ in 0..<3 {
+            #expect(try notifyutil(group, ["--post", "test.suspend", "--count", "4"]).status == 0)
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(calls.withLock { $0 } == 0)
+        registration.resume()
+        try await withDeadline(seconds: 30, "the delivery on resume") {
+            while calls.withLock({ $0 }) == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(calls.withLock { $0 } == 1)
+        // Resumed: a post is delivered again.
+        #expect(try notifyutil(group, ["--post", "test.suspend"]).status == 0)
+        try await withDeadline(seconds: 30, "the delivery after resuming") {
+            while calls.withLock({ $0 }) < 2 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        // Resuming with nothing posted delivers nothing; cancelling a suspended registration ends it.
+        registration.suspend()
+        registration.resume()
+        registration.suspend()
+        registration.cancel()
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(calls.withLock { $0 } == 2)
+    }
+
+    @Test("posts from another process arrive as an AsyncSequence; cancel ends the loop")
+    func asyncSequence() async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let notifications = try center.notifications("test.sequence")
+        let path = group.directory.path
+        let received = try await withDeadline(seconds: 30, "three deliveries") {
+            var count = 0
+            let poster = Task.detached {
+                // Until the loop has seen three: a post may coalesce with the one before.
+                while !Task.isCancelled {
+                    _ = try? PeerProcess.runToCompletion(["notifyutil", "--group", path, "--post", "test.sequence"])
+                    try? await Task.sleep(for: .milliseconds(20))
+                }
+            }
+            defer { poster.cancel() }
+            for await _ in notifications {
+                count += 1
+                if count == 3 { break }
+            }
+            return count
+        }
+        #expect(received == 3)
+        // A loop waiting on the sequence ends when it is cancelled.
+        let loop = Task { for await _ in notifications {} }
+        try await Task.sleep(for: .milliseconds(50))
+        notifications.cancel()
+        try await withDeadline(seconds: 30, "the loop to end after cancel") { await loop.value }
+    }
+
+    @Test("posts from another process make a pollable descriptor readable until acknowledged; cancel closes it")
+    func fileDescriptor() async throws {
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let registration = try center.registerFileDescriptor("test.fd")
+        func readable(within milliseconds: Int32) -> Bool {
+            var entry = pollfd(fd: registration.descriptor, events: Int16(POLLIN), revents: 0)
+            return poll(&entry, 1, milliseconds) == 1 && entry.revents & Int16(POLLIN) != 0
+        }
+        #expect(!readable(within: 0))
+        #expect(!registration.acknowledge())
+        #expect(try notifyutil(group, ["--post", "test.fd", "--count", "5"]).status == 0)
+        #expect(readable(within: 30_000))
+        // Let the five posts' deliveries land, then one acknowledgement takes them all.
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(registration.acknowledge())
+        #expect(!readable(within: 0))
+        #expect(!registration.acknowledge())
+        let descriptor = registration.descriptor
+        registration.cancel()
+        #expect(fcntl(descriptor, F_GETFD) == -1 && errno == EBADF)
+        registration.cancel()
     }
 
     @Test("names are bounded")

@@ -65,6 +65,23 @@ public final class NotifyCenter: Sendable {
         try NotifyRegistration(counter: slot(for: name).counter, name: name, handler: handler)
     }
 
+    /// The posts of `name` as an asynchronous sequence (`notify_register_dispatch` with a
+    /// queue): one element per delivery, posts that arrive before the consumer takes the last one
+    /// coalesced into one. The registration lives as long as the sequence or an iterator of it;
+    /// dropping them, or ending the loop, cancels it.
+    public func notifications(_ name: String) throws -> NotifyNotifications {
+        let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        let registration = try register(name) { continuation.yield() }
+        return NotifyNotifications(registration: registration, stream: stream, continuation: continuation)
+    }
+
+    /// The posts of `name` on a descriptor this process can poll with its own event loop
+    /// (`notify_register_file_descriptor`): readable after a post, until
+    /// ``NotifyDescriptorRegistration/acknowledge()`` reads it.
+    public func registerFileDescriptor(_ name: String) throws -> NotifyDescriptorRegistration {
+        try NotifyDescriptorRegistration(center: self, name: name)
+    }
+
     /// A token to poll instead of a handler (`notify_check`).
     public func checkToken(for name: String) throws -> NotifyCheckToken {
         NotifyCheckToken(counter: try slot(for: name).counter)
@@ -190,6 +207,18 @@ public final class NotifyRegistration: Sendable {
         observation.cancel()
     }
 
+    /// Stops calls to the handler until ``resume()`` (`notify_suspend`): posts made meanwhile
+    /// are not lost but coalesce into one call on resume. A handler running now finishes.
+    public func suspend() {
+        observation.setSuspended(true)
+    }
+
+    /// Resumes calls after ``suspend()`` (`notify_resume`): if the name was posted while
+    /// suspended, the handler is called once, at once.
+    public func resume() {
+        observation.setSuspended(false)
+    }
+
     /// What the observer's thread runs: waits on the name's counter and calls the handler.
     private final class Observation: @unchecked Sendable {
         // @unchecked: `cancelled` and `runningOn` are guarded by `lock`.
@@ -199,6 +228,7 @@ public final class NotifyRegistration: Sendable {
         private let lock = ConditionLock()
         // Guarded by `lock`.
         private var cancelled = false
+        private var suspended = false
         private var runningOn: pthread_t?
 
         init(counter: FutexCounter, handler: @escaping @Sendable () -> Void) {
@@ -213,18 +243,34 @@ public final class NotifyRegistration: Sendable {
                 while let thread = runningOn, pthread_equal(thread, pthread_self()) == 0 {
                     lock.wait()
                 }
+                // An observer parked while suspended wakes and sees the cancellation.
+                lock.broadcast()
             }
             counter.wakeAll()
+        }
+
+        func setSuspended(_ value: Bool) {
+            lock.withLock {
+                suspended = value
+                lock.broadcast()
+            }
         }
 
         func observe(from initial: UInt32) {
             var seen = initial
             while true {
+                // While suspended, park here: the posts meanwhile stay in the counter, and the
+                // first wait after resuming returns at once if there were any (one call).
+                let parked: Bool = lock.withLock {
+                    while suspended, !cancelled { lock.wait() }
+                    return cancelled
+                }
+                if parked { return }
                 let now = counter.wait(whileEqualTo: seen)
                 enum Next { case stop, skip, run }
                 let next: Next = lock.withLock {
                     if cancelled { return .stop }
-                    guard now != seen else { return .skip }
+                    guard now != seen, !suspended else { return .skip }
                     runningOn = pthread_self()
                     return .run
                 }
@@ -240,6 +286,103 @@ public final class NotifyRegistration: Sendable {
                     lock.broadcast()
                 }
             }
+        }
+    }
+}
+
+/// The posts of a name as an `AsyncSequence` (``NotifyCenter/notifications(_:)``): one element per
+/// delivery; the registration is cancelled once neither the sequence nor an iterator of it is
+/// held, or by ``cancel()``, which also ends every loop over it.
+public struct NotifyNotifications: AsyncSequence, Sendable {
+    public typealias Element = Void
+    let registration: NotifyRegistration
+    let stream: AsyncStream<Void>
+    let continuation: AsyncStream<Void>.Continuation
+
+    /// Stops deliveries until ``resume()``; posts meanwhile give one element on resume.
+    public func suspend() { registration.suspend() }
+
+    public func resume() { registration.resume() }
+
+    /// Cancels the registration and ends the sequence: a loop over it finishes.
+    public func cancel() {
+        registration.cancel()
+        continuation.finish()
+    }
+
+    public func makeAsyncIterator() -> Iterator {
+        Iterator(registration: registration, base: stream.makeAsyncIterator())
+    }
+
+    public struct Iterator: AsyncIteratorProtocol {
+        /// Held so that the registration lives as long as the loop that iterates.
+        let registration: NotifyRegistration
+        var base: AsyncStream<Void>.Iterator
+
+        public mutating func next() async -> Void? {
+            await base.next()
+        }
+    }
+}
+
+/// Posts of a name delivered to a descriptor (``NotifyCenter/registerFileDescriptor(_:)``): an
+/// eventfd, non-blocking, that becomes readable after a post; poll it with any event loop (its
+/// ``descriptor``), then call ``acknowledge()``. Posts between two acknowledgements coalesce.
+/// Cancelling, or releasing the last reference, stops deliveries and closes the descriptor.
+public final class NotifyDescriptorRegistration: Sendable {
+    public let name: String
+    /// The descriptor to poll for reading. Valid until ``cancel()`` or release.
+    public let descriptor: CInt
+    private let registration: NotifyRegistration
+    private let closed = Mutex(false)
+
+    init(center: NotifyCenter, name: String) throws {
+        let descriptor = eventfd(0, CInt(EFD_NONBLOCK | EFD_CLOEXEC))
+        guard descriptor >= 0 else {
+            throw IPCError(code: .transportFailure, message: "eventfd for notifications of \(name) failed: errno \(errno)")
+        }
+        do {
+            registration = try center.register(name) {
+                var one: UInt64 = 1
+                // EAGAIN only at a counter of 2^64 - 2 posts unacknowledged: readable anyway.
+                _ = write(descriptor, &one, 8)
+            }
+        } catch {
+            close(descriptor)
+            throw error
+        }
+        self.name = name
+        self.descriptor = descriptor
+    }
+
+    deinit {
+        cancel()
+    }
+
+    /// Reads the descriptor: whether the name was posted since the last acknowledgement. After
+    /// it, the descriptor is not readable until the next post.
+    public func acknowledge() -> Bool {
+        closed.withLock { closed in
+            guard !closed else { return false }
+            var count: UInt64 = 0
+            return read(descriptor, &count, 8) == 8 && count > 0
+        }
+    }
+
+    /// Suspends deliveries (posts meanwhile give one on ``resume()``).
+    public func suspend() { registration.suspend() }
+
+    public func resume() { registration.resume() }
+
+    /// Stops deliveries and closes the descriptor; later calls do nothing.
+    public func cancel() {
+        // After cancel returns the handler never runs again, so it never writes to a closed
+        // (or reused) descriptor number.
+        registration.cancel()
+        closed.withLock { closed in
+            guard !closed else { return }
+            closed = true
+            close(descriptor)
         }
     }
 }
