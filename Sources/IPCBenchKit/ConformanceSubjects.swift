@@ -3,6 +3,7 @@ import IPCConformance
 import IPCCore
 import IPCFraming
 import IPCPosix
+import NotifyTransport
 
 extension TransportCatalog {
     /// The built-in transport called `name` as a conformance subject: its peers are
@@ -18,6 +19,12 @@ extension TransportCatalog {
         guard usesFraming(name) else {
             var subject = ConformanceSubject(transport, peers: peers)
             if name == "message-port" { subject.removeLeftovers = removeQueues }
+            if name == "notify" {
+                // Its named notifications (area 8), posted from another process by `ipcbench notifyutil`.
+                subject.notifications = NotificationCenterAccess(poster: try PeerProcess.executableURL(), posterArguments: ["notifyutil"]) {
+                    try NotifyCenter(group: $0)
+                }
+            }
             return subject
         }
         // The Unix socket transport's endpoint `name` is the socket file `name.sock`.

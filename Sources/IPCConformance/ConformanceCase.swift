@@ -45,6 +45,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
     case lifecycle = 5
     case peerDeath = 6
     case service = 7
+    case notifications = 8
 
     public var description: String {
         switch self {
@@ -55,6 +56,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
         case .lifecycle: "Lifecycle"
         case .peerDeath: "Peer death"
         case .service: "Service semantics"
+        case .notifications: "Named notifications"
         }
     }
 }
@@ -88,6 +90,9 @@ public struct ConformanceRequirement: Sendable, CustomStringConvertible {
     }
     static let peerDeathDetection = ConformanceRequirement(description: "the transport declares that it cannot detect peer death") {
         $0.capabilities.peerDeathDetection != .none
+    }
+    static let notificationCenter = ConformanceRequirement(description: "the subject offers no named-notification center") {
+        $0.notifications != nil
     }
     static let processWatch = ConformanceRequirement(
         description: "the transport detects peer death by end of file (peerDeathDetection is not processWatch), which a process holding the peer's descriptors postpones"

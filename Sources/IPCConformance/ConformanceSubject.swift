@@ -25,6 +25,9 @@ public struct ConformanceSubject: Sendable {
     /// transport can reclaim (for example a POSIX queue a client created just before it was
     /// killed, which no listener ever heard of). Runs after each case, once its peers are gone.
     public var removeLeftovers: (@Sendable (GroupDirectory) -> Void)?
+    /// The subject's named-notification center, for the notification cases (area 8). `nil`
+    /// for a subject without one: those cases are then not applicable.
+    public var notifications: NotificationCenterAccess?
 
     let transport: ErasedTransport
 
@@ -93,5 +96,40 @@ public struct ConformanceOptions: Sendable {
                 let entry = line.prefix { $0 != "#" }.trimmingCharacters(in: .whitespaces)
                 return entry.isEmpty ? nil : entry
             }
+    }
+}
+
+/// How the notification cases (area 8) reach a ``NamedNotificationCenter``: the center in this
+/// process, and a program that posts and reads state from another process.
+///
+/// The program keeps `notifyutil`'s contract (`ipcbench notifyutil` does): the suite runs it with
+/// ``posterArguments``, then `--group DIR`, then one of `--post NAME --count K` (K posts in a
+/// row), `--set NAME=VALUE` or `--get NAME` (prints the value and a newline); exit status 0 on
+/// success.
+public struct NotificationCenterAccess: Sendable {
+    public var poster: URL
+    public var posterArguments: [String]
+    let open: @Sendable (GroupDirectory) throws -> ErasedNotificationCenter
+
+    /// - Parameter open: opens the center of a group directory in this process.
+    public init<Center: NamedNotificationCenter>(poster: URL, posterArguments: [String] = [], open: @escaping @Sendable (GroupDirectory) throws -> Center) {
+        self.poster = poster
+        self.posterArguments = posterArguments
+        self.open = { group in ErasedNotificationCenter(try open(group)) }
+    }
+}
+
+/// A ``NamedNotificationCenter`` of any type, for the cases.
+struct ErasedNotificationCenter: Sendable {
+    let post: @Sendable (String) throws -> Void
+    let setState: @Sendable (UInt64, String) throws -> Void
+    let state: @Sendable (String) throws -> UInt64
+    let register: @Sendable (String, @escaping @Sendable () -> Void) throws -> any NamedNotificationRegistration
+
+    init<Center: NamedNotificationCenter>(_ center: Center) {
+        post = { try center.post($0) }
+        setState = { try center.setState($0, for: $1) }
+        state = { try center.state(for: $0) }
+        register = { try center.register($0, handler: $1) }
     }
 }

@@ -16,7 +16,7 @@ import Synchronization
 /// Why a futex: measured on this machine's kind (docs/DESIGN-NOTES.md), a futex wake on shared
 /// memory is the cheapest kernel wake-up between two processes (about 5 µs round trip on one core,
 /// against about 6 µs for a pipe and 20 µs for inotify), and it needs no descriptor per observer.
-public final class NotifyCenter: Sendable {
+public final class NotifyCenter: NamedNotificationCenter {
     /// Slots in the table; a name, once posted or observed, keeps its slot (as notify(3) names do).
     public static let capacity = 1024
     /// The longest name accepted, in UTF-8 bytes.
@@ -188,7 +188,7 @@ public final class NotifyCheckToken: Sendable {
 /// never runs again; cancelling from inside the handler is allowed. Releasing the last
 /// reference to a registration cancels it, as releasing a notify(3) token does (the observer's
 /// thread holds only the observation, never the registration).
-public final class NotifyRegistration: Sendable {
+public final class NotifyRegistration: NamedNotificationRegistration {
     public let name: String
     private let observation: Observation
 
