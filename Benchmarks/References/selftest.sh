@@ -100,6 +100,19 @@ wait_exit() {
     wait "$pid"; exit_status=$?
 }
 
+# check_cleaned_up WHERE WHEN: once serve has exited, nothing is left in the address directory
+# (checks named "... WHERE") and the D-Bus daemon, if there was one, is gone ("...WHEN").
+check_cleaned_up() {
+    local where="$1" when="$2" left
+    left="$(ls -A "$address")"
+    if [ -z "$left" ]; then pass "nothing left $where"; else fail "left $where: $left"; fi
+    if [ -n "$daemon_pid" ]; then
+        sleep 0.2
+        if kill -0 "$daemon_pid" 2>/dev/null; then fail "dbus-daemon $daemon_pid still running$when"; kill "$daemon_pid"
+        else pass "dbus-daemon $daemon_pid is gone$when"; fi
+    fi
+}
+
 for entry in "${all_systems[@]}"; do
     binary="${entry%%:*}" system="${entry#*:}"
     if [ ${#only[@]} -gt 0 ] && [[ ! " ${only[*]} " =~ " $system " ]]; then continue; fi
@@ -172,13 +185,7 @@ for entry in "${all_systems[@]}"; do
     exec {server_stdin}>&-
     if wait_exit "$server_pid" 10 && [ "$exit_status" = 0 ]; then pass "serve exits 0 at end of stdin"
     else fail "serve did not exit 0 within 10 s of end of stdin"; kill -9 "$server_pid" 2>/dev/null; fi
-    left="$(ls -A "$address")"
-    if [ -z "$left" ]; then pass "nothing left in the address directory"; else fail "left in the address directory: $left"; fi
-    if [ -n "$daemon_pid" ]; then
-        sleep 0.2
-        if kill -0 "$daemon_pid" 2>/dev/null; then fail "dbus-daemon $daemon_pid still running"; kill "$daemon_pid"
-        else pass "dbus-daemon $daemon_pid is gone"; fi
-    fi
+    check_cleaned_up "in the address directory" ""
 
     # serve --corrupt: a wrong echo must make measure exit 3. Stop this one by SIGTERM.
     rm -rf "$address"; mkdir "$address"
@@ -196,13 +203,7 @@ for entry in "${all_systems[@]}"; do
         if wait_exit "$server_pid" 10 && [ "$exit_status" = 0 ]; then pass "serve exits 0 on SIGTERM"
         else fail "serve did not exit 0 within 10 s of SIGTERM"; kill -9 "$server_pid" 2>/dev/null; fi
         exec {server_stdin}>&-
-        left="$(ls -A "$address")"
-        if [ -z "$left" ]; then pass "nothing left after SIGTERM"; else fail "left after SIGTERM: $left"; fi
-        if [ -n "$daemon_pid" ]; then
-            sleep 0.2
-            if kill -0 "$daemon_pid" 2>/dev/null; then fail "dbus-daemon $daemon_pid still running after SIGTERM"; kill "$daemon_pid"
-            else pass "dbus-daemon $daemon_pid is gone after SIGTERM"; fi
-        fi
+        check_cleaned_up "after SIGTERM" " after SIGTERM"
     else
         fail "serve --corrupt: $start_error"; kill "$server_pid" 2>/dev/null; exec {server_stdin}>&-
     fi

@@ -1,7 +1,8 @@
 /*
  * ref_common.h: what every C reference system of ipcbench shares. The command line, CPU pinning,
- * the payload pattern, /proc accounting of CPU time and context switches, the serve loop's
- * stop conditions (SIGTERM, SIGINT, end of standard input) and the one-line JSON result.
+ * the payload pattern, /proc accounting of CPU time and context switches, measure's latency and
+ * one-way stream loops, the serve loop's stop conditions (SIGTERM, SIGINT, end of standard input)
+ * and the one-line JSON result.
  *
  * The contract these implement is written down in ../README.md; keep the two in step.
  * Header-only: each reference is one translation unit (ref_zmq.c, ref_dbus.c) that includes it.
@@ -343,6 +344,28 @@ static void ref_describe_mismatch(char *out, size_t out_size, const struct ref_p
     snprintf(out, out_size, "message %" PRIu64 " matches", k);
 }
 
+/* A client's check of echo k: fails (status 3) with why it is wrong. */
+static void ref_check_echo(const struct ref_pattern *pattern, uint64_t k, const void *data, size_t size)
+{
+    if (!ref_check(pattern, k, data, size)) {
+        char why[160];
+        ref_describe_mismatch(why, sizeof why, pattern, k, data, size);
+        ref_fail("wrong echo: %s", why);
+    }
+}
+
+/* The self-test's wrong message (an echo of serve --corrupt, the first timed message of measure
+ * --corrupt): a copy of the size bytes at data with byte size/2 flipped, or the one byte 0x5a
+ * where there were none. Sets *size to the copy's size; the caller frees the copy. */
+static uint8_t *ref_corrupted_copy(const void *data, size_t *size)
+{
+    uint8_t *copy = malloc(*size + 1);
+    if (!copy) ref_fail("out of memory");
+    if (*size) memcpy(copy, data, *size), copy[*size / 2] ^= 0xff;
+    else copy[0] = 0x5a, *size = 1;
+    return copy;
+}
+
 /* ----------------------------------------------------------------------------------------------
  * Accounting: CPU time (ns on CPU, first field of schedstat) and context switches (status),
  * summed over every thread of a process, as /proc/PID/schedstat and /proc/PID/status count the
@@ -478,6 +501,47 @@ static void ref_print_throughput(const struct ref_args *args, uint64_t elapsed_n
 static inline uint64_t ref_sample(uint64_t start, uint64_t end)
 {
     return end > start ? end - start : 1;
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * Measuring: the loops both modes run, around a system's own send and receive.
+ */
+
+/* Latency: --warmup + --count round trips one after another, numbered k = 0, 1, ... from the first
+ * warmup one on, with the accounting around the timed ones. round_trip(state, k) makes round trip
+ * k, times it itself (ref_now_ns just before handing message k to the library, and again once the
+ * whole echo has been received), checks the echo and returns ref_sample of the two. Returns the
+ * --count samples, for ref_print_latency. */
+static uint64_t *ref_latency_round_trips(const struct ref_args *args, struct ref_accounting *accounting,
+                                         uint64_t (*round_trip)(void *state, uint64_t k), void *state)
+{
+    uint64_t *samples = calloc((size_t)args->count, sizeof *samples);
+    if (!samples) ref_fail("out of memory");
+    long total = args->warmup + args->count;
+    for (long k = 0; k < total; k++) {
+        if (k == args->warmup) ref_accounting_start(accounting);
+        uint64_t sample = round_trip(state, (uint64_t)k);
+        ref_progress();
+        if (k >= args->warmup) samples[k - args->warmup] = sample;
+    }
+    ref_accounting_stop(accounting);
+    return samples;
+}
+
+/* Throughput: messages 0 to count - 1 of a one-way stream, each handed to send(state, data, size)
+ * in turn; with corrupt_first (measure --corrupt), message 0 is ref_corrupted_copy's instead. */
+static void ref_send_stream(const struct ref_pattern *pattern, long count, int corrupt_first,
+                            void (*send)(void *state, const void *data, size_t size), void *state)
+{
+    uint8_t *wrong = NULL;
+    for (long k = 0; k < count; k++) {
+        const void *data = ref_message(pattern, (uint64_t)k);
+        size_t size = pattern->payload;
+        if (k == 0 && corrupt_first) data = wrong = ref_corrupted_copy(data, &size);
+        send(state, data, size);
+        ref_progress();
+    }
+    free(wrong);
 }
 
 /* ----------------------------------------------------------------------------------------------

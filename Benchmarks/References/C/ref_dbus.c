@@ -67,12 +67,7 @@ static int method_echo(sd_bus_message *message, void *userdata, sd_bus_error *er
     if (r < 0) return r;
     static const uint8_t empty[1];
     uint8_t *wrong = NULL;
-    if (corrupt_echoes) {
-        wrong = malloc(size + 1);
-        if (size) memcpy(wrong, data, size), wrong[size / 2] ^= 0xff;
-        else wrong[0] = 0x5a, size = 1;
-        data = wrong;
-    }
+    if (corrupt_echoes) data = wrong = ref_corrupted_copy(data, &size);
     r = sd_bus_message_append_array(reply, 'y', size ? data : empty, size);
     if (r >= 0) r = sd_bus_send(NULL, reply, NULL);
     sd_bus_message_unref(reply);
@@ -498,28 +493,40 @@ static void finish_phase(struct client *client, long count)
     if (taken != (uint64_t)count) ref_fail("the receiver took %" PRIu64 " messages, expected %ld", taken, count);
 }
 
-static void push_stream(struct client *client, const struct ref_pattern *pattern, long count, int corrupt_first)
+/* One message of a one-way stream (ref_send_stream): a Push call. */
+static void push(void *state, const void *data, size_t size)
 {
-    uint8_t *wrong = NULL;
-    for (long k = 0; k < count; k++) {
-        const void *data = ref_message(pattern, (uint64_t)k);
-        size_t size = pattern->payload;
-        if (k == 0 && corrupt_first) {
-            wrong = malloc(size + 1);
-            if (size) memcpy(wrong, data, size), wrong[size / 2] ^= 0xff;
-            else wrong[0] = 0x5a, size = 1;
-            data = wrong;
-        }
-        sd_bus_message *message = new_call(client, "Push");
-        sd_bus_message_set_expect_reply(message, 0);
-        append_bytes(message, data, size);
-        int r = sd_bus_send(client->bus, message, NULL);
-        if (r < 0) call_failed("sending Push", r, NULL);
-        sd_bus_message_unref(message);
-        drain_writes(client->bus);
-        ref_progress();
-    }
-    free(wrong);
+    struct client *client = state;
+    sd_bus_message *message = new_call(client, "Push");
+    sd_bus_message_set_expect_reply(message, 0);
+    append_bytes(message, data, size);
+    int r = sd_bus_send(client->bus, message, NULL);
+    if (r < 0) call_failed("sending Push", r, NULL);
+    sd_bus_message_unref(message);
+    drain_writes(client->bus);
+}
+
+/* A latency round trip: an Echo call. */
+struct round_trip {
+    struct client *client;
+    const struct ref_pattern *pattern;
+};
+
+static uint64_t echo_round_trip(void *state, uint64_t k)
+{
+    const struct round_trip *trip = state;
+    uint64_t start = ref_now_ns();
+    sd_bus_message *message = new_call(trip->client, "Echo");
+    append_bytes(message, ref_message(trip->pattern, k), trip->pattern->payload);
+    sd_bus_message *reply = call(trip->client, message, "Echo");
+    const void *data = NULL;
+    size_t size = 0;
+    int r = sd_bus_message_read_array(reply, 'y', &data, &size);
+    uint64_t end = ref_now_ns();
+    if (r < 0) call_failed("reading Echo's reply", r, NULL);
+    ref_check_echo(trip->pattern, k, data, size);
+    sd_bus_message_unref(reply);
+    return ref_sample(start, end);
 }
 
 static pid_t read_daemon_pid(const char *path)
@@ -555,41 +562,19 @@ static void measure(const struct ref_args *args, int via_daemon)
     ref_pattern_init(&pattern, (size_t)args->payload);
 
     if (args->mode == REF_LATENCY) {
-        uint64_t *samples = calloc((size_t)args->count, sizeof *samples);
-        if (!samples) ref_fail("out of memory");
-        long total = args->warmup + args->count;
-        for (long k = 0; k < total; k++) {
-            if (k == args->warmup) ref_accounting_start(&accounting);
-            uint64_t start = ref_now_ns();
-            sd_bus_message *message = new_call(&client, "Echo");
-            append_bytes(message, ref_message(&pattern, (uint64_t)k), pattern.payload);
-            sd_bus_message *reply = call(&client, message, "Echo");
-            const void *data = NULL;
-            size_t size = 0;
-            r = sd_bus_message_read_array(reply, 'y', &data, &size);
-            uint64_t end = ref_now_ns();
-            if (r < 0) call_failed("reading Echo's reply", r, NULL);
-            if (!ref_check(&pattern, (uint64_t)k, data, size)) {
-                char why[160];
-                ref_describe_mismatch(why, sizeof why, &pattern, (uint64_t)k, data, size);
-                ref_fail("wrong echo: %s", why);
-            }
-            sd_bus_message_unref(reply);
-            ref_progress();
-            if (k >= args->warmup) samples[k - args->warmup] = ref_sample(start, end);
-        }
-        ref_accounting_stop(&accounting);
+        struct round_trip trip = {&client, &pattern};
+        uint64_t *samples = ref_latency_round_trips(args, &accounting, echo_round_trip, &trip);
         ref_print_latency(args, samples, &accounting);
     } else {
         if (args->warmup > 0) {
             begin_phase(&client, &pattern, args->warmup);
-            push_stream(&client, &pattern, args->warmup, 0);
+            ref_send_stream(&pattern, args->warmup, 0, push, &client);
             finish_phase(&client, args->warmup);
         }
         begin_phase(&client, &pattern, args->count);
         ref_accounting_start(&accounting);
         uint64_t start = ref_now_ns();
-        push_stream(&client, &pattern, args->count, args->corrupt);
+        ref_send_stream(&pattern, args->count, args->corrupt, push, &client);
         finish_phase(&client, args->count);
         uint64_t end = ref_now_ns();
         ref_accounting_stop(&accounting);

@@ -88,20 +88,44 @@ static short poll_events(short zmq_revents)
     return (short)(((zmq_revents & ZMQ_POLLIN) ? POLLIN : 0) | ((zmq_revents & ZMQ_POLLERR) ? POLLERR : 0));
 }
 
-static void serve_reqrep(const struct ref_args *args, void *context, struct ref_stop *stop)
-{
-    char *path = ref_path(args, "zmq-reqrep.sock");
-    char *endpoint = endpoint_of(path);
-    unlink(path);
-    void *socket = new_socket(context, ZMQ_REP);
-    /* A reply to a client that has gone must not hold the server up. */
-    set_int(socket, ZMQ_SNDTIMEO, 1000);
-    if (zmq_bind(socket, endpoint) != 0) ref_fail("zmq_bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
-    ref_ready();
+/* The server's socket, bound at DIR/name. */
+struct server {
+    char *path, *endpoint;
+    void *socket;
+};
 
+/* Binds a new socket of type at DIR/name (send_timeout_ms >= 0: with that ZMQ_SNDTIMEO), then
+ * prints ready. */
+static void server_listen(struct server *server, const struct ref_args *args, void *context, const char *name,
+                          int type, int send_timeout_ms)
+{
+    server->path = ref_path(args, name);
+    server->endpoint = endpoint_of(server->path);
+    unlink(server->path);
+    server->socket = new_socket(context, type);
+    if (send_timeout_ms >= 0) set_int(server->socket, ZMQ_SNDTIMEO, send_timeout_ms);
+    if (zmq_bind(server->socket, server->endpoint) != 0)
+        ref_fail("zmq_bind %s: %s", server->endpoint, zmq_strerror(zmq_errno()));
+    ref_ready();
+}
+
+static void server_close(struct server *server)
+{
+    zmq_close(server->socket);
+    unlink(server->path);
+    free(server->endpoint);
+    free(server->path);
+}
+
+/* Serves until a stop signal or end of standard input: waits for the server's socket, and hands
+ * every message that has arrived to take(state, socket, message), which owns it (sends or closes
+ * it, and reads any further frames of it from socket). */
+static void serve_messages(struct server *server, struct ref_stop *stop,
+                           void (*take)(void *state, void *socket, zmq_msg_t *message), void *state)
+{
     for (;;) {
         zmq_pollitem_t items[3] = {
-            {socket, 0, ZMQ_POLLIN, 0},
+            {server->socket, 0, ZMQ_POLLIN, 0},
             {NULL, stop->signal_fd, ZMQ_POLLIN, 0},
             {NULL, STDIN_FILENO, ZMQ_POLLIN, 0},
         };
@@ -114,18 +138,30 @@ static void serve_reqrep(const struct ref_args *args, void *context, struct ref_
         for (;;) {
             zmq_msg_t message;
             zmq_msg_init(&message);
-            if (zmq_msg_recv(&message, socket, ZMQ_DONTWAIT) < 0) {
+            if (zmq_msg_recv(&message, server->socket, ZMQ_DONTWAIT) < 0) {
                 zmq_msg_close(&message);
                 break;
             }
-            if (args->corrupt) corrupt_message(&message);
-            if (zmq_msg_send(&message, socket, 0) < 0) zmq_msg_close(&message);
+            take(state, server->socket, &message);
         }
     }
-    zmq_close(socket);
-    unlink(path);
-    free(endpoint);
-    free(path);
+}
+
+/* zmq-reqrep: every request is echoed on the REP socket it came from. */
+static void echo_request(void *state, void *socket, zmq_msg_t *message)
+{
+    const struct ref_args *args = state;
+    if (args->corrupt) corrupt_message(message);
+    if (zmq_msg_send(message, socket, 0) < 0) zmq_msg_close(message);
+}
+
+static void serve_reqrep(const struct ref_args *args, void *context, struct ref_stop *stop)
+{
+    struct server server;
+    /* A reply to a client that has gone must not hold the server up. */
+    server_listen(&server, args, context, "zmq-reqrep.sock", ZMQ_REP, 1000);
+    serve_messages(&server, stop, echo_request, (void *)args);
+    server_close(&server);
 }
 
 struct pushpull_session {
@@ -210,65 +246,49 @@ static void handle_data(const struct ref_args *args, struct pushpull_session *se
     }
 }
 
+struct pushpull_server {
+    const struct ref_args *args;
+    void *context;
+    struct pushpull_session session;
+};
+
+/* zmq-pushpull: a control message (the frame "ctl", then the text) or a data message. */
+static void take_pushpull(void *state, void *pull, zmq_msg_t *message)
+{
+    struct pushpull_server *server = state;
+    if (zmq_msg_more(message)) {
+        /* Control: "ctl" then the text. */
+        zmq_msg_t text;
+        zmq_msg_init(&text);
+        if (zmq_msg_recv(&text, pull, 0) >= 0) {
+            char buffer[PATH_MAX + 128];
+            size_t size = zmq_msg_size(&text);
+            if (size >= sizeof buffer) size = sizeof buffer - 1;
+            memcpy(buffer, zmq_msg_data(&text), size);
+            buffer[size] = '\0';
+            while (zmq_msg_more(&text)) { /* drop any further frames */
+                zmq_msg_close(&text);
+                zmq_msg_init(&text);
+                if (zmq_msg_recv(&text, pull, 0) < 0) break;
+            }
+            handle_control(server->context, &server->session, buffer);
+        }
+        zmq_msg_close(&text);
+        zmq_msg_close(message);
+        return;
+    }
+    handle_data(server->args, &server->session, message);
+    zmq_msg_close(message);
+}
+
 static void serve_pushpull(const struct ref_args *args, void *context, struct ref_stop *stop)
 {
-    char *path = ref_path(args, "zmq-pushpull.sock");
-    char *endpoint = endpoint_of(path);
-    unlink(path);
-    void *pull = new_socket(context, ZMQ_PULL);
-    if (zmq_bind(pull, endpoint) != 0) ref_fail("zmq_bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
-    struct pushpull_session session = {0};
-    ref_ready();
-
-    for (;;) {
-        zmq_pollitem_t items[3] = {
-            {pull, 0, ZMQ_POLLIN, 0},
-            {NULL, stop->signal_fd, ZMQ_POLLIN, 0},
-            {NULL, STDIN_FILENO, ZMQ_POLLIN, 0},
-        };
-        if (zmq_poll(items, 3, -1) < 0) {
-            if (zmq_errno() == EINTR) continue;
-            ref_fail("zmq_poll: %s", zmq_strerror(zmq_errno()));
-        }
-        if (ref_stop_check(stop, items[1].revents, poll_events(items[2].revents))) break;
-        if (!(items[0].revents & ZMQ_POLLIN)) continue;
-        for (;;) {
-            zmq_msg_t message;
-            zmq_msg_init(&message);
-            if (zmq_msg_recv(&message, pull, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&message);
-                break;
-            }
-            if (zmq_msg_more(&message)) {
-                /* Control: "ctl" then the text. */
-                zmq_msg_t text;
-                zmq_msg_init(&text);
-                if (zmq_msg_recv(&text, pull, 0) >= 0) {
-                    char buffer[PATH_MAX + 128];
-                    size_t size = zmq_msg_size(&text);
-                    if (size >= sizeof buffer) size = sizeof buffer - 1;
-                    memcpy(buffer, zmq_msg_data(&text), size);
-                    buffer[size] = '\0';
-                    while (zmq_msg_more(&text)) { /* drop any further frames */
-                        zmq_msg_close(&text);
-                        zmq_msg_init(&text);
-                        if (zmq_msg_recv(&text, pull, 0) < 0) break;
-                    }
-                    handle_control(context, &session, buffer);
-                }
-                zmq_msg_close(&text);
-                zmq_msg_close(&message);
-                continue;
-            }
-            handle_data(args, &session, &message);
-            zmq_msg_close(&message);
-        }
-    }
-    session_end(&session);
-    zmq_close(pull);
-    unlink(path);
-    free(endpoint);
-    free(path);
+    struct server server;
+    struct pushpull_server state = {args, context, {0}};
+    server_listen(&server, args, context, "zmq-pushpull.sock", ZMQ_PULL, -1);
+    serve_messages(&server, stop, take_pushpull, &state);
+    session_end(&state.session);
+    server_close(&server);
 }
 
 /* ----------------------------------------------------------------------------------------------
@@ -280,15 +300,6 @@ static void receive_data(void *socket, zmq_msg_t *message)
 {
     if (zmq_msg_recv(message, socket, 0) < 0) client_zmq_failure("waiting for the echo");
     if (zmq_msg_more(message)) ref_fail("a multi-frame message arrived where an echo was due");
-}
-
-static void check_echo(const struct ref_pattern *pattern, uint64_t k, zmq_msg_t *message)
-{
-    if (!ref_check(pattern, k, zmq_msg_data(message), zmq_msg_size(message))) {
-        char why[160];
-        ref_describe_mismatch(why, sizeof why, pattern, k, zmq_msg_data(message), zmq_msg_size(message));
-        ref_fail("wrong echo: %s", why);
-    }
 }
 
 /* Receives a control message's text. */
@@ -308,6 +319,29 @@ static void receive_control(void *socket, char *out, size_t out_size, const char
     zmq_msg_close(&frame);
 }
 
+/* A latency round trip of both systems: message k out on one socket, its echo back on another
+ * (REQ/REP: the same one). */
+struct round_trip {
+    const struct ref_pattern *pattern;
+    void *out, *in;
+    const char *sending; /* what a failure to send is called */
+};
+
+static uint64_t echo_round_trip(void *state, uint64_t k)
+{
+    const struct round_trip *trip = state;
+    zmq_msg_t echo;
+    zmq_msg_init(&echo);
+    uint64_t start = ref_now_ns();
+    if (zmq_send(trip->out, ref_message(trip->pattern, k), trip->pattern->payload, 0) < 0)
+        client_zmq_failure(trip->sending);
+    receive_data(trip->in, &echo);
+    uint64_t end = ref_now_ns();
+    ref_check_echo(trip->pattern, k, zmq_msg_data(&echo), zmq_msg_size(&echo));
+    zmq_msg_close(&echo);
+    return ref_sample(start, end);
+}
+
 static void measure_reqrep(const struct ref_args *args, void *context, struct ref_accounting *accounting)
 {
     if (args->mode == REF_THROUGHPUT)
@@ -322,24 +356,8 @@ static void measure_reqrep(const struct ref_args *args, void *context, struct re
 
     struct ref_pattern pattern = {0};
     ref_pattern_init(&pattern, (size_t)args->payload);
-    uint64_t *samples = calloc((size_t)args->count, sizeof *samples);
-    if (!samples) ref_fail("out of memory");
-    long total = args->warmup + args->count;
-    for (long k = 0; k < total; k++) {
-        if (k == args->warmup) ref_accounting_start(accounting);
-        zmq_msg_t reply;
-        zmq_msg_init(&reply);
-        uint64_t start = ref_now_ns();
-        if (zmq_send(request, ref_message(&pattern, (uint64_t)k), (size_t)args->payload, 0) < 0)
-            client_zmq_failure("sending a request");
-        receive_data(request, &reply);
-        uint64_t end = ref_now_ns();
-        check_echo(&pattern, (uint64_t)k, &reply);
-        zmq_msg_close(&reply);
-        ref_progress();
-        if (k >= args->warmup) samples[k - args->warmup] = ref_sample(start, end);
-    }
-    ref_accounting_stop(accounting);
+    struct round_trip trip = {&pattern, request, request, "sending a request"};
+    uint64_t *samples = ref_latency_round_trips(args, accounting, echo_round_trip, &trip);
     zmq_close(request);
     ref_print_latency(args, samples, accounting);
 }
@@ -361,23 +379,10 @@ static void wait_for_ack(void *back, uint64_t expected)
     if (received != expected) ref_fail("the receiver took %llu messages, expected %" PRIu64, received, expected);
 }
 
-static void send_stream(void *push, const struct ref_pattern *pattern, long count, int corrupt_first)
+/* One message of a one-way stream (ref_send_stream). */
+static void send_message(void *push, const void *data, size_t size)
 {
-    uint8_t *wrong = NULL;
-    for (long k = 0; k < count; k++) {
-        const void *data = ref_message(pattern, (uint64_t)k);
-        size_t size = pattern->payload;
-        if (k == 0 && corrupt_first) {
-            wrong = malloc(size + 1);
-            memcpy(wrong, data, size);
-            if (size) wrong[size / 2] ^= 0xff;
-            else size = 1, wrong[0] = 0x5a;
-            data = wrong;
-        }
-        if (zmq_send(push, data, size, 0) < 0) client_zmq_failure("sending a message");
-        ref_progress();
-    }
-    free(wrong);
+    if (zmq_send(push, data, size, 0) < 0) client_zmq_failure("sending a message");
 }
 
 static void measure_pushpull(const struct ref_args *args, void *context, struct ref_accounting *accounting)
@@ -409,34 +414,18 @@ static void measure_pushpull(const struct ref_args *args, void *context, struct 
     struct ref_pattern pattern = {0};
     ref_pattern_init(&pattern, (size_t)args->payload);
     if (args->mode == REF_LATENCY) {
-        uint64_t *samples = calloc((size_t)args->count, sizeof *samples);
-        if (!samples) ref_fail("out of memory");
-        long total = args->warmup + args->count;
-        for (long k = 0; k < total; k++) {
-            if (k == args->warmup) ref_accounting_start(accounting);
-            zmq_msg_t echo;
-            zmq_msg_init(&echo);
-            uint64_t start = ref_now_ns();
-            if (zmq_send(push, ref_message(&pattern, (uint64_t)k), (size_t)args->payload, 0) < 0)
-                client_zmq_failure("sending a message");
-            receive_data(back, &echo);
-            uint64_t end = ref_now_ns();
-            check_echo(&pattern, (uint64_t)k, &echo);
-            zmq_msg_close(&echo);
-            ref_progress();
-            if (k >= args->warmup) samples[k - args->warmup] = ref_sample(start, end);
-        }
-        ref_accounting_stop(accounting);
+        struct round_trip trip = {&pattern, push, back, "sending a message"};
+        uint64_t *samples = ref_latency_round_trips(args, accounting, echo_round_trip, &trip);
         send_control(push, "bye", 1);
         ref_print_latency(args, samples, accounting);
     } else {
         if (args->warmup > 0) {
-            send_stream(push, &pattern, args->warmup, 0);
+            ref_send_stream(&pattern, args->warmup, 0, send_message, push);
             wait_for_ack(back, (uint64_t)args->warmup);
         }
         ref_accounting_start(accounting);
         uint64_t start = ref_now_ns();
-        send_stream(push, &pattern, args->count, args->corrupt);
+        ref_send_stream(&pattern, args->count, args->corrupt, send_message, push);
         wait_for_ack(back, (uint64_t)args->count);
         uint64_t end = ref_now_ns();
         ref_accounting_stop(accounting);
@@ -463,17 +452,15 @@ int main(int argc, char **argv)
             serve_pushpull(&args, context, &stop);
         else
             serve_reqrep(&args, context, &stop);
-        zmq_ctx_term(context);
-        return 0;
+    } else {
+        ref_watchdog_start();
+        struct ref_accounting accounting = {0};
+        ref_accounting_add_server(&accounting, args.server_pid);
+        if (pushpull)
+            measure_pushpull(&args, context, &accounting);
+        else
+            measure_reqrep(&args, context, &accounting);
     }
-
-    ref_watchdog_start();
-    struct ref_accounting accounting = {0};
-    ref_accounting_add_server(&accounting, args.server_pid);
-    if (pushpull)
-        measure_pushpull(&args, context, &accounting);
-    else
-        measure_reqrep(&args, context, &accounting);
     zmq_ctx_term(context);
     return 0;
 }

@@ -8,6 +8,15 @@
 // Both executables follow the command-line contract in ../README.md.
 import PackageDescription
 
+/// An executable reference: RefCommon and the library products it measures, each given as
+/// (product, package).
+func reference(_ name: String, using products: [(String, String)]) -> Target {
+    .executableTarget(
+        name: name,
+        dependencies: ["RefCommon"] + products.map { .product(name: $0.0, package: $0.1) }
+    )
+}
+
 let package = Package(
     name: "ipcbench-references",
     platforms: [.macOS(.v15)],
@@ -28,23 +37,14 @@ let package = Package(
         // both executables.
         .target(name: "RefCommon", dependencies: ["CRefShims"]),
         // Length-prefixed echo over a Unix domain socket with SwiftNIO (NIOPosix + NIOExtras).
-        .executableTarget(
-            name: "ref-nio",
-            dependencies: [
-                "RefCommon",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOExtras", package: "swift-nio-extras"),
-            ]
+        reference(
+            "ref-nio",
+            using: [("NIOCore", "swift-nio"), ("NIOPosix", "swift-nio"), ("NIOExtras", "swift-nio-extras")]
         ),
         // gRPC unary echo and client-streaming over a Unix domain socket, raw bytes, no protobuf.
-        .executableTarget(
-            name: "ref-grpc",
-            dependencies: [
-                "RefCommon",
-                .product(name: "GRPCCore", package: "grpc-swift-2"),
-                .product(name: "GRPCNIOTransportHTTP2Posix", package: "grpc-swift-nio-transport"),
-            ]
+        reference(
+            "ref-grpc",
+            using: [("GRPCCore", "grpc-swift-2"), ("GRPCNIOTransportHTTP2Posix", "grpc-swift-nio-transport")]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -139,38 +139,71 @@ func serve() -> Never {
 
 // MARK: - Client
 
-/// Round trips one after another, driven from the event loop: each echo sends the next message.
-final class LatencyClientHandler: ChannelInboundHandler {
-    typealias InboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
+/// What measure's command line asks a client connection for.
+struct ClientRun {
+    let pattern: Pattern
+    let warmup: Int
+    let count: Int
+    /// measure --corrupt: the first timed one-way message is wrong.
+    let corrupt: Bool
+}
 
-    private let pattern: Pattern
-    private let warmup: Int
+/// What the two client handlers share: the hello that opens the connection, and the failures that
+/// end a measurement (a wrong answer, the server closing the connection, a connection error) by
+/// failing its promise.
+protocol ClientHandler: ChannelInboundHandler where InboundIn == ByteBuffer, OutboundOut == ByteBuffer {
+    associatedtype Outcome: Sendable
+    /// "latency" or "throughput", as the hello names it.
+    static var mode: String { get }
+    var run: ClientRun { get }
+    /// Succeeds with the measurement, or fails with the one line to exit with.
+    var done: EventLoopPromise<Outcome> { get }
+}
+
+extension ClientHandler {
+    /// The connection's first frame: "hello <latency|throughput> <payload> <warmup> <count>".
+    func channelActive(context: ChannelHandlerContext) {
+        let hello = "hello \(Self.mode) \(self.run.pattern.payload) \(self.run.warmup) \(self.run.count)"
+        context.writeAndFlush(self.wrapOutboundOut(ByteBuffer(string: hello)), promise: nil)
+    }
+
+    func fail(_ context: ChannelHandlerContext, _ message: String) {
+        self.done.fail(ReferenceFailure(message))
+        context.close(promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.done.fail(ReferenceFailure("the server closed the connection"))
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.fail(context, "connection error: \(error)")
+    }
+}
+
+/// Round trips one after another, driven from the event loop: each echo sends the next message.
+final class LatencyClientHandler: ClientHandler {
+    static let mode = "latency"
+    let run: ClientRun
+    let done: EventLoopPromise<[UInt64]>
     private let total: Int
-    private let done: EventLoopPromise<[UInt64]>
     private var samples: [UInt64] = []
     private var k = 0
     private var start: UInt64 = 0
     private var awaitingOK = true
 
-    init(pattern: Pattern, warmup: Int, count: Int, done: EventLoopPromise<[UInt64]>) {
-        self.pattern = pattern
-        self.warmup = warmup
-        self.total = warmup + count
+    init(_ run: ClientRun, done: EventLoopPromise<[UInt64]>) {
+        self.run = run
         self.done = done
-        self.samples.reserveCapacity(count)
-    }
-
-    func channelActive(context: ChannelHandlerContext) {
-        let hello = "hello latency \(self.pattern.payload) \(self.warmup) \(self.total - self.warmup)"
-        context.writeAndFlush(self.wrapOutboundOut(ByteBuffer(string: hello)), promise: nil)
+        self.total = run.warmup + run.count
+        self.samples.reserveCapacity(run.count)
     }
 
     private func sendNext(context: ChannelHandlerContext) {
-        if self.k == self.warmup { Reference.startAccounting() }
+        if self.k == self.run.warmup { Reference.startAccounting() }
         self.start = Reference.now()
-        var buffer = context.channel.allocator.buffer(capacity: self.pattern.payload)
-        buffer.writeBytes(self.pattern.message(self.k))
+        var buffer = context.channel.allocator.buffer(capacity: self.run.pattern.payload)
+        buffer.writeBytes(self.run.pattern.message(self.k))
         context.writeAndFlush(self.wrapOutboundOut(buffer), promise: nil)
     }
 
@@ -185,11 +218,11 @@ final class LatencyClientHandler: ChannelInboundHandler {
             return self.sendNext(context: context)
         }
         let k = self.k
-        guard frame.withUnsafeReadableBytes({ self.pattern.check(k, $0) }) else {
-            let why = frame.withUnsafeReadableBytes { self.pattern.describeMismatch(k, $0) }
+        guard frame.withUnsafeReadableBytes({ self.run.pattern.check(k, $0) }) else {
+            let why = frame.withUnsafeReadableBytes { self.run.pattern.describeMismatch(k, $0) }
             return self.fail(context, "wrong echo: \(why)")
         }
-        if k >= self.warmup { self.samples.append(Reference.sample(from: self.start, to: end)) }
+        if k >= self.run.warmup { self.samples.append(Reference.sample(from: self.start, to: end)) }
         Reference.progress()
         self.k += 1
         if self.k == self.total {
@@ -199,32 +232,14 @@ final class LatencyClientHandler: ChannelInboundHandler {
             self.sendNext(context: context)
         }
     }
-
-    private func fail(_ context: ChannelHandlerContext, _ message: String) {
-        self.done.fail(ReferenceFailure(message))
-        context.close(promise: nil)
-    }
-
-    func channelInactive(context: ChannelHandlerContext) {
-        self.done.fail(ReferenceFailure("the server closed the connection"))
-    }
-
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        self.fail(context, "connection error: \(error)")
-    }
 }
 
 /// N frames back to back, as fast as the channel's writability allows, then the server's
 /// acknowledgement of the last one.
-final class ThroughputClientHandler: ChannelInboundHandler {
-    typealias InboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
-
-    private let pattern: Pattern
-    private let warmup: Int
-    private let count: Int
-    private let corrupt: Bool
-    private let done: EventLoopPromise<UInt64>
+final class ThroughputClientHandler: ClientHandler {
+    static let mode = "throughput"
+    let run: ClientRun
+    let done: EventLoopPromise<UInt64>
     private var phases: [(messages: Int, timed: Bool)]
     private var phase = 0
     private var sent = 0
@@ -232,18 +247,10 @@ final class ThroughputClientHandler: ChannelInboundHandler {
     private var start: UInt64 = 0
     private var awaitingOK = true
 
-    init(pattern: Pattern, warmup: Int, count: Int, corrupt: Bool, done: EventLoopPromise<UInt64>) {
-        self.pattern = pattern
-        self.warmup = warmup
-        self.count = count
-        self.corrupt = corrupt
+    init(_ run: ClientRun, done: EventLoopPromise<UInt64>) {
+        self.run = run
         self.done = done
-        self.phases = (warmup > 0 ? [(warmup, false)] : []) + [(count, true)]
-    }
-
-    func channelActive(context: ChannelHandlerContext) {
-        let hello = "hello throughput \(self.pattern.payload) \(self.warmup) \(self.count)"
-        context.writeAndFlush(self.wrapOutboundOut(ByteBuffer(string: hello)), promise: nil)
+        self.phases = (run.warmup > 0 ? [(run.warmup, false)] : []) + [(run.count, true)]
     }
 
     private func beginPhase(context: ChannelHandlerContext) {
@@ -259,11 +266,11 @@ final class ThroughputClientHandler: ChannelInboundHandler {
     private func pump(context: ChannelHandlerContext) {
         let (messages, timed) = self.phases[self.phase]
         while self.sent < messages && context.channel.isWritable {
-            var buffer = context.channel.allocator.buffer(capacity: max(self.pattern.payload, 1))
-            if timed && self.sent == 0 && self.corrupt {
-                buffer.writeBytes(Pattern.corrupted(self.pattern.message(0)))
+            var buffer = context.channel.allocator.buffer(capacity: max(self.run.pattern.payload, 1))
+            if timed && self.sent == 0 && self.run.corrupt {
+                buffer.writeBytes(Pattern.corrupted(self.run.pattern.message(0)))
             } else {
-                buffer.writeBytes(self.pattern.message(self.sent))
+                buffer.writeBytes(self.run.pattern.message(self.sent))
             }
             context.write(self.wrapOutboundOut(buffer), promise: nil)
             self.sent += 1
@@ -303,19 +310,6 @@ final class ThroughputClientHandler: ChannelInboundHandler {
             self.beginPhase(context: context)
         }
     }
-
-    private func fail(_ context: ChannelHandlerContext, _ message: String) {
-        self.done.fail(ReferenceFailure(message))
-        context.close(promise: nil)
-    }
-
-    func channelInactive(context: ChannelHandlerContext) {
-        self.done.fail(ReferenceFailure("the server closed the connection"))
-    }
-
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        self.fail(context, "connection error: \(error)")
-    }
 }
 
 func measure() -> Never {
@@ -324,8 +318,12 @@ func measure() -> Never {
     Reference.requireSocket(path)
     let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
     let loop = group.next()
-    let pattern = Pattern(payload: arguments.payload)
-    let (warmup, count, corrupt) = (arguments.warmup, arguments.count, arguments.corrupt)
+    let run = ClientRun(
+        pattern: Pattern(payload: arguments.payload),
+        warmup: arguments.warmup,
+        count: arguments.count,
+        corrupt: arguments.corrupt
+    )
 
     func connect(_ makeHandler: @escaping @Sendable () -> any ChannelHandler) -> any Channel {
         do {
@@ -340,29 +338,33 @@ func measure() -> Never {
         }
     }
 
+    /// Connects with the handler that makeHandler makes for the measurement's promise, and reports
+    /// the outcome, or exits with its failure (a failure that is not a ReferenceFailure is named
+    /// after the mode).
+    func runClient<Outcome: Sendable>(
+        _ mode: String,
+        _ makeHandler: @escaping @Sendable (EventLoopPromise<Outcome>) -> any ChannelHandler,
+        report: (Outcome) -> Void
+    ) {
+        let done = loop.makePromise(of: Outcome.self)
+        let channel = connect { makeHandler(done) }
+        do {
+            report(try done.futureResult.wait())
+        } catch {
+            Reference.exit(error, context: mode)
+        }
+        try? channel.close().wait()
+    }
+
     switch arguments.mode {
     case .latency:
-        let done = loop.makePromise(of: [UInt64].self)
-        let channel = connect { LatencyClientHandler(pattern: pattern, warmup: warmup, count: count, done: done) }
-        do {
-            let samples = try done.futureResult.wait()
-            Reference.printLatency(samples: samples)
-        } catch {
-            Reference.exit(error, context: "latency")
+        runClient(LatencyClientHandler.mode, { LatencyClientHandler(run, done: $0) }) {
+            Reference.printLatency(samples: $0)
         }
-        try? channel.close().wait()
     case .throughput:
-        let done = loop.makePromise(of: UInt64.self)
-        let channel = connect {
-            ThroughputClientHandler(pattern: pattern, warmup: warmup, count: count, corrupt: corrupt, done: done)
+        runClient(ThroughputClientHandler.mode, { ThroughputClientHandler(run, done: $0) }) {
+            Reference.printThroughput(elapsedNs: $0)
         }
-        do {
-            let elapsed = try done.futureResult.wait()
-            Reference.printThroughput(elapsedNs: elapsed)
-        } catch {
-            Reference.exit(error, context: "throughput")
-        }
-        try? channel.close().wait()
     }
     try? group.syncShutdownGracefully()
     exit(0)
