@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "MessagePortTransport", targets: ["MessagePortTransport"]),
         .library(name: "NotifyTransport", targets: ["NotifyTransport"]),
         .library(name: "FilePresenterTransport", targets: ["FilePresenterTransport"]),
+        .library(name: "Wormhole", targets: ["Wormhole"]),
         .library(name: "IPCConformance", targets: ["IPCConformance"]),
         .library(name: "IPCBenchKit", targets: ["IPCBenchKit"]),
         .executable(name: "ipcbench", targets: ["ipcbench"]),
@@ -82,6 +83,9 @@ let package = Package(
             ],
             path: "Sources/Transports/FilePresenter"
         ),
+        // MMWormhole's mailbox: the last message per identifier, stored in the group directory,
+        // listeners told through any NamedNotificationCenter.
+        .target(name: "Wormhole", dependencies: ["IPCCore", "IPCPosix"]),
         // The conformance suite as a library any transport's tests can run: cases, the peer
         // service a peer executable runs, reports. No test framework: assertions throw.
         .target(
@@ -105,7 +109,7 @@ let package = Package(
         .executableTarget(
             name: "ipcbench",
             dependencies: [
-                "IPCBenchKit", "NotifyTransport", "IPCConformance", "IPCPosix", "CIPCShims", "CMallocCounter",
+                "IPCBenchKit", "NotifyTransport", "Wormhole", "IPCConformance", "IPCPosix", "CIPCShims", "CMallocCounter",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -123,6 +127,7 @@ let package = Package(
             name: "NotifyTransportTests",
             dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "CIPCShims", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
+        .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
             dependencies: ["IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
