@@ -5,7 +5,7 @@ import Synchronization
 /// transport: a ``ServiceConnection`` is interrupted, not invalidated, when its service dies,
 /// and reaches the service again once it is back.
 enum ServiceCases {
-    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal]
+    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal, startedOnDemand, restartedAfterIdleExit]
 
     static let interruption = ConformanceCase(
         "7.1",
@@ -88,4 +88,69 @@ enum ServiceCases {
         try check(connects.withLock { $0 } == 1, "it connected \(connects.withLock { $0 }) times")
         return .passed("the invalidation handler ran once, the pending request and later ones failed with invalidated, and it never connected again")
     }
+
+    static let startedOnDemand = ConformanceCase(
+        "7.3",
+        "A service connection to a service that is not running starts it on demand: the first request waits for it instead of failing with endpointNotFound, and the service is started once",
+        requires: .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("ondemand")
+        let (service, starts) = onDemandService(endpoint, context)
+        defer { service.invalidate() }
+        let echoed = try await service.request(Array("first".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(20), receiveTimeout: .seconds(30))
+        try check(echoed == Array("first".utf8), "the first echo came back different")
+        try check(starts.count == 1 && service.startCount == 1, "the service was started \(starts.count) times for one request")
+        for index in 0..<10 {
+            let payload = Array("again \(index)".utf8)
+            let reply = try await service.request(payload, msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+            try check(reply == payload, "request \(index) after the start came back different")
+        }
+        try check(starts.count == 1, "a running service was started again")
+        return .passed("the first request started the service (once) and waited for it; 10 more reached the same process")
+    }
+
+    static let restartedAfterIdleExit = ConformanceCase(
+        "7.4",
+        "A service started on demand that exits when idle is started again by the next request, through the same service connection; every request is answered with its own reply",
+        requires: .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("idle")
+        let (service, starts) = onDemandService(endpoint, context)
+        defer { service.invalidate() }
+        for round in 1...3 {
+            for index in 0..<5 {
+                let payload = Array("round \(round) request \(index)".utf8)
+                let reply = try await service.request(payload, msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(20), receiveTimeout: .seconds(30))
+                try check(reply == payload, "round \(round), request \(index): another reply came back")
+            }
+            try check(starts.count == round, "round \(round): the service was started \(starts.count) times")
+            // The service goes idle and exits, as a launchd service with an idle exit does.
+            guard let running = starts.last else { throw ConformanceFailure("no started service to stop") }
+            await running.shutDown()
+            try check(await poll(within: context.deadline) { service.interruptionCount == round }, "round \(round): the service's exit was not seen as an interruption")
+        }
+        try check(service.invalidationReason == nil, "the service connection was invalidated")
+        return .passed("3 rounds of 5 requests, each round's first request starting the service again after it exited")
+    }
+
+    /// A service connection to `endpoint` that starts a server peer there on demand, and the peers it started.
+    private static func onDemandService(_ endpoint: Endpoint, _ context: CaseContext) -> (ServiceConnection, StartedPeers) {
+        let transport = context.transport
+        let options = context.connectionOptions
+        let starts = StartedPeers()
+        let service = ServiceConnection(connecting: { try transport.connect(endpoint, options) }, startingOnDemand: {
+            starts.append(try context.startPeer(.server, at: endpoint))
+        })
+        return (service, starts)
+    }
+
+    /// The server peers an on-demand service connection started.
+    private final class StartedPeers: Sendable {
+        private let peers = Mutex<[PeerHandle]>([])
+
+        func append(_ peer: PeerHandle) { peers.withLock { $0.append(peer) } }
+        var count: Int { peers.withLock { $0.count } }
+        var last: PeerHandle? { peers.withLock { $0.last } }
+    }
 }
+

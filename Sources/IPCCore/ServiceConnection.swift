@@ -29,16 +29,57 @@ public final class ServiceConnection: Sendable {
 
     private let connect: Connect
     private let state = Mutex(State())
+    /// The on-demand start, for a connection that has one.
+    private let starts: OnDemandStart?
 
     /// A service connection that connects with `connect` whenever it needs a connection.
-    public init(connecting connect: @escaping Connect) {
+    public convenience init(connecting connect: @escaping Connect) {
+        self.init(connecting: connect, starts: nil)
+    }
+
+    private init(connecting connect: @escaping Connect, starts: OnDemandStart?) {
         self.connect = connect
+        self.starts = starts
     }
 
     /// A service connection to `endpoint` over `transport`.
     public convenience init<Transport: MessageTransport>(to endpoint: Endpoint, over transport: Transport, options: ConnectionOptions = .defaults) {
         self.init { try transport.connect(to: endpoint, options: options) }
     }
+
+    /// A service connection that starts its service on demand, as launchd starts a registered
+    /// service: when an operation finds nobody listening (`connect` throws
+    /// ``IPCError/Code/endpointNotFound``), `start` is called — it should start the service's
+    /// process and return; at most once per `startInterval`, so that a service slow to come up
+    /// is not started over and over — and the operation waits for the service to listen, within
+    /// its timeout, instead of failing. A service that exits when idle is started again by the
+    /// next operation (the connection is interrupted meanwhile, as for any restart).
+    ///
+    /// What counts as delivered is a request's reply: a one-way message sent just as the service
+    /// decides to exit can be lost with its process, as on any transport.
+    /// - Parameter start: starts the service; an error it throws fails the operation.
+    public convenience init(connecting connect: @escaping Connect, startInterval: Duration = .seconds(1), startingOnDemand start: @escaping @Sendable () throws -> Void) {
+        let starter = OnDemandStart(interval: startInterval, start: start)
+        self.init(connecting: {
+            do {
+                return try connect()
+            } catch let error as IPCError where error.code == .endpointNotFound {
+                try starter.startIfDue()
+                throw error
+            }
+        }, starts: starter)
+    }
+
+    /// ``init(connecting:startInterval:startingOnDemand:)`` to `endpoint` over `transport`.
+    public convenience init<Transport: MessageTransport>(
+        to endpoint: Endpoint, over transport: Transport, options: ConnectionOptions = .defaults,
+        startInterval: Duration = .seconds(1), startingOnDemand start: @escaping @Sendable () throws -> Void
+    ) {
+        self.init(connecting: { try transport.connect(to: endpoint, options: options) }, startInterval: startInterval, startingOnDemand: start)
+    }
+
+    /// How many times this connection started its service on demand (0 for one that does not).
+    public var startCount: Int { starts?.count ?? 0 }
 
     /// How many times the service went away under this connection.
     public var interruptionCount: Int { state.withLock { $0.interruptions } }
@@ -184,5 +225,30 @@ public final class ServiceConnection: Sendable {
         }
         let reason = connection.invalidationReason.map { "\($0)" } ?? "its connection ended"
         return IPCError(code: .interrupted, message: "the service went away (\(reason)); the next operation reconnects", cause: error)
+    }
+}
+
+/// Starts a service at most once per interval (``ServiceConnection/init(to:over:options:startInterval:startingOnDemand:)``).
+final class OnDemandStart: Sendable {
+    private let interval: Duration
+    private let start: @Sendable () throws -> Void
+    private let state = Mutex<(count: Int, last: ContinuousClock.Instant?)>((0, nil))
+
+    init(interval: Duration, start: @escaping @Sendable () throws -> Void) {
+        self.interval = interval
+        self.start = start
+    }
+
+    var count: Int { state.withLock { $0.count } }
+
+    func startIfDue() throws {
+        let due: Bool = state.withLock { state in
+            let now = ContinuousClock.now
+            if let last = state.last, last.duration(to: now) < interval { return false }
+            state.last = now
+            state.count += 1
+            return true
+        }
+        if due { try start() }
     }
 }
