@@ -33,8 +33,8 @@ public func processContextSwitches(pid: Int32? = nil) -> UInt64? {
     return total
 }
 
-/// A small text file from /proc, or `nil`.
-private func readSmallFile(_ path: String) -> String? {
+/// A small text file from /proc (its first 4 KiB), or `nil`.
+public func readSmallFile(_ path: String) -> String? {
     let fd = open(path, O_RDONLY | O_CLOEXEC)
     guard fd >= 0 else { return nil }
     defer { close(fd) }

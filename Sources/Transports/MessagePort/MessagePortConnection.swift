@@ -206,7 +206,7 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         switch header.kind {
         case .goodbye:
             invalidate(InvalidationReason(.peerClosed))
-        case .hello, .welcome, .wake:
+        case .hello, .welcome, .wake, .refused:
             break
         case .message, .request, .reply, .failure:
             do {

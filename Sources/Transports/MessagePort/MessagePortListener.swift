@@ -38,8 +38,11 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     public static let maximumClientsPerProcess = 64
     /// How often the listener checks that its name still leads to its queue.
     static let nameCheckPeriod: Duration = .seconds(1)
+    /// Decides on each client from its credentials, before it is welcomed.
+    private let acceptFilter: AcceptFilter?
 
-    init(endpoint: Endpoint, options: ConnectionOptions, queueLimits: (maximumMessages: Int, messageSize: Int)) throws {
+    init(endpoint: Endpoint, options: ConnectionOptions, queueLimits: (maximumMessages: Int, messageSize: Int), acceptFilter: AcceptFilter? = nil) throws {
+        self.acceptFilter = acceptFilter
         try MessagePortTransport.checkScoped(endpoint)
         loop = try EventLoop.shared()
         try GroupDirectories.prepare(endpoint.group)
@@ -188,6 +191,19 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
     }
 
+    /// The credentials the kernel records for process `pid`: its effective uid and gid
+    /// (`/proc/<pid>/status`, the second field of `Uid:` and `Gid:`); `nil` if unreadable.
+    static func credentials(of pid: Int32) -> PeerCredentials? {
+        guard let status = readSmallFile("/proc/\(pid)/status") else { return nil }
+        func effective(_ field: String) -> UInt32? {
+            guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(field) }) else { return nil }
+            let values = line.dropFirst(field.count).split(whereSeparator: { $0 == "\t" || $0 == " " })
+            return values.count >= 2 ? UInt32(values[1]) : nil
+        }
+        guard let uid = effective("Uid:"), let gid = effective("Gid:") else { return nil }
+        return PeerCredentials(pid: pid, uid: uid, gid: gid)
+    }
+
     /// Whether `pid` names a running process whose owner is this process's user.
     private static func isLiveProcessOfThisUser(_ pid: Int32) -> Bool {
         var status = stat()
@@ -255,8 +271,16 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
                 !state.clients.values.contains { $0.clientQueueName == replyName }
                     && state.clients.values.count(where: { $0.peer?.pid == pid }) < Self.maximumClientsPerProcess
             }),
-            let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true)
+            let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true),
+            let credentials = Self.credentials(of: pid)
         else { return }
+        if let acceptFilter, !acceptFilter(credentials) {
+            // Told, so that its connect fails at once with accessDenied; it never gets an id.
+            try? FragmentWriter(queue: replyQueue, messageSize: messageSize)
+                .sendControl(PortFragmentHeader(kind: .refused), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+            replyQueue.close()
+            return
+        }
         let id: UInt32? = state.withLock { state in
             guard !state.closed else { return nil }
             defer { state.nextClientID &+= 1 }
@@ -267,7 +291,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             return
         }
         let connection = MessagePortConnection(
-            peer: PeerCredentials(pid: pid, uid: getuid(), gid: getgid()),
+            peer: credentials,
             outbound: replyQueue,
             messageSize: min(messageSize, (try? replyQueue.messageSize()) ?? messageSize),
             senderID: 0,

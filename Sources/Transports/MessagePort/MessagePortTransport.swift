@@ -41,21 +41,21 @@ public struct MessagePortTransport: MessageTransport {
             preservesOrder: true,
             supportsRequestReply: true,
             supportsBroadcast: true,
-            // Queues carry no kernel-verified sender identity.
-            supportsAcceptFilter: false,
+            // A hello's pid is checked against the kernel's records (the process holds the
+            // reply queue it names open); its uid and gid are the kernel's (/proc/<pid>/status).
+            supportsAcceptFilter: true,
             peerDeathDetection: .processWatch,
             supportsSpinning: true
         )
     }
 
     /// - Throws: ``IPCError/Code/nameOutsideGroup`` for a name outside the group; and what
-    ///   ``MessageTransport/listen(at:options:acceptFilter:)`` documents. An accept filter is
-    ///   refused with ``IPCError/Code/unsupportedOperation``: queues carry no verified identity.
+    ///   ``MessageTransport/listen(at:options:acceptFilter:)`` documents. The accept filter sees
+    ///   each client's pid (checked: that process holds open the reply queue its hello names) and
+    ///   the uid and gid the kernel records for it; a refused client's connect fails with
+    ///   ``IPCError/Code/accessDenied``.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> MessagePortListener {
-        guard acceptFilter == nil else {
-            throw IPCError(code: .unsupportedOperation, message: "message ports cannot filter clients: a queue message carries no kernel-verified sender")
-        }
-        return try MessagePortListener(endpoint: endpoint, options: options, queueLimits: queueLimits)
+        try MessagePortListener(endpoint: endpoint, options: options, queueLimits: queueLimits, acceptFilter: acceptFilter)
     }
 
     /// - Throws: ``IPCError/Code/nameOutsideGroup``; ``IPCError/Code/endpointNotFound`` if no live
@@ -120,8 +120,12 @@ public struct MessagePortTransport: MessageTransport {
         let deadline = ContinuousClock.now + connectTimeout
         while ContinuousClock.now < deadline, ProcessWatcher.isAlive(pid: serverPID) {
             guard let count = try replyQueue.receive(into: buffer, deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50))) else { continue }
-            guard let welcome = try? PortFragmentHeader(parsing: UnsafeRawBufferPointer(rebasing: buffer[..<count])), welcome.kind == .welcome else { break }
-            return welcome.sender
+            guard let answer = try? PortFragmentHeader(parsing: UnsafeRawBufferPointer(rebasing: buffer[..<count])) else { break }
+            if answer.kind == .refused {
+                throw IPCError(code: .accessDenied, message: "the message port's accept filter refused this process (pid \(getpid()))")
+            }
+            guard answer.kind == .welcome else { break }
+            return answer.sender
         }
         throw IPCError(code: .endpointNotFound, message: "the message port's server did not answer (it died, or took longer than \(connectTimeout))")
     }

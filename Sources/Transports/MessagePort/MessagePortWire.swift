@@ -25,6 +25,8 @@ enum PortMessageKind: UInt8 {
     case goodbye = 18
     /// Posted by a process into its own queue to wake its reader.
     case wake = 19
+    /// Server to client, instead of `welcome`: the listener's accept filter refused the client.
+    case refused = 20
 
     init?(_ kind: Frame.Kind) {
         self.init(rawValue: kind.rawValue)
