@@ -39,8 +39,7 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// ``ConnectionOptions/makeBorrowingMessageHandler``): `lend` is given the header and the
     /// payload, valid during the call only, and returns whether it took the frame; a frame it
     /// took is ``ReassembledFrame/lent``, one it did not is returned with a payload of its own.
-    /// The default lends nothing: it returns ``nextFrame()``'s frame as
-    /// ``ReassembledFrame/owned(_:)`` (the engine then lends that frame's array).
+    /// The default lends the payload of ``nextFrame()``'s frame, from that frame's own array.
     /// - Throws: as ``nextFrame()``.
     func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame?
 
@@ -91,6 +90,8 @@ extension EngineChannel {
     public var readiness: ChannelReadiness { .level }
 
     public func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
-        try nextFrame().map { .owned($0) }
+        guard let frame = try nextFrame() else { return nil }
+        // Lent from the frame's own array: the same call and guarantees, one allocation a frame.
+        return frame.payload.withUnsafeBytes { lend(FrameHeader(frame), $0) } ? .lent : .owned(frame)
     }
 }

@@ -243,8 +243,11 @@ struct EngineConnectionTests {
         #expect(Double(at - sent) / 1e6 < 500)
     }
 
-    @Test("a borrowing handler is offered one-way messages in place, before the message handler and the stream; requests never")
-    func borrowingHandler() async throws {
+    @Test(
+        "a borrowing handler is offered one-way messages, before the message handler and the stream; requests never — in place, and from a channel that does not lend",
+        arguments: [true, false]
+    )
+    func borrowingHandler(channelLends: Bool) async throws {
         let offered = Mutex<[(msgid: UInt32, payload: [UInt8])]>([])
         let options = ConnectionOptions.defaults { options in
             options.makeBorrowingMessageHandler = {
@@ -259,7 +262,8 @@ struct EngineConnectionTests {
                 { message, _ in message.msgid % 3 == 0 }
             }
         }
-        let (connection, peer) = try connect(options)
+        let (channel, peer) = try PairPeer.make()
+        let connection = try EngineConnection(channel: channelLends ? channel : NonLendingChannel(channel), peer: nil, options: options)
         defer { connection.invalidate(); peer.close() }
         for msgid in UInt32(0)..<12 {
             peer.send(Frame(kind: .message, msgid: msgid, payload: [UInt8](repeating: UInt8(msgid), count: Int(msgid) * 1000)))

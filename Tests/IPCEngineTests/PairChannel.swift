@@ -219,3 +219,22 @@ final class IdleChannel: EngineChannel, @unchecked Sendable {
     func shutdown() {}
     func close() { _ = Glibc.close(descriptor.rawValue) }
 }
+
+/// A channel that forwards to another but lends nothing of its own: the engine gets
+/// `EngineChannel`'s default `nextFrame(lending:)`, as a third-party channel without it does.
+final class NonLendingChannel: EngineChannel, @unchecked Sendable {
+    // @unchecked: forwards to a channel with EngineChannel's own thread rules.
+    private let base: PairChannel
+
+    init(_ base: PairChannel) { self.base = base }
+
+    var descriptor: FileDescriptor { base.descriptor }
+    func readAvailable() throws -> Int? { try base.readAvailable() }
+    func nextFrame() throws -> Frame? { try base.nextFrame() }
+    var hasPartialFrame: Bool { base.hasPartialFrame }
+    func finishReading() throws { try base.finishReading() }
+    func encodedLength(of frame: Frame) throws -> Int { try base.encodedLength(of: frame) }
+    func write(_ frame: Frame, from offset: Int) throws -> Int { try base.write(frame, from: offset) }
+    func shutdown() { base.shutdown() }
+    func close() { base.close() }
+}
