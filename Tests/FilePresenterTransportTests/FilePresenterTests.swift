@@ -18,6 +18,45 @@ struct FilePresenterTests {
         return path
     }
 
+    @Test("a rename by another process is told with the new path, an unlink once as a deletion; a touch is neither")
+    func moveAndDeletion() async throws {
+        let group = try TestGroup()
+        let path = try makeItem(group)
+        let moves = Mutex<[String]>([])
+        let deletions = Mutex(0)
+        let presenter = try FilePresenter(
+            presenting: path, didChange: {},
+            didMove: { newPath in moves.withLock { $0.append(newPath) } },
+            accommodateDeletion: { deletions.withLock { $0 += 1 } }
+        )
+        defer { presenter.remove() }
+        func run(_ tool: String, _ arguments: [String]) throws {
+            let process = try Process.run(URL(fileURLWithPath: tool), arguments: arguments)
+            process.waitUntilExit()
+            #expect(process.terminationStatus == 0)
+        }
+        try run("/usr/bin/touch", [path])
+        let renamed = group.directory.path + "/renamed"
+        try run("/bin/mv", [path, renamed])
+        try await withDeadline(seconds: 30, "the move") {
+            while moves.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        let second = group.directory.path + "/second name"
+        try run("/bin/mv", [renamed, second])
+        try await withDeadline(seconds: 30, "the second move") {
+            while moves.withLock({ $0.count }) < 2 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(moves.withLock { $0 } == [renamed, second])
+        #expect(deletions.withLock { $0 } == 0)
+        try run("/bin/rm", [second])
+        try await withDeadline(seconds: 30, "the deletion") {
+            while deletions.withLock({ $0 }) == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(deletions.withLock { $0 } == 1)
+        #expect(moves.withLock { $0.count } == 2)
+    }
+
     @Test("another process's coordinated write is reported; a touch, a chmod and the presenter's own writes are not")
     func changeNotificationAndFiltering() async throws {
         let group = try TestGroup()

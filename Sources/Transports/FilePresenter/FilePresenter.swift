@@ -29,7 +29,11 @@ import SystemPackage
 /// After ``remove()`` returns, `didChange` does not start again (a call already running on
 /// another thread is waited for; a call to `remove()` from inside `didChange` is allowed).
 /// A presenter that is no longer referenced removes itself. The presenter keeps the file open,
-/// so it goes on presenting the same file even if the file is renamed or unlinked.
+/// so it goes on presenting the same file even if the file is renamed or unlinked; it says so:
+/// `didMove` (`presentedItemDidMove(to:)`) runs with the file's new path after a rename by any
+/// process, and `accommodateDeletion` (`accommodatePresentedItemDeletion`) once, after the
+/// file's last name is removed. Both run on the presenter's thread, like `didChange`, and not
+/// after ``remove()``.
 public final class FilePresenter: Sendable {
     public let path: String
     private let watch: PresenterWatch
@@ -37,9 +41,12 @@ public final class FilePresenter: Sendable {
     /// Starts presenting the existing file at `path`.
     /// - Throws: ``IPCError/Code/transportFailure`` if the file does not exist or cannot be
     ///   watched (for example when `fs.inotify.max_user_watches` is exhausted).
-    public init(presenting path: String, didChange: @escaping @Sendable () -> Void) throws {
+    public init(
+        presenting path: String, didChange: @escaping @Sendable () -> Void,
+        didMove: (@Sendable (_ newPath: String) -> Void)? = nil, accommodateDeletion: (@Sendable () -> Void)? = nil
+    ) throws {
         self.path = path
-        watch = try PresenterWatch(path: path, didChange: didChange)
+        watch = try PresenterWatch(path: path, didChange: didChange, didMove: didMove, accommodateDeletion: accommodateDeletion)
         try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
     }
 
@@ -88,14 +95,18 @@ private final class PresenterWatch: Sendable {
     private let fileWatch: CInt
     private let markerWatch: CInt
     private let didChange: @Sendable () -> Void
+    private let didMove: (@Sendable (String) -> Void)?
+    private let accommodateDeletion: (@Sendable () -> Void)?
     private let removed = Atomic<Bool>(false)
     /// The presenter thread's `pthread_t`, so that `remove()` knows when it is called from `didChange`.
     private let thread = Atomic<UInt>(0)
     /// Held while `didChange` runs, so that `remove()` can wait for a call in progress.
     private let gate = Mutex(())
 
-    init(path: String, didChange: @escaping @Sendable () -> Void) throws {
+    init(path: String, didChange: @escaping @Sendable () -> Void, didMove: (@Sendable (String) -> Void)?, accommodateDeletion: (@Sendable () -> Void)?) throws {
         self.didChange = didChange
+        self.didMove = didMove
+        self.accommodateDeletion = accommodateDeletion
         file = try CoordinatedFile(path: path, create: false)
         inotify = inotify_init1(CInt(IN_CLOEXEC))
         guard inotify >= 0 else { throw IPCError.syscall("inotify_init1", Errno(rawValue: errno)) }
@@ -108,7 +119,10 @@ private final class PresenterWatch: Sendable {
         }
         var byte: UInt8 = 0
         _ = pwrite(marker, &byte, 1, 0)
-        let mask = UInt32(IN_MODIFY)
+        // Only for a presenter that asks: IN_MOVE_SELF for renames; IN_ATTRIB for unlinks, which
+        // change the link count (the file is kept open, so IN_DELETE_SELF would come only once it
+        // is closed). The transport's presenters watch IN_MODIFY alone.
+        let mask = UInt32(IN_MODIFY) | (didMove == nil ? 0 : UInt32(IN_MOVE_SELF)) | (accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
         fileWatch = inotify_add_watch(inotify, path, mask)
         markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
         guard fileWatch >= 0, markerWatch >= 0 else {
@@ -152,9 +166,30 @@ private final class PresenterWatch: Sendable {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8)
         defer { buffer.deallocate() }
         var events = EventState(fileWatch: fileWatch, markerWatch: markerWatch)
+        var knownPath = didMove == nil ? nil : currentPath()
+        var deletionReported = false
         while !removed.load(ordering: .acquiring), !events.watchEnded {
             guard let count = try? syscallRetryingInterrupts({ read(inotify, buffer.baseAddress, buffer.count) }) else { return }
             var changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+            if events.moved {
+                events.moved = false
+                if let didMove, let now = currentPath(), now != knownPath {
+                    knownPath = now
+                    gate.withLock { _ in
+                        if !removed.load(ordering: .acquiring) { didMove(now) }
+                    }
+                }
+            }
+            if events.attributesChanged {
+                events.attributesChanged = false
+                var status = stat()
+                if let accommodateDeletion, !deletionReported, fstat(file.descriptor, &status) == 0, status.st_nlink == 0 {
+                    deletionReported = true
+                    gate.withLock { _ in
+                        if !removed.load(ordering: .acquiring) { accommodateDeletion() }
+                    }
+                }
+            }
             // A few rounds at most, so that a stream of writes cannot postpone the call forever.
             var rounds = 0
             while changed, rounds < 8, waitForWriters() {
@@ -171,6 +206,16 @@ private final class PresenterWatch: Sendable {
                 }
             }
         }
+    }
+
+    /// Where the presented file is now, as the kernel names its open descriptor; `nil` once it has
+    /// no name (the kernel then appends " (deleted)", which is not a path).
+    private func currentPath() -> String? {
+        var target = [CChar](repeating: 0, count: Int(PATH_MAX))
+        let count = readlink("/proc/self/fd/\(file.descriptor)", &target, target.count - 1)
+        guard count > 0 else { return nil }
+        let path = String(decoding: target.prefix(count).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return path.hasSuffix(" (deleted)") ? nil : path
     }
 
     /// Waits until no coordinated write holds the file (a writer that dies releases it).
@@ -198,6 +243,10 @@ private struct EventState {
     let markerWatch: CInt
     var insideOwnWrite = false
     var watchEnded = false
+    /// The file was renamed (IN_MOVE_SELF) since the caller last looked.
+    var moved = false
+    /// The file's attributes, its link count among them, changed (IN_ATTRIB).
+    var attributesChanged = false
 
     /// Takes a batch of events; returns whether it holds a change to report.
     mutating func take(_ bytes: UnsafeRawBufferPointer) -> Bool {
@@ -216,6 +265,8 @@ private struct EventState {
             } else if watch == fileWatch {
                 if mask & UInt32(IN_MODIFY) != 0, !insideOwnWrite { changed = true }
                 if mask & UInt32(IN_IGNORED) != 0 { watchEnded = true }
+                if mask & UInt32(IN_MOVE_SELF) != 0 { moved = true }
+                if mask & UInt32(IN_ATTRIB) != 0 { attributesChanged = true }
             }
         }
         return changed
