@@ -3,6 +3,7 @@ import IPCConformance
 import IPCCore
 import IPCFraming
 import IPCPosix
+import FilePresenterTransport
 import NotifyTransport
 
 extension TransportCatalog {
@@ -19,6 +20,14 @@ extension TransportCatalog {
         guard usesFraming(name) else {
             var subject = ConformanceSubject(transport, peers: peers)
             if name == "message-port" { subject.removeLeftovers = removeQueues }
+            if name == "file-presenter" {
+                // Its presenters and coordinators (area 9); the other process is `ipcbench peer --role coordinator`.
+                subject.fileCoordination = FileCoordinationAccess(
+                    peer: try PeerProcess.executableURL(),
+                    peerArguments: ["peer", "--transport", "file-presenter", "--role", "coordinator", "--endpoint", "coordinator"],
+                    system: FileCoordination()
+                )
+            }
             if name == "notify" {
                 // Its named notifications (area 8), posted from another process by `ipcbench notifyutil`.
                 subject.notifications = NotificationCenterAccess(poster: try PeerProcess.executableURL(), posterArguments: ["notifyutil"]) {

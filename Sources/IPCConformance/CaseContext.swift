@@ -16,6 +16,7 @@ final class CaseContext: Sendable {
         var listeners: [ListenerProbe] = []
         var connections: [ConnectionProbe] = []
         var measurements: [String: Double] = [:]
+        var cleanups: [@Sendable () -> Void] = []
     }
 
     private let state = Mutex(State())
@@ -54,6 +55,11 @@ final class CaseContext: Sendable {
             $0.maximumPayloadLength = capabilities.maximumPayloadLength
             $0.requestHandler = { _, payload in payload }
         }
+    }
+
+    /// Runs `cleanup` when the case ends, before its peers are shut down.
+    func onTearDown(_ cleanup: @escaping @Sendable () -> Void) {
+        state.withLock { $0.cleanups.append(cleanup) }
     }
 
     // MARK: Peers
@@ -121,10 +127,11 @@ final class CaseContext: Sendable {
     /// directory in some transports, so each endpoint a server peer served is reclaimed by
     /// listening on it once, as the transport allows for a stale endpoint, and closed.
     func tearDown() async {
-        let (peers, listeners, connections, servedEndpoints) = state.withLock { state in
+        let (peers, listeners, connections, servedEndpoints, cleanups) = state.withLock { state in
             defer { state = State() }
-            return (state.peers, state.listeners, state.connections, state.servedEndpoints)
+            return (state.peers, state.listeners, state.connections, state.servedEndpoints, state.cleanups)
         }
+        for cleanup in cleanups.reversed() { cleanup() }
         for connection in connections.reversed() { connection.connection.invalidate() }
         for listener in listeners.reversed() { listener.listener.close() }
         for peer in peers.reversed() { await peer.shutDown() }

@@ -94,6 +94,9 @@ public struct ConformanceRequirement: Sendable, CustomStringConvertible {
     static let notificationCenter = ConformanceRequirement(description: "the subject offers no named-notification center") {
         $0.notifications != nil
     }
+    static let fileCoordination = ConformanceRequirement(description: "the subject offers no file coordination (presenters and coordinators)") {
+        $0.fileCoordination != nil
+    }
     static let processWatch = ConformanceRequirement(
         description: "the transport detects peer death by end of file (peerDeathDetection is not processWatch), which a process holding the peer's descriptors postpones"
     ) {

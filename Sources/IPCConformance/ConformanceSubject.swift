@@ -28,6 +28,9 @@ public struct ConformanceSubject: Sendable {
     /// The subject's named-notification center, for the notification cases (area 8). `nil`
     /// for a subject without one: those cases are then not applicable.
     public var notifications: NotificationCenterAccess?
+    /// The subject's file presenters and coordinators, for the file-coordination cases
+    /// (area 9). `nil` for a subject without them: those cases are then not applicable.
+    public var fileCoordination: FileCoordinationAccess?
 
     let transport: ErasedTransport
 

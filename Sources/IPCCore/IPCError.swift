@@ -47,7 +47,7 @@ extension IPCError {
             // Services
             case interrupted
             // File coordination
-            case coordinationTimeout
+            case coordinationTimeout, presenterFailed
         }
 
         private let wrapped: Wrapped
@@ -112,6 +112,10 @@ extension IPCError {
         /// A coordinated read or write of a file could not take the file's lock before its
         /// timeout, because another reader or writer (in this or another process) held it.
         public static var coordinationTimeout: Code { .init(.coordinationTimeout) }
+
+        /// A presenter of the file refused a coordinated access: its save failed, or it
+        /// answered something that is not an answer.
+        public static var presenterFailed: Code { .init(.presenterFailed) }
     }
 }
 

@@ -1,6 +1,7 @@
 import Glibc
 import IPCCore
 import IPCFraming
+import Synchronization
 
 /// The far side of the file coordination tests: runs coordinated operations in its own process,
 /// one command per line of standard input, so a test can hold a lock, write, or die mid-write
@@ -17,9 +18,18 @@ import IPCFraming
 /// | `release` | gives back the held lock |
 /// | `write-halves <file> <count>` | `count` coordinated writes of 4 KiB, each one letter, written in two halves 1 ms apart |
 /// | `tear <endpoint>` | connects to the endpoint, then, holding its inbox's lock, writes part of a record and stops, to be killed |
+/// | `write-within <file> <milliseconds> <text>` | `write` with that timeout |
+/// | `present <file> <behaviour>` | presents the file, answering coordinators: `answer` (at once), `slow=<ms>` (relinquishes after that long), `hang` (never answers), `save=<text>` (saves `text` with a coordinated write of its own when asked), `fail-save` (its save fails) |
+/// | `events` | answers `OK` and the presenters' events so far, in order, separated by spaces: `<file>:save`, `<file>:relinquish-reader`, `<file>:reacquire-reader`, `<file>:relinquish-writer`, `<file>:reacquire-writer`, `<file>:changed` |
+/// | `prepare-write <file>,<file>... <count>` | one batch for writing the files, in which it makes `count` coordinated writes to each |
+///
+/// This is the program contract of the conformance suite's area 9 (`FileCoordinationAccess`):
+/// another implementation's peer answers the same commands.
 public struct FileCoordinationPeer {
     public let group: GroupDirectory
     private var held: CoordinatedFile?
+    private var presenters: [FilePresenter] = []
+    private let events = EventLog()
     /// Kept open until the process ends, as a client that dies mid-write would keep it.
     private var connection: FilePresenterConnection?
 
@@ -77,10 +87,78 @@ public struct FileCoordinationPeer {
             try BinaryFrameEncoder(maximumPayloadLength: 1000).encodeHeader(FrameHeader(kind: .message, msgid: 9, correlation: 0, payloadLength: 1000), into: &partial)
             partial += [UInt8](repeating: 0xEE, count: 10)
             try FileAccess(file: inbox, isWriting: true).write(partial, at: header.committedEnd)
+        case ("write-within", 3):
+            let parts = words[2].split(separator: " ", maxSplits: 1).map(String.init)
+            guard parts.count == 2, let milliseconds = Int(parts[0]) else { throw IPCError(code: .unsupportedOperation, message: "write-within <file> <milliseconds> <text>") }
+            try coordinator.coordinate(writingItemAt: try path(words[1]), timeout: .milliseconds(milliseconds)) { try $0.replaceContents(with: Array(parts[1].utf8)) }
+        case ("present", 3):
+            presenters.append(try present(words[1], behaviour: words[2]))
+        case ("events", 1):
+            return events.entries.withLock { $0.joined(separator: " ") }
+        case ("prepare-write", 3):
+            guard let count = Int(words[2]) else { throw IPCError(code: .unsupportedOperation, message: "prepare-write <file>,<file>... <count>") }
+            let paths = try words[1].split(separator: ",").map { try path(String($0)) }
+            try coordinator.prepare(forReadingItemsAt: [], writingItemsAt: paths, timeout: .seconds(10)) {
+                for index in 0..<count {
+                    for path in paths {
+                        try coordinator.coordinate(writingItemAt: path, timeout: .seconds(10)) { try $0.replaceContents(with: Array("batch \(index)".utf8)) }
+                    }
+                }
+            }
         default:
             throw IPCError(code: .unsupportedOperation, message: "unknown command \(words.joined(separator: " ").debugDescription)")
         }
         return nil
+    }
+
+    /// A presenter of `name` that records what it is told and answers as `behaviour` says.
+    private func present(_ name: String, behaviour: String) throws -> FilePresenter {
+        let events = events
+        let record: @Sendable (String) -> Void = { event in events.entries.withLock { $0.append(name + ":" + event) } }
+        let delay: Int
+        switch behaviour {
+        case "answer", "fail-save": delay = 0
+        case "hang": delay = -1
+        default:
+            if behaviour.hasPrefix("slow="), let milliseconds = Int(behaviour.dropFirst(5)), milliseconds >= 0 {
+                delay = milliseconds
+            } else if behaviour.hasPrefix("save=") {
+                delay = 0
+            } else {
+                throw IPCError(code: .unsupportedOperation, message: "unknown presenter behaviour \(behaviour.debugDescription)")
+            }
+        }
+        let relinquish: @Sendable (String) -> FilePresenterCallbacks.Reacquirer = { kind in
+            record("relinquish-" + kind)
+            if delay < 0 {
+                while true { pause() }
+            }
+            var interval = timespec(tv_sec: delay / 1000, tv_nsec: (delay % 1000) * 1_000_000)
+            nanosleep(&interval, nil)
+            return { record("reacquire-" + kind) }
+        }
+        let path = try path(name)
+        let saved = behaviour.hasPrefix("save=") ? String(behaviour.dropFirst(5)) : nil
+        // Its own presenter, for its own saving write. (A cycle: the peer's presenters live as
+        // long as its process.)
+        let presenter = PresenterBox()
+        let callbacks = FilePresenterCallbacks(
+            didChange: { record("changed") },
+            savePresentedItemChanges: {
+                record("save")
+                if behaviour == "fail-save" { throw IPCError(code: .transportFailure, message: "this presenter's save fails") }
+                guard let saved else { return }
+                // Its own write: not reported to it, and it is not asked to relinquish.
+                try FileCoordinator(filePresenter: presenter.value.withLock { $0 }).coordinate(writingItemAt: path, timeout: .seconds(10)) {
+                    try $0.replaceContents(with: Array(saved.utf8))
+                }
+            },
+            relinquishToReader: { relinquish("reader") },
+            relinquishToWriter: { relinquish("writer") }
+        )
+        let made = try FilePresenter(presenting: path, callbacks: callbacks)
+        presenter.value.withLock { $0 = made }
+        return made
     }
 
     private func path(_ name: String) throws -> String {
@@ -91,4 +169,12 @@ public struct FileCoordinationPeer {
         let bytes = Array((line + "\n").utf8)
         _ = bytes.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress, $0.count) }
     }
+}
+
+private final class EventLog: Sendable {
+    let entries = Mutex<[String]>([])
+}
+
+private final class PresenterBox: Sendable {
+    let value = Mutex<FilePresenter?>(nil)
 }

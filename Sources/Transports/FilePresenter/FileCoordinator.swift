@@ -53,15 +53,16 @@ public final class CoordinatedFile: Sendable {
         closeDescriptor(descriptor)
     }
 
-    /// Takes the lock, waiting until `timeout`.
+    /// Takes the lock, waiting until `timeout` (or the monotonic time `giveUp`, if given).
     ///
     /// Linux has no timed wait for a file lock (`F_OFD_SETLKW` waits forever, or until a signal),
     /// so a busy lock is polled: a few yields first, since holders keep it for microseconds, then
     /// sleeps that double up to a millisecond. A holder that dies releases at once, so a waiter
     /// goes on within about a millisecond of the death.
-    /// - Throws: ``IPCError/Code/coordinationTimeout``; ``IPCError/Code/transportFailure``.
-    func lock(exclusive: Bool, timeout: Duration) throws {
-        let giveUp = deadline(after: timeout)
+    /// - Throws: ``IPCError/Code/coordinationTimeout``; `CancellationError` once `cancelled()`
+    ///   is true; ``IPCError/Code/transportFailure``.
+    func lock(exclusive: Bool, timeout: Duration, until giveUp: UInt64? = nil, cancelled: () -> Bool = { false }) throws {
+        let giveUp = giveUp ?? deadline(after: timeout)
         var backoff = Backoff()
         while true {
             if busy.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged {
@@ -72,6 +73,7 @@ public final class CoordinatedFile: Sendable {
                     throw IPCError.syscall("fcntl(F_OFD_SETLK)", error, context: path)
                 }
             }
+            if cancelled() { throw CancellationError() }
             guard monotonicNanoseconds() < giveUp else {
                 throw IPCError(
                     code: .coordinationTimeout,
@@ -90,7 +92,7 @@ public final class CoordinatedFile: Sendable {
 
 /// What a coordinated read or write may do with the file while it holds the lock. Valid only
 /// inside the accessor it was passed to.
-public struct FileAccess {
+public struct FileAccess: CoordinatedFileContents {
     let file: CoordinatedFile
     /// Whether this is a coordinated write (reads hold a shared lock and may not write).
     public let isWriting: Bool
@@ -171,6 +173,12 @@ public struct FileAccess {
         }
     }
 
+    /// The whole file.
+    /// - Throws: ``IPCError/Code/transportFailure``.
+    public func contents() throws -> [UInt8] {
+        try read()
+    }
+
     /// Makes `bytes` the whole content of the file.
     /// - Throws: what `write(_:at:)` and ``truncate(to:)`` throw.
     public func replaceContents(with bytes: [UInt8]) throws {
@@ -190,34 +198,48 @@ public struct FileAccess {
 /// A coordinated write has the file to itself (no other reader or writer, in any process,
 /// runs at the same time); coordinated reads share the file with each other and never see a
 /// write half done. A coordinator made with a presenter does not tell that presenter about its
-/// own writes, as `NSFileCoordinator(filePresenter:)` does not.
-public struct FileCoordinator: Sendable {
-    /// The presenter this coordinator's writes are not reported to.
+/// own writes, nor ask it anything, as `NSFileCoordinator(filePresenter:)` does not.
+///
+/// Before it takes the file, an access asks the file's other presenters, in every process,
+/// that answer coordinators (``FilePresenterCallbacks/answersCoordinators``): a read asks them
+/// to save and then to relinquish to a reader, a write to relinquish to a writer. It waits for
+/// every answer within its timeout; a presenter whose process dies meanwhile is not waited
+/// for. Each presenter's reacquirer runs once the access is over. The presenters are reached
+/// through ``PresenterDirectory`` (docs/WIRE-FORMAT.md, section 8).
+///
+/// Copies of a coordinator share its state: ``cancel()`` and a
+/// ``prepare(forReadingItemsAt:writingItemsAt:timeout:byAccessor:)`` batch apply to all of them.
+public struct FileCoordinator: FileCoordinating {
+    /// The presenter this coordinator's writes are not reported to, and that it does not ask.
     public let filePresenter: FilePresenter?
+    private let state = CoordinatorState()
 
     public init(filePresenter: FilePresenter? = nil) {
         self.filePresenter = filePresenter
     }
 
     /// Runs `accessor` holding a shared lock on `file`.
-    /// - Throws: ``IPCError/Code/coordinationTimeout`` if a writer held the file for all of
-    ///   `timeout`; ``IPCError/Code/transportFailure``; what `accessor` throws.
+    /// - Throws: ``IPCError/Code/coordinationTimeout`` if a writer held the file, or a presenter
+    ///   did not answer, for all of `timeout`; ``IPCError/Code/presenterFailed`` if a presenter
+    ///   could not save; `CancellationError` after ``cancel()``; ``IPCError/Code/accessDenied``
+    ///   for a presenters directory another user can change; ``IPCError/Code/transportFailure``;
+    ///   what `accessor` throws.
     public func coordinate<T>(readingItem file: CoordinatedFile, timeout: Duration, byAccessor accessor: (FileAccess) throws -> T) throws -> T {
-        try file.lock(exclusive: false, timeout: timeout)
-        defer { file.unlock() }
-        return try accessor(FileAccess(file: file, isWriting: false))
+        try access(file, exclusive: false, timeout: timeout) { try accessor(FileAccess(file: file, isWriting: false)) }
     }
 
     /// Runs `accessor` holding an exclusive lock on `file`.
-    /// - Throws: ``IPCError/Code/coordinationTimeout`` if readers or a writer held the file for
-    ///   all of `timeout`; ``IPCError/Code/transportFailure``; what `accessor` throws.
+    /// - Throws: ``IPCError/Code/coordinationTimeout`` if readers or a writer held the file, or
+    ///   a presenter did not answer, for all of `timeout`; `CancellationError` after
+    ///   ``cancel()``; ``IPCError/Code/accessDenied`` for a presenters directory another user can
+    ///   change; ``IPCError/Code/transportFailure``; what `accessor` throws.
     public func coordinate<T>(writingItem file: CoordinatedFile, timeout: Duration, byAccessor accessor: (FileAccess) throws -> T) throws -> T {
-        try file.lock(exclusive: true, timeout: timeout)
-        defer { file.unlock() }
-        // Bracketed while the lock is held, so that no other coordinated write falls inside.
-        filePresenter?.beginOwnWrite()
-        defer { filePresenter?.endOwnWrite() }
-        return try accessor(FileAccess(file: file, isWriting: true))
+        try access(file, exclusive: true, timeout: timeout) {
+            // Bracketed while the lock is held, so that no other coordinated write falls inside.
+            filePresenter?.beginOwnWrite()
+            defer { filePresenter?.endOwnWrite() }
+            return try accessor(FileAccess(file: file, isWriting: true))
+        }
     }
 
     /// Opens the existing file at `path` and runs `accessor` under a coordinated read.
@@ -232,6 +254,81 @@ public struct FileCoordinator: Sendable {
     public func coordinate<T>(writingItemAt path: String, timeout: Duration, byAccessor accessor: (FileAccess) throws -> T) throws -> T {
         try coordinate(writingItem: CoordinatedFile(path: path), timeout: timeout, byAccessor: accessor)
     }
+
+    /// Asks the presenters of every file once (save and relinquish to a reader for `reading`,
+    /// relinquish to a writer for `writing`; a file in both counts as written), then runs
+    /// `batch`: the counterpart of `prepare(forReadingItems:...)`. Accesses this coordinator
+    /// makes to those files inside `batch` take their locks but do not ask again; the
+    /// presenters' reacquirers run when `batch` returns or throws.
+    /// - Throws: what the presenters' answers make an access throw (within `timeout` for all
+    ///   of them together); what `batch` throws.
+    public func prepare<T>(forReadingItemsAt reading: [String], writingItemsAt writing: [String], timeout: Duration, byAccessor batch: () throws -> T) throws -> T {
+        let giveUp = deadline(after: timeout)
+        let generation = state.generation.load(ordering: .acquiring)
+        var conversations = PresenterConversations()
+        let directories = (reading + writing).map { PresenterDirectory(presenting: $0).path }
+        do {
+            for path in reading where !writing.contains(path) {
+                conversations.append(try ask(PresenterDirectory(presenting: path), exclusive: false, until: giveUp, timeout: timeout, generation: generation))
+            }
+            for path in writing {
+                conversations.append(try ask(PresenterDirectory(presenting: path), exclusive: true, until: giveUp, timeout: timeout, generation: generation))
+            }
+        } catch {
+            conversations.end()
+            throw error
+        }
+        state.prepared.withLock { prepared in directories.forEach { prepared[$0, default: 0] += 1 } }
+        defer {
+            state.prepared.withLock { prepared in
+                for directory in directories {
+                    prepared[directory]! -= 1
+                    if prepared[directory] == 0 { prepared[directory] = nil }
+                }
+            }
+            conversations.end()
+        }
+        return try batch()
+    }
+
+    /// Fails this coordinator's accesses that are waiting now (for a lock or a presenter's
+    /// answer) with `CancellationError`, within about 10 ms. Accesses already running their
+    /// accessor finish; later accesses are not affected.
+    public func cancel() {
+        state.generation.add(1, ordering: .acquiringAndReleasing)
+    }
+
+    private func access<T>(_ file: CoordinatedFile, exclusive: Bool, timeout: Duration, _ body: () throws -> T) throws -> T {
+        let giveUp = deadline(after: timeout)
+        let generation = state.generation.load(ordering: .acquiring)
+        var conversations = try ask(PresenterDirectory(presenting: file.path), exclusive: exclusive, until: giveUp, timeout: timeout, generation: generation)
+        defer { conversations.end() }
+        try file.lock(exclusive: exclusive, timeout: timeout, until: giveUp) { state.generation.load(ordering: .acquiring) != generation }
+        defer { file.unlock() }
+        return try body()
+    }
+
+    /// Asks the presenters behind `directory` what an access needs (none inside a batch that
+    /// asked them already).
+    private func ask(_ directory: PresenterDirectory, exclusive: Bool, until giveUp: UInt64, timeout: Duration, generation: Int) throws -> PresenterConversations {
+        if state.prepared.withLock({ $0[directory.path] != nil }) { return PresenterConversations() }
+        let own = filePresenter?.answeringSocket
+        let cancelled = { state.generation.load(ordering: .acquiring) != generation }
+        if exclusive {
+            return try directory.ask(.relinquishToWriter, excluding: own, until: giveUp, timeout: timeout, cancelled: cancelled)
+        }
+        var saved = try directory.ask(.save, excluding: own, until: giveUp, timeout: timeout, cancelled: cancelled)
+        saved.end()
+        return try directory.ask(.relinquishToReader, excluding: own, until: giveUp, timeout: timeout, cancelled: cancelled)
+    }
+}
+
+/// What the copies of one ``FileCoordinator`` share.
+private final class CoordinatorState: Sendable {
+    /// Moved on by each `cancel()`: an access that sees it move while it waits is cancelled.
+    let generation = Atomic<Int>(0)
+    /// The presenters directories of files inside a `prepare` batch, with how many batches hold each.
+    let prepared = Mutex<[String: Int]>([:])
 }
 
 /// Waiting for something another process will release soon: yield a few times, then sleep
@@ -270,4 +367,18 @@ func deadline(after timeout: Duration) -> UInt64 {
 func remaining(until deadline: UInt64) -> Duration {
     let now = monotonicNanoseconds()
     return .nanoseconds(Int64(clamping: deadline > now ? deadline - now : 0))
+}
+
+/// This package's presenters and coordinators as a ``FileCoordinationSystem``, for the
+/// conformance suite (area 9).
+public struct FileCoordination: FileCoordinationSystem {
+    public init() {}
+
+    public func present(_ path: String, callbacks: FilePresenterCallbacks) throws -> FilePresenter {
+        try FilePresenter(presenting: path, callbacks: callbacks)
+    }
+
+    public func coordinator(filePresenter: FilePresenter?) -> FileCoordinator {
+        FileCoordinator(filePresenter: filePresenter)
+    }
 }

@@ -34,20 +34,37 @@ import SystemPackage
 /// process, and `accommodateDeletion` (`accommodatePresentedItemDeletion`) once, after the
 /// file's last name is removed. Both run on the presenter's thread, like `didChange`, and not
 /// after ``remove()``.
-public final class FilePresenter: Sendable {
+///
+/// A presenter with a save or relinquish callback answers coordinated accesses made in any
+/// process by coordinators other than its own (see ``FileCoordinator``): it binds a socket in
+/// the file's presenters directory (``PresenterDirectory``), and its thread runs the callback
+/// asked for, answers, and runs the reacquirer when the access is over, or when the process
+/// that made it dies. All callbacks run on the presenter's one thread, one at a time.
+public final class FilePresenter: FilePresentation {
     public let path: String
+    /// The socket through which coordinators ask this presenter; `nil` if it answers none.
+    let answeringSocket: String?
     private let watch: PresenterWatch
 
     /// Starts presenting the existing file at `path`.
     /// - Throws: ``IPCError/Code/transportFailure`` if the file does not exist or cannot be
-    ///   watched (for example when `fs.inotify.max_user_watches` is exhausted).
-    public init(
+    ///   watched (for example when `fs.inotify.max_user_watches` is exhausted), or its
+    ///   presenters directory cannot be used; ``IPCError/Code/accessDenied`` if that directory
+    ///   belongs to another user or is open to others.
+    public init(presenting path: String, callbacks: FilePresenterCallbacks) throws {
+        self.path = path
+        watch = try PresenterWatch(path: path, callbacks: callbacks)
+        answeringSocket = watch.answering?.path
+        try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
+    }
+
+    /// Starts presenting the existing file at `path`, told of changes, renames and deletion.
+    /// - Throws: what ``init(presenting:callbacks:)`` throws.
+    public convenience init(
         presenting path: String, didChange: @escaping @Sendable () -> Void,
         didMove: (@Sendable (_ newPath: String) -> Void)? = nil, accommodateDeletion: (@Sendable () -> Void)? = nil
     ) throws {
-        self.path = path
-        watch = try PresenterWatch(path: path, didChange: didChange, didMove: didMove, accommodateDeletion: accommodateDeletion)
-        try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
+        try self.init(presenting: path, callbacks: FilePresenterCallbacks(didChange: didChange, didMove: didMove, accommodateDeletion: accommodateDeletion))
     }
 
     deinit {
@@ -85,6 +102,26 @@ private enum MarkerEvent {
     case end
 }
 
+/// A presenter's listening socket in the file's presenters directory.
+private final class AnsweringSocket: Sendable {
+    let listener: CInt
+    let path: String
+
+    init(presenting file: String) throws {
+        (listener, path) = try PresenterDirectory(presenting: file).register()
+    }
+
+    /// Removes the name, so that no coordinator finds it any more.
+    func unlinkName() {
+        unlink(path)
+    }
+
+    deinit {
+        unlink(path)
+        closeDescriptor(listener)
+    }
+}
+
 /// The inotify instance and thread behind a ``FilePresenter``. The thread keeps it alive while
 /// it runs; the descriptors close when both the thread and the presenter are done with it.
 private final class PresenterWatch: Sendable {
@@ -94,20 +131,19 @@ private final class PresenterWatch: Sendable {
     private let marker: CInt
     private let fileWatch: CInt
     private let markerWatch: CInt
-    private let didChange: @Sendable () -> Void
-    private let didMove: (@Sendable (String) -> Void)?
-    private let accommodateDeletion: (@Sendable () -> Void)?
+    private let callbacks: FilePresenterCallbacks
+    /// Where coordinators ask this presenter, for a presenter that answers them.
+    let answering: AnsweringSocket?
     private let removed = Atomic<Bool>(false)
     /// The presenter thread's `pthread_t`, so that `remove()` knows when it is called from `didChange`.
     private let thread = Atomic<UInt>(0)
     /// Held while `didChange` runs, so that `remove()` can wait for a call in progress.
     private let gate = Mutex(())
 
-    init(path: String, didChange: @escaping @Sendable () -> Void, didMove: (@Sendable (String) -> Void)?, accommodateDeletion: (@Sendable () -> Void)?) throws {
-        self.didChange = didChange
-        self.didMove = didMove
-        self.accommodateDeletion = accommodateDeletion
+    init(path: String, callbacks: FilePresenterCallbacks) throws {
+        self.callbacks = callbacks
         file = try CoordinatedFile(path: path, create: false)
+        answering = callbacks.answersCoordinators ? try AnsweringSocket(presenting: path) : nil
         inotify = inotify_init1(CInt(IN_CLOEXEC))
         guard inotify >= 0 else { throw IPCError.syscall("inotify_init1", Errno(rawValue: errno)) }
         let directory = path.lastIndex(of: "/").map { String(path[..<$0]) }.flatMap { $0.isEmpty ? "/" : $0 } ?? "."
@@ -122,7 +158,7 @@ private final class PresenterWatch: Sendable {
         // Only for a presenter that asks: IN_MOVE_SELF for renames; IN_ATTRIB for unlinks, which
         // change the link count (the file is kept open, so IN_DELETE_SELF would come only once it
         // is closed). The transport's presenters watch IN_MODIFY alone.
-        let mask = UInt32(IN_MODIFY) | (didMove == nil ? 0 : UInt32(IN_MOVE_SELF)) | (accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
+        let mask = UInt32(IN_MODIFY) | (callbacks.didMove == nil ? 0 : UInt32(IN_MOVE_SELF)) | (callbacks.accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
         fileWatch = inotify_add_watch(inotify, path, mask)
         markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
         guard fileWatch >= 0, markerWatch >= 0 else {
@@ -152,6 +188,7 @@ private final class PresenterWatch: Sendable {
 
     func remove(waiting: Bool = true) {
         removed.store(true, ordering: .releasing)
+        answering?.unlinkName()
         // From inside didChange the gate is ours already; from elsewhere, taking it waits for a
         // call in progress (no call starts once the flag is set: it is checked under the gate).
         if waiting, thread.load(ordering: .acquiring) != UInt(pthread_self()) {
@@ -166,14 +203,27 @@ private final class PresenterWatch: Sendable {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8)
         defer { buffer.deallocate() }
         var events = EventState(fileWatch: fileWatch, markerWatch: markerWatch)
-        var knownPath = didMove == nil ? nil : currentPath()
+        var conversations = Conversations()
+        defer { conversations.closeAll() }
+        var knownPath = callbacks.didMove == nil ? nil : currentPath()
         var deletionReported = false
         while !removed.load(ordering: .acquiring), !events.watchEnded {
+            if let answering {
+                // Wait for inotify, the answering socket and the open conversations together.
+                guard conversations.wait(inotify: inotify, listener: answering.listener) else { continue }
+                conversations.serve(listener: answering.listener) { request in
+                    gate.withLock { _ in removed.load(ordering: .acquiring) ? .failed : answer(request) }
+                } reacquire: { reacquirer in
+                    gate.withLock { _ in if !removed.load(ordering: .acquiring) { reacquirer() } }
+                }
+                var pending: CInt = 0
+                guard ioctl(inotify, UInt(FIONREAD), &pending) == 0, pending > 0 else { continue }
+            }
             guard let count = try? syscallRetryingInterrupts({ read(inotify, buffer.baseAddress, buffer.count) }) else { return }
             var changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
             if events.moved {
                 events.moved = false
-                if let didMove, let now = currentPath(), now != knownPath {
+                if let didMove = callbacks.didMove, let now = currentPath(), now != knownPath {
                     knownPath = now
                     gate.withLock { _ in
                         if !removed.load(ordering: .acquiring) { didMove(now) }
@@ -183,7 +233,7 @@ private final class PresenterWatch: Sendable {
             if events.attributesChanged {
                 events.attributesChanged = false
                 var status = stat()
-                if let accommodateDeletion, !deletionReported, fstat(file.descriptor, &status) == 0, status.st_nlink == 0 {
+                if let accommodateDeletion = callbacks.accommodateDeletion, !deletionReported, fstat(file.descriptor, &status) == 0, status.st_nlink == 0 {
                     deletionReported = true
                     gate.withLock { _ in
                         if !removed.load(ordering: .acquiring) { accommodateDeletion() }
@@ -200,11 +250,29 @@ private final class PresenterWatch: Sendable {
                 else { break }
                 changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<more])) || changed
             }
-            if changed {
+            if changed, let didChange = callbacks.didChange {
                 gate.withLock { _ in
                     if !removed.load(ordering: .acquiring) { didChange() }
                 }
             }
+        }
+    }
+
+    /// Runs the callback a coordinator asked for; called under the gate.
+    private func answer(_ request: PresenterRequest) -> Conversations.Outcome {
+        switch request {
+        case .save:
+            guard let save = callbacks.savePresentedItemChanges else { return .done(nil) }
+            do {
+                try save()
+                return .done(nil)
+            } catch {
+                return .failed
+            }
+        case .relinquishToReader:
+            return .done(callbacks.relinquishToReader?())
+        case .relinquishToWriter:
+            return .done(callbacks.relinquishToWriter?())
         }
     }
 
@@ -233,6 +301,101 @@ private final class PresenterWatch: Sendable {
             }
         }
         return false
+    }
+}
+
+/// The coordinators' conversations with one presenter, on the presenter's thread: each asks
+/// one thing; a relinquish stays open until its access is over (the coordinator closes it, or
+/// its process dies), and then the reacquirer runs.
+private struct Conversations {
+    enum Outcome {
+        case done(FilePresenterCallbacks.Reacquirer?)
+        case failed
+    }
+
+    private struct Conversation {
+        let descriptor: CInt
+        /// Set once the presenter relinquished: waiting for the end of the access.
+        var relinquished = false
+        var reacquirer: FilePresenterCallbacks.Reacquirer?
+    }
+
+    private var open: [Conversation] = []
+    private var readable: [Bool] = []
+    private var listenerReadable = false
+
+    /// Waits until inotify, the listener or a conversation is readable; `false` if interrupted.
+    mutating func wait(inotify: CInt, listener: CInt) -> Bool {
+        // At the limit, new connections wait in the listener's backlog.
+        let listening = open.count < PresenterDirectory.maximumConversations
+        var polled = [pollfd(fd: inotify, events: Int16(POLLIN), revents: 0), pollfd(fd: listening ? listener : -1, events: Int16(POLLIN), revents: 0)]
+        polled += open.map { pollfd(fd: $0.descriptor, events: Int16(POLLIN), revents: 0) }
+        guard poll(&polled, nfds_t(polled.count), -1) > 0 else { return false }
+        listenerReadable = polled[1].revents != 0
+        readable = polled.dropFirst(2).map { $0.revents != 0 }
+        return true
+    }
+
+    /// Accepts new conversations, reads the requests that came, answers them, and runs the
+    /// reacquirers of accesses that are over.
+    mutating func serve(listener: CInt, answer: (PresenterRequest) -> Outcome, reacquire: (FilePresenterCallbacks.Reacquirer) -> Void) {
+        var still: [Conversation] = []
+        for (conversation, isReadable) in zip(open, readable) {
+            guard isReadable else {
+                still.append(conversation)
+                continue
+            }
+            var byte: UInt8 = 0
+            let count = recv(conversation.descriptor, &byte, 1, CInt(MSG_DONTWAIT))
+            if count < 0, errno == EAGAIN || errno == EINTR {
+                still.append(conversation)
+                continue
+            }
+            if conversation.relinquished {
+                // The end of the access (a close, or a death), or bytes the protocol has none of.
+                closeDescriptor(conversation.descriptor)
+                conversation.reacquirer.map(reacquire)
+                continue
+            }
+            guard count == 1, let request = PresenterRequest(rawValue: byte) else {
+                closeDescriptor(conversation.descriptor)
+                continue
+            }
+            var reply: UInt8
+            var next = conversation
+            switch answer(request) {
+            case .done(let reacquirer):
+                reply = PresenterAnswer.done.rawValue
+                next.relinquished = request != .save
+                next.reacquirer = reacquirer
+            case .failed:
+                reply = PresenterAnswer.failed.rawValue
+            }
+            if send(conversation.descriptor, &reply, 1, CInt(MSG_NOSIGNAL | MSG_DONTWAIT)) == 1, next.relinquished {
+                still.append(next)
+            } else {
+                closeDescriptor(conversation.descriptor)
+                // A coordinator gone before the answer: its access is over already.
+                if next.relinquished { next.reacquirer.map(reacquire) }
+            }
+        }
+        open = still
+        readable = []
+        guard listenerReadable else { return }
+        listenerReadable = false
+        while open.count < PresenterDirectory.maximumConversations, case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
+            guard let peer = try? UnixSocket.peerCredentials(descriptor), peer.uid == geteuid() else {
+                closeDescriptor(descriptor)
+                continue
+            }
+            open.append(Conversation(descriptor: descriptor))
+        }
+    }
+
+    /// Ends every conversation without answering or reacquiring (the presenter is removed).
+    mutating func closeAll() {
+        open.forEach { closeDescriptor($0.descriptor) }
+        open = []
     }
 }
 
