@@ -130,7 +130,7 @@ let package = Package(
         .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
-            dependencies: ["IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
         ),
         .testTarget(
             name: "MessagePortTransportTests",
@@ -138,7 +138,7 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCConformanceTests",
-            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport"]
         ),
         .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         // Hostile peers against every transport's listening side, and the security guarantees.

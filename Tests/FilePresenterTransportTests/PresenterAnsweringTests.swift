@@ -1,0 +1,127 @@
+import FilePresenterTransport
+import Foundation
+import IPCCore
+import IPCPosix
+import IPCTestSupport
+import Synchronization
+import Testing
+
+/// Presenters that answer coordinators, against what another process of the same user (or
+/// another user) can put in a file's presenters directory. The rules every implementation
+/// keeps are conformance area 9; these are this implementation's own defences.
+@Suite("File presenter: answering coordinators")
+struct PresenterAnsweringTests {
+    private func makeItem(_ group: borrowing TestGroup) throws -> (path: String, presenters: String) {
+        let path = group.directory.path + "/item"
+        try write("start", to: path)
+        return (path, group.directory.path + "/.item.presenters")
+    }
+
+    private func write(_ text: String, to path: String, timeout: Duration = .seconds(10), coordinator: FileCoordinator = FileCoordinator()) throws {
+        try coordinator.coordinate(writingItemAt: path, timeout: timeout) { try $0.replaceContents(with: Array(text.utf8)) }
+    }
+
+    @Test("a presenters directory that is a link, another user's, or open to others refuses the access with accessDenied")
+    func untrustedDirectory() async throws {
+        let group = try TestGroup()
+        let (path, presenters) = try makeItem(group)
+        let elsewhere = group.directory.path + "/elsewhere"
+        try FileManager.default.createDirectory(atPath: elsewhere, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+        #expect(symlink(elsewhere, presenters) == 0)
+        await expectIPCError(.accessDenied) { try write("linked", to: path) }
+        await expectIPCError(.accessDenied) { try FilePresenter(presenting: path, callbacks: FilePresenterCallbacks(relinquishToWriter: { nil })) }
+        unlink(presenters)
+
+        try FileManager.default.createDirectory(atPath: presenters, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o777])
+        chmod(presenters, 0o777)
+        await expectIPCError(.accessDenied) { try write("open", to: path) }
+        chmod(presenters, 0o700)
+        if geteuid() == 0 {
+            #expect(chown(presenters, 65534, 65534) == 0)
+            await expectIPCError(.accessDenied) { try write("foreign", to: path) }
+            #expect(chown(presenters, 0, 0) == 0)
+        }
+        try write("trusted", to: path)
+        #expect(String(decoding: FileManager.default.contents(atPath: path)!, as: UTF8.self) == "trusted")
+    }
+
+    @Test("junk in the directory is ignored and a dead presenter's socket removed; a presenter that hangs up unasked is not waited for")
+    func junkAndStaleSockets() async throws {
+        let group = try TestGroup()
+        let (path, presenters) = try makeItem(group)
+        let presenter = try FilePresenter(presenting: path, callbacks: FilePresenterCallbacks(relinquishToWriter: { nil }))
+        defer { presenter.remove() }
+        // A regular file and a directory with presenter-like names, and an unrelated name.
+        #expect(FileManager.default.createFile(atPath: presenters + "/1.2", contents: Data("x".utf8)))
+        try FileManager.default.createDirectory(atPath: presenters + "/3.4", withIntermediateDirectories: false)
+        #expect(FileManager.default.createFile(atPath: presenters + "/notes", contents: Data()))
+        // A socket nobody listens on any more.
+        let stale = try UnixSocket.listen(path: presenters + "/999999.1")
+        closeDescriptor(stale)
+        // A socket whose listener accepts and hangs up without answering.
+        let rude = try UnixSocket.listen(path: presenters + "/999999.2")
+        let hangUps = Thread {
+            for _ in 0..<50 {
+                if case .accepted(let fd) = (try? UnixSocket.acceptIfReady(rude)) ?? .none { closeDescriptor(fd) }
+                usleep(10_000)
+            }
+        }
+        hangUps.start()
+        try write("through", to: path)
+        #expect(!FileManager.default.fileExists(atPath: presenters + "/999999.1"), "the dead presenter's socket was not removed")
+        for name in ["1.2", "3.4", "notes", "999999.2"] {
+            #expect(FileManager.default.fileExists(atPath: presenters + "/" + name), "\(name) was removed")
+        }
+        closeDescriptor(rude)
+    }
+
+    @Test("a presenter that answers garbage refuses the access with presenterFailed")
+    func garbageAnswer() async throws {
+        let group = try TestGroup()
+        let (path, presenters) = try makeItem(group)
+        try FileManager.default.createDirectory(atPath: presenters, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+        let liar = try UnixSocket.listen(path: presenters + "/999999.3")
+        defer { closeDescriptor(liar) }
+        let answering = Thread {
+            for _ in 0..<500 {
+                if case .accepted(let fd) = (try? UnixSocket.acceptIfReady(liar)) ?? .none {
+                    var garbage: UInt8 = 0x5A
+                    _ = send(fd, &garbage, 1, CInt(MSG_NOSIGNAL))
+                    usleep(100_000)
+                    closeDescriptor(fd)
+                    return
+                }
+                usleep(10_000)
+            }
+        }
+        answering.start()
+        await expectIPCError(.presenterFailed) { try write("refused", to: path) }
+        #expect(String(decoding: FileManager.default.contents(atPath: path)!, as: UTF8.self) == "start")
+    }
+
+    @Test("cancel() ends a write waiting for a presenter in another process that never answers; remove() takes a presenter's socket away")
+    func cancelWhileAskingAndRemove() async throws {
+        let group = try TestGroup()
+        let (path, presenters) = try makeItem(group)
+        let peer = try CoordinationPeer(group: group.directory)
+        defer { peer.kill() }
+        try peer.run("present item hang")
+        let coordinator = FileCoordinator()
+        let outcome = Mutex<Result<Void, any Error>?>(nil)
+        Thread.detachNewThread {
+            let result = Result { try write("never", to: path, timeout: .seconds(120), coordinator: coordinator) }
+            outcome.withLock { $0 = result }
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        coordinator.cancel()
+        let deadline = ContinuousClock.now + .seconds(30)
+        while outcome.withLock({ $0 == nil }), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        let result = try #require(outcome.withLock { $0 })
+        #expect(throws: CancellationError.self) { try result.get() }
+
+        let local = try FilePresenter(presenting: path, callbacks: FilePresenterCallbacks(relinquishToWriter: { nil }))
+        let before = try FileManager.default.contentsOfDirectory(atPath: presenters).count
+        local.remove()
+        #expect(try FileManager.default.contentsOfDirectory(atPath: presenters).count == before - 1)
+    }
+}
