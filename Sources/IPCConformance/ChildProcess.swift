@@ -46,6 +46,16 @@ public enum ChildProcess {
         }
     }
 
+    /// Starts `executable` with `arguments`, its standard input and output piped to this side.
+    /// - Throws: what ``run(_:input:output:errorToOutput:)`` throws.
+    public static func start(_ executable: URL, arguments: [String]) throws -> (process: Process, input: FileHandle, output: FileHandle) {
+        let process = Process()
+        process.executableURL = executable
+        process.arguments = arguments
+        let (input, output) = try run(process, input: true, output: true)
+        return (process, input!, output!)
+    }
+
     private static func makePipe() throws -> (read: CInt, write: CInt) {
         var fds: [CInt] = [-1, -1]
         guard pipe(&fds) == 0 else {

@@ -46,6 +46,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
     case peerDeath = 6
     case service = 7
     case notifications = 8
+    case fileCoordination = 9
 
     public var description: String {
         switch self {
@@ -57,6 +58,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
         case .peerDeath: "Peer death"
         case .service: "Service semantics"
         case .notifications: "Named notifications"
+        case .fileCoordination: "File coordination"
         }
     }
 }

@@ -31,14 +31,9 @@ public final class CoordinationPeerProcess: Sendable {
     /// - Throws: what starting it throws; ``IPCError/Code/transportFailure`` if it says
     ///   something else first; ``IPCError/Code/receiveTimeout`` if it is silent for 30 s.
     public init(executable: URL, arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = executable
-        process.arguments = arguments
-        let (input, output) = try ChildProcess.run(process, input: true, output: true)
-        self.process = process
-        self.input = input!
+        let reading: FileHandle
+        (process, input, reading) = try ChildProcess.start(executable, arguments: arguments)
         pid = process.processIdentifier
-        let reading = output!
         Thread.detachNewThread { [answers] in
             var line: [UInt8] = []
             // availableData returns what one read gives (read(upToCount:) would wait for all of it).

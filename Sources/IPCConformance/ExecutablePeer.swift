@@ -32,13 +32,7 @@ public final class ExecutablePeer: ConformancePeerProcess {
     /// Starts `executable` with `arguments`.
     /// - Throws: what `Process.run()` throws.
     public init(executable: URL, arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = executable
-        process.arguments = arguments
-        let (input, output) = try ChildProcess.run(process, input: true, output: true)
-        self.process = process
-        self.input = input!
-        self.output = output!
+        (process, input, output) = try ChildProcess.start(executable, arguments: arguments)
         pid = process.processIdentifier
     }
 

@@ -345,9 +345,8 @@ private struct Conversations {
                 still.append(conversation)
                 continue
             }
-            var byte: UInt8 = 0
-            let count = recv(conversation.descriptor, &byte, 1, CInt(MSG_DONTWAIT))
-            if count < 0, errno == EAGAIN || errno == EINTR {
+            let received = receiveByte(conversation.descriptor)
+            if received == .notYet {
                 still.append(conversation)
                 continue
             }
@@ -357,7 +356,7 @@ private struct Conversations {
                 conversation.reacquirer.map(reacquire)
                 continue
             }
-            guard count == 1, let request = PresenterRequest(rawValue: byte) else {
+            guard case .byte(let byte) = received, let request = PresenterRequest(rawValue: byte) else {
                 closeDescriptor(conversation.descriptor)
                 continue
             }

@@ -143,16 +143,15 @@ struct PresenterDirectory {
                     still.append(entry)
                     continue
                 }
-                var answer: UInt8 = 0
-                let count = recv(entry.descriptor, &answer, 1, CInt(MSG_DONTWAIT))
-                if count < 0, errno == EAGAIN || errno == EINTR {
+                switch receiveByte(entry.descriptor) {
+                case .notYet:
                     still.append(entry)
-                } else if count <= 0 {
+                case .ended:
                     // The presenter's process died (or closed) before answering: nobody to wait for.
                     closeDescriptor(entry.descriptor)
-                } else if answer == PresenterAnswer.done.rawValue {
+                case .byte(PresenterAnswer.done.rawValue):
                     if request == .save { closeDescriptor(entry.descriptor) } else { answered.descriptors.append(entry.descriptor) }
-                } else {
+                case .byte(let answer):
                     closeDescriptor(entry.descriptor)
                     refusal = IPCError(
                         code: .presenterFailed,
@@ -214,6 +213,23 @@ struct PresenterDirectory {
         }
         return descriptor
     }
+}
+
+/// What a non-blocking read of one byte found.
+enum ByteReceived: Equatable {
+    case byte(UInt8)
+    /// Nothing yet.
+    case notYet
+    /// End of file, or the connection failed.
+    case ended
+}
+
+/// Reads one byte from a conversation without waiting.
+func receiveByte(_ descriptor: CInt) -> ByteReceived {
+    var byte: UInt8 = 0
+    let count = recv(descriptor, &byte, 1, CInt(MSG_DONTWAIT))
+    if count == 1 { return .byte(byte) }
+    return count < 0 && (errno == EAGAIN || errno == EINTR) ? .notYet : .ended
 }
 
 /// The open conversations of the presenters that relinquished a file to an access.
