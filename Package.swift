@@ -98,7 +98,7 @@ let package = Package(
             dependencies: [
                 "IPCCore", "IPCEngine", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
                 "CNativeFloor",
-                "FilePresenterTransport",
+                "FilePresenterTransport", "Wormhole",
                 "IPCConformance",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
@@ -138,7 +138,7 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCConformanceTests",
-            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport"]
+            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport", "NotifyTransport", "Wormhole"]
         ),
         .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         // Hostile peers against every transport's listening side, and the security guarantees.

@@ -5,6 +5,7 @@ import IPCFraming
 import IPCPosix
 import FilePresenterTransport
 import NotifyTransport
+import Wormhole
 
 extension TransportCatalog {
     /// The built-in transport called `name` as a conformance subject: its peers are
@@ -32,6 +33,10 @@ extension TransportCatalog {
                 // Its named notifications (area 8), posted from another process by `ipcbench notifyutil`.
                 subject.notifications = NotificationCenterAccess(poster: try PeerProcess.executableURL(), posterArguments: ["notifyutil"]) {
                     try NotifyCenter(group: $0)
+                }
+                // MMWormhole's mailbox over its center (area 10), from another process by `ipcbench wormhole`.
+                subject.wormhole = WormholeAccess(program: try PeerProcess.executableURL(), programArguments: ["wormhole"]) {
+                    try Wormhole(group: $0, center: try NotifyCenter(group: $0))
                 }
             }
             return subject

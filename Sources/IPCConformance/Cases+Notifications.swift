@@ -132,17 +132,22 @@ extension CaseContext {
         try subject.notifications!.open(group)
     }
 
-    /// Runs the subject's poster for this case's group with `arguments`, on a thread of its own,
-    /// and returns what it printed.
+    /// Runs the subject's poster for this case's group with `arguments` and returns what it printed.
     /// - Throws: ``ConformanceFailure`` if it exits with a status other than 0.
     @discardableResult
     func poster(_ arguments: [String]) async throws -> String {
         let access = subject.notifications!
-        let all = access.posterArguments + ["--group", group.path] + arguments
+        return try await runProgram(access.poster, access.posterArguments + ["--group", group.path] + arguments)
+    }
+
+    /// Runs `program` with `arguments` to its end, on a thread of its own, and returns what it
+    /// printed.
+    /// - Throws: ``ConformanceFailure`` if it exits with a status other than 0.
+    func runProgram(_ program: URL, _ arguments: [String]) async throws -> String {
         let (status, output, errors) = try await blocking { () throws -> (Int32, String, String) in
             let process = Process()
-            process.executableURL = access.poster
-            process.arguments = all
+            process.executableURL = program
+            process.arguments = arguments
             let output = Pipe()
             let errors = Pipe()
             process.standardOutput = output
@@ -153,7 +158,7 @@ extension CaseContext {
             process.waitUntilExit()
             return (process.terminationStatus, String(decoding: printed, as: UTF8.self), String(decoding: complained, as: UTF8.self))
         }
-        try check(status == 0, "the poster (\(access.poster.lastPathComponent) \(all.joined(separator: " "))) exited with status \(status): \(errors)")
+        try check(status == 0, "\(program.lastPathComponent) \(arguments.joined(separator: " ")) exited with status \(status): \(errors)")
         return output
     }
 }

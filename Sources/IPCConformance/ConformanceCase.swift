@@ -47,6 +47,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
     case service = 7
     case notifications = 8
     case fileCoordination = 9
+    case wormhole = 10
 
     public var description: String {
         switch self {
@@ -59,6 +60,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
         case .service: "Service semantics"
         case .notifications: "Named notifications"
         case .fileCoordination: "File coordination"
+        case .wormhole: "Wormhole mailbox"
         }
     }
 }
@@ -98,6 +100,9 @@ public struct ConformanceRequirement: Sendable, CustomStringConvertible {
     }
     static let fileCoordination = ConformanceRequirement(description: "the subject offers no file coordination (presenters and coordinators)") {
         $0.fileCoordination != nil
+    }
+    static let wormhole = ConformanceRequirement(description: "the subject offers no wormhole mailbox") {
+        $0.wormhole != nil
     }
     static let processWatch = ConformanceRequirement(
         description: "the transport detects peer death by end of file (peerDeathDetection is not processWatch), which a process holding the peer's descriptors postpones"

@@ -31,6 +31,9 @@ public struct ConformanceSubject: Sendable {
     /// The subject's file presenters and coordinators, for the file-coordination cases
     /// (area 9). `nil` for a subject without them: those cases are then not applicable.
     public var fileCoordination: FileCoordinationAccess?
+    /// The subject's wormhole mailbox, for the wormhole cases (area 10). `nil` for a subject
+    /// without one: those cases are then not applicable.
+    public var wormhole: WormholeAccess?
 
     let transport: ErasedTransport
 

@@ -33,3 +33,27 @@ public protocol NamedNotificationRegistration: AnyObject, Sendable {
     /// Resumes calls: one call if the name was posted while suspended.
     func resume()
 }
+
+/// MMWormhole's mailbox between the processes of a group, as a protocol so that the
+/// conformance suite (area 10) can check any implementation, not only `Wormhole`.
+///
+/// The contract the suite checks: the last message passed under an identifier is read, whole
+/// and unchanged, by any process of the group, also one started after its sender exited or
+/// was killed; a read never returns part of a message or a mix of two; listeners in other
+/// processes are given the messages passed, and a stream ends at ``stopListening(forIdentifier:)``;
+/// clearing removes what is stored, as every process sees.
+public protocol WormholeMailbox: Sendable {
+    /// Stores `payload` as the message of `identifier` and tells its listeners.
+    func passMessage(_ payload: [UInt8], identifier: String) throws
+    /// The last message stored under `identifier`, or `nil`.
+    func message(withIdentifier identifier: String) throws -> [UInt8]?
+    /// Removes the message of `identifier`.
+    func clearMessageContents(forIdentifier identifier: String) throws
+    /// Removes every message.
+    func clearAllMessageContents() throws
+    /// The messages passed under `identifier` from now on (a listener late to read may see only
+    /// the latest, as MMWormhole's do).
+    func listen(forIdentifier identifier: String) throws -> AsyncStream<[UInt8]>
+    /// Ends the streams of `identifier`'s listeners in this process.
+    func stopListening(forIdentifier identifier: String)
+}

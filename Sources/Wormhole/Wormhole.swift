@@ -19,7 +19,7 @@ import Synchronization
 /// Everything in the directory is read as hostile: a file that is not a regular file of this
 /// user, has a bad header, a length above ``maximumMessageLength`` or other than the file's
 /// size, or a wrong hash gives a typed ``IPCError``, never a crash or a torn message.
-public final class Wormhole<Center: NamedNotificationCenter>: Sendable {
+public final class Wormhole<Center: NamedNotificationCenter>: WormholeMailbox {
     /// The longest identifier, in bytes: letters, digits, `.`, `-` and `_` only.
     public static var maximumIdentifierLength: Int { 64 }
 

@@ -1,3 +1,4 @@
+import CIPCShims
 import Dispatch
 import Glibc
 import IPCCore
