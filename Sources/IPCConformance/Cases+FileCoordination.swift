@@ -6,7 +6,7 @@ import Synchronization
 /// ``FileCoordinationSystem`` (``ConformanceSubject/fileCoordination``). The other side of each
 /// case is the subject's coordination peer, a process of its own (``CoordinationPeerProcess``).
 enum FileCoordinationCases {
-    static let all: [ConformanceCase] = [relinquishToWriter, saveAndRelinquishToReader, waitsForAnswers, killedPresenter, cancel, batch, ownPresenter]
+    static let all: [ConformanceCase] = [relinquishToWriter, saveAndRelinquishToReader, waitsForAnswers, killedPresenter, cancel, batch, ownPresenter, moveAndDeletion]
 
     static let relinquishToWriter = ConformanceCase(
         "9.1", "A coordinated write in another process asks this process's presenter to relinquish first and reacquire after: it sees the old contents when asked and the new ones when reacquiring",
@@ -220,6 +220,35 @@ enum FileCoordinationCases {
             throw ConformanceFailure("another coordinator's write asked the presenter \(asked.withLock { $0 }) times and told it \(told.withLock { $0 }) times (expected 1 and at least 1)")
         }
         return .passed("its own writes: not asked, not told; another coordinator's: asked once, told")
+    }
+
+    static let moveAndDeletion = ConformanceCase(
+        "9.8", "A presenter is told the new path when another process renames the file, and told once when another process removes its last name",
+        requires: .fileCoordination
+    ) { context in
+        let system = try context.fileCoordination()
+        let path = try context.coordinatedFile("item", contents: "kept")
+        let moves = Mutex<[String]>([])
+        let deletions = Mutex(0)
+        let presenter = try system.present(path, FilePresenterCallbacks(
+            didMove: { newPath in moves.withLock { $0.append(newPath) } },
+            accommodateDeletion: { deletions.withLock { $0 += 1 } }
+        ))
+        defer { presenter.remove() }
+        let peer = try await context.coordinationPeer()
+        try await blocking { try peer.run("rename item renamed") }
+        let renamed = context.group.path + "/renamed"
+        guard await poll(within: .seconds(10), { moves.withLock { $0 }.last.map { URL(fileURLWithPath: $0).standardizedFileURL.path == URL(fileURLWithPath: renamed).standardizedFileURL.path } ?? false }) else {
+            throw ConformanceFailure("a rename by another process to \(renamed) gave the moves \(moves.withLock { $0 }) within 10 s")
+        }
+        try await blocking { try peer.run("remove renamed") }
+        guard await poll(within: .seconds(10), { deletions.withLock { $0 } > 0 }) else {
+            throw ConformanceFailure("removing the file's last name in another process was not told within 10 s")
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        try check(deletions.withLock { $0 } == 1, "the deletion was told \(deletions.withLock { $0 }) times")
+        try check(moves.withLock { $0 }.count == 1, "one rename was told \(moves.withLock { $0 }.count) times")
+        return .passed("told the new path once, and the deletion once")
     }
 }
 

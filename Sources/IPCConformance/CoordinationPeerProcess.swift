@@ -18,6 +18,7 @@ import Synchronization
 /// | `read <file>` | a coordinated read; answers `OK <contents>` |
 /// | `hold-write <file>`, `hold-read <file>` | takes the file for writing or reading and keeps it |
 /// | `release` | gives back what `hold-…` took |
+/// | `rename <file> <new name>`, `remove <file>` | renames the file within the group, removes its name |
 /// | `present <file> <behaviour>` | presents the file, answering coordinators: `answer` (at once), `slow=<ms>` (relinquishes after that long), `hang` (its relinquish never returns), `save=<text>` (when asked to save, writes `text` with a coordinator of its own), `fail-save` (its save fails) |
 /// | `events` | `OK` and the events of its presenters so far, in order, separated by spaces: `<file>:save`, `<file>:relinquish-reader`, `<file>:reacquire-reader`, `<file>:relinquish-writer`, `<file>:reacquire-writer`, `<file>:changed` |
 /// | `prepare-write <file>,<file>... <count>` | one batch for writing the files, in which it makes `count` coordinated writes to each |

@@ -24,6 +24,8 @@ struct BrokenFileCoordination: FileCoordinationSystem {
         case ignoresCancel
         /// prepare() runs the batch without asking anyone, so each access asks again.
         case doesNotBatch
+        /// Its presenters are not told of renames and deletion.
+        case untoldMoves
         /// A coordinator forgets its presenter, so it asks and tells it about its own writes.
         case forgetsOwnPresenter
 
@@ -36,6 +38,9 @@ struct BrokenFileCoordination: FileCoordinationSystem {
     func present(_ path: String, callbacks: FilePresenterCallbacks) throws -> FilePresenter {
         var callbacks = callbacks
         switch violation {
+        case .untoldMoves:
+            callbacks.didMove = nil
+            callbacks.accommodateDeletion = nil
         case .presentersNeverAsked:
             callbacks = FilePresenterCallbacks(didChange: callbacks.didChange, didMove: callbacks.didMove, accommodateDeletion: callbacks.accommodateDeletion)
         case .reacquiresAtOnce:
@@ -108,6 +113,7 @@ struct BrokenFileCoordinationTests {
         (.ignoresCancel, ["9.5"]),
         (.doesNotBatch, ["9.6"]),
         (.forgetsOwnPresenter, ["9.7"]),
+        (.untoldMoves, ["9.8"]),
     ]
 
     @Test(arguments: expectations.map(\.0))

@@ -2,6 +2,7 @@ import Glibc
 import IPCCore
 import IPCFraming
 import Synchronization
+import SystemPackage
 
 /// The far side of the file coordination tests: runs coordinated operations in its own process,
 /// one command per line of standard input, so a test can hold a lock, write, or die mid-write
@@ -19,6 +20,7 @@ import Synchronization
 /// | `write-halves <file> <count>` | `count` coordinated writes of 4 KiB, each one letter, written in two halves 1 ms apart |
 /// | `tear <endpoint>` | connects to the endpoint, then, holding its inbox's lock, writes part of a record and stops, to be killed |
 /// | `write-within <file> <milliseconds> <text>` | `write` with that timeout |
+/// | `rename <file> <new name>`, `remove <file>` | renames the file within the group, removes its name |
 /// | `present <file> <behaviour>` | presents the file, answering coordinators: `answer` (at once), `slow=<ms>` (relinquishes after that long), `hang` (never answers), `save=<text>` (saves `text` with a coordinated write of its own when asked), `fail-save` (its save fails) |
 /// | `events` | answers `OK` and the presenters' events so far, in order, separated by spaces: `<file>:save`, `<file>:relinquish-reader`, `<file>:reacquire-reader`, `<file>:relinquish-writer`, `<file>:reacquire-writer`, `<file>:changed` |
 /// | `prepare-write <file>,<file>... <count>` | one batch for writing the files, in which it makes `count` coordinated writes to each |
@@ -91,6 +93,10 @@ public struct FileCoordinationPeer {
             let parts = words[2].split(separator: " ", maxSplits: 1).map(String.init)
             guard parts.count == 2, let milliseconds = Int(parts[0]) else { throw IPCError(code: .unsupportedOperation, message: "write-within <file> <milliseconds> <text>") }
             try coordinator.coordinate(writingItemAt: try path(words[1]), timeout: .milliseconds(milliseconds)) { try $0.replaceContents(with: Array(parts[1].utf8)) }
+        case ("rename", 3):
+            guard rename(try path(words[1]), try path(words[2])) == 0 else { throw IPCError.syscall("rename", Errno(rawValue: errno)) }
+        case ("remove", 2):
+            guard unlink(try path(words[1])) == 0 else { throw IPCError.syscall("unlink", Errno(rawValue: errno)) }
         case ("present", 3):
             presenters.append(try present(words[1], behaviour: words[2]))
         case ("events", 1):
