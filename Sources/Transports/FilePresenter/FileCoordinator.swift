@@ -212,10 +212,25 @@ public struct FileAccess: CoordinatedFileContents {
 public struct FileCoordinator: FileCoordinating {
     /// The presenter this coordinator's writes are not reported to, and that it does not ask.
     public let filePresenter: FilePresenter?
-    private let state = CoordinatorState()
+    /// `nil` for the transport's own journal accesses (``journal(filePresenter:)``).
+    private let state: CoordinatorState?
 
     public init(filePresenter: FilePresenter? = nil) {
         self.filePresenter = filePresenter
+        state = CoordinatorState()
+    }
+
+    private init(journalPresenter: FilePresenter?) {
+        filePresenter = journalPresenter
+        state = nil
+    }
+
+    /// A coordinator for the transport's journals: it locks and brackets its writes like any
+    /// other, but asks no presenters (the journals' presenters are the transport's own, which
+    /// answer none) and cannot be cancelled, so that a message costs no more than the lock,
+    /// with nothing allocated.
+    static func journal(filePresenter: FilePresenter? = nil) -> FileCoordinator {
+        FileCoordinator(journalPresenter: filePresenter)
     }
 
     /// Runs `accessor` holding a shared lock on `file`.
@@ -263,6 +278,7 @@ public struct FileCoordinator: FileCoordinating {
     /// - Throws: what the presenters' answers make an access throw (within `timeout` for all
     ///   of them together); what `batch` throws.
     public func prepare<T>(forReadingItemsAt reading: [String], writingItemsAt writing: [String], timeout: Duration, byAccessor batch: () throws -> T) throws -> T {
+        guard let state else { return try batch() }
         let giveUp = deadline(after: timeout)
         let generation = state.generation.load(ordering: .acquiring)
         var conversations = PresenterConversations()
@@ -295,10 +311,15 @@ public struct FileCoordinator: FileCoordinating {
     /// answer) with `CancellationError`, within about 10 ms. Accesses already running their
     /// accessor finish; later accesses are not affected.
     public func cancel() {
-        state.generation.add(1, ordering: .acquiringAndReleasing)
+        state?.generation.add(1, ordering: .acquiringAndReleasing)
     }
 
     private func access<T>(_ file: CoordinatedFile, exclusive: Bool, timeout: Duration, _ body: () throws -> T) throws -> T {
+        guard let state else {
+            try file.lock(exclusive: exclusive, timeout: timeout)
+            defer { file.unlock() }
+            return try body()
+        }
         let giveUp = deadline(after: timeout)
         let generation = state.generation.load(ordering: .acquiring)
         var conversations = try ask(PresenterDirectory(presenting: file.path), exclusive: exclusive, until: giveUp, timeout: timeout, generation: generation)
@@ -311,7 +332,7 @@ public struct FileCoordinator: FileCoordinating {
     /// Asks the presenters behind `directory` what an access needs (none inside a batch that
     /// asked them already).
     private func ask(_ directory: PresenterDirectory, exclusive: Bool, until giveUp: UInt64, timeout: Duration, generation: Int) throws -> PresenterConversations {
-        if state.prepared.withLock({ $0[directory.path] != nil }) { return PresenterConversations() }
+        guard let state, !state.prepared.withLock({ $0[directory.path] != nil }) else { return PresenterConversations() }
         let own = filePresenter?.answeringSocket
         let cancelled = { state.generation.load(ordering: .acquiring) != generation }
         if exclusive {

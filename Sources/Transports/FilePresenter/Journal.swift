@@ -17,7 +17,7 @@ enum Journal {
         let descriptor = ipc_open_unnamed_file(group.path)
         guard descriptor >= 0 else { throw IPCError.syscall("open(O_TMPFILE)", Errno(rawValue: errno), context: group.path) }
         let file = CoordinatedFile(descriptor: descriptor, path: path)
-        try FileCoordinator().coordinate(writingItem: file, timeout: .seconds(1)) { access in
+        try FileCoordinator.journal().coordinate(writingItem: file, timeout: .seconds(1)) { access in
             try access.write(JournalHeader(ownerPID: getpid(), capacity: capacity).bytes, at: 0)
         }
         _ = unlink(path)
@@ -50,7 +50,7 @@ final class JournalFile: @unchecked Sendable {
     /// - Throws: ``IPCError/Code/malformedFrame`` if the file is not a journal;
     ///   ``IPCError/Code/coordinationTimeout``; ``IPCError/Code/transportFailure``.
     init(_ file: CoordinatedFile, timeout: Duration) throws {
-        header = try FileCoordinator().coordinate(readingItem: file, timeout: timeout, byAccessor: Journal.readHeader)
+        header = try FileCoordinator.journal().coordinate(readingItem: file, timeout: timeout, byAccessor: Journal.readHeader)
         let address = mmap(nil, JournalHeader.length, PROT_READ | PROT_WRITE, MAP_SHARED, file.descriptor, 0)
         guard let address, address != UnsafeMutableRawPointer(bitPattern: -1) else {
             throw IPCError.syscall("mmap", Errno(rawValue: errno), context: file.path)
@@ -96,7 +96,7 @@ final class JournalFile: @unchecked Sendable {
 /// Appends records to someone else's journal.
 struct JournalAppender: Sendable {
     let journal: JournalFile
-    private let coordinator = FileCoordinator()
+    private let coordinator = FileCoordinator.journal()
     /// Payloads up to this size are copied behind their headers and written in one call.
     private static let gatherLimit = 16 * 1024
 
@@ -163,7 +163,7 @@ final class JournalReader: @unchecked Sendable {
 
     private var file: CoordinatedFile { journal.file }
 
-    private var coordinator: FileCoordinator { FileCoordinator(filePresenter: presenter) }
+    private var coordinator: FileCoordinator { .journal(filePresenter: presenter) }
 
     /// Reads every record committed since the last call and hands each to `handle`, in order.
     ///
