@@ -6,6 +6,11 @@
 /// `savePresentedItemChanges` before a read, then `relinquishToReader` before a read or
 /// `relinquishToWriter` before a write. A relinquish callback returns what to run once that
 /// access is over (the reacquirer), or `nil`.
+///
+/// A callback that coordinates an access to the presented file itself (a save writing it) must
+/// do so with a coordinator made with this presenter, as `NSFileCoordinator`'s documentation
+/// asks: any other coordinator would ask this presenter, which is busy in the callback, and
+/// wait for its answer until the access's timeout.
 public struct FilePresenterCallbacks: Sendable {
     /// Runs after the access that asked is over, in whatever way it ended (also when its process died).
     public typealias Reacquirer = @Sendable () -> Void

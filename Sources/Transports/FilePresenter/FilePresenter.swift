@@ -204,7 +204,7 @@ private final class PresenterWatch: Sendable {
         defer { buffer.deallocate() }
         var events = EventState(fileWatch: fileWatch, markerWatch: markerWatch)
         var conversations = Conversations()
-        defer { conversations.closeAll() }
+        defer { conversations.closeAll(listener: answering?.listener) }
         var knownPath = callbacks.didMove == nil ? nil : currentPath()
         var deletionReported = false
         while !removed.load(ordering: .acquiring), !events.watchEnded {
@@ -391,10 +391,16 @@ private struct Conversations {
         }
     }
 
-    /// Ends every conversation without answering or reacquiring (the presenter is removed).
-    mutating func closeAll() {
+    /// Ends every conversation without answering or reacquiring (the presenter is removed),
+    /// also those still waiting to be accepted: their coordinators see the end at once, as for
+    /// a presenter that died, instead of waiting for their timeouts.
+    mutating func closeAll(listener: CInt?) {
         open.forEach { closeDescriptor($0.descriptor) }
         open = []
+        guard let listener else { return }
+        while case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
+            closeDescriptor(descriptor)
+        }
     }
 }
 
