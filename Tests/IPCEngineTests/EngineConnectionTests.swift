@@ -333,7 +333,7 @@ struct EventLoopScaleTests {
     @Test("10,000 connections on one loop: no thread per connection, and a connection among them is served")
     func tenThousandConnections() async throws {
         guard ChildProcessTest.isChildRun else {
-            return try ChildProcessTest.run(filter: "tenThousandConnections")
+            return try await ChildProcessTest.run(filter: "tenThousandConnections")
         }
         let loop = try EventLoop(name: "ipc-loop-test")
         let before = ChildProcessTest.threadCount()

@@ -22,7 +22,7 @@ public enum ChildProcessTest {
 
     /// Runs the tests matching `filter` (a regular expression over test names) in a child
     /// process, and records an issue if it fails.
-    public static func run(filter: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    public static func run(filter: String, sourceLocation: SourceLocation = #_sourceLocation) async throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
         process.arguments = ["--testing-library", "swift-testing", "--filter", filter]
@@ -31,10 +31,19 @@ public enum ChildProcessTest {
         process.environment = environment
         // Its standard error joins its standard output (a copy of the same pipe).
         let output = try ChildProcess.run(process, output: true, errorToOutput: true).output!
-        let data = output.readDataToEndOfFile()
-        process.waitUntilExit()
+        // Waited for on a thread of its own: the child runs as long as its test (a minute on a
+        // loaded machine), and Swift's cooperative pool has two threads on a two-core machine.
+        // Two child runs each holding one stalled every other test of this process (CI: nothing
+        // finished for 55 s, and a burst peer's sends to a test that could not read timed out).
+        let (status, data) = await withCheckedContinuation { continuation in
+            Thread.detachNewThread {
+                let data = output.readDataToEndOfFile()
+                process.waitUntilExit()
+                continuation.resume(returning: (process.terminationStatus, data))
+            }
+        }
         let text = String(decoding: data, as: UTF8.self)
-        #expect(process.terminationStatus == 0, "the child run of \(filter) failed:\n\(text)", sourceLocation: sourceLocation)
+        #expect(status == 0, "the child run of \(filter) failed:\n\(text)", sourceLocation: sourceLocation)
         #expect(text.contains("passed"), "the child run of \(filter) ran no test:\n\(text)", sourceLocation: sourceLocation)
         for line in text.split(separator: "\n") where line.hasPrefix("engine") || line.hasPrefix("scale") {
             print(line)

@@ -188,7 +188,7 @@ struct UnixSocketScaleTests {
     @Test("1,000 connections made in a burst are all accepted without a thread each, and a client process among them is served")
     func thousandConnections() async throws {
         guard ChildProcessTest.isChildRun else {
-            return try ChildProcessTest.run(filter: "thousandConnections")
+            return try await ChildProcessTest.run(filter: "thousandConnections")
         }
         let group = try TestGroup()
         let endpoint = try group.endpoint("crowd")
