@@ -29,8 +29,20 @@ public final class PeerProcess: Sendable {
         return candidate
     }
 
-    /// Runs `ipcbench` with `arguments` to completion and returns its exit status and standard output.
-    public static func runToCompletion(_ arguments: [String]) throws -> (status: Int32, output: String) {
+    /// Runs `ipcbench` with `arguments` to completion and returns its exit status and standard
+    /// output. It waits on a thread of its own, never on one of the few threads of Swift's
+    /// cooperative pool (two on a two-core machine), which other tasks need meanwhile.
+    public static func runToCompletion(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread.detachNewThread {
+                continuation.resume(with: Result { try runToCompletionSynchronously(arguments) })
+            }
+        }
+    }
+
+    /// ``runToCompletion(_:)`` waiting on the calling thread: for commands that end at once
+    /// (a `notifyutil` post), or callers on threads of their own.
+    public static func runToCompletionSynchronously(_ arguments: [String]) throws -> (status: Int32, output: String) {
         let process = Process()
         process.executableURL = try executableURL()
         process.arguments = arguments

@@ -28,7 +28,7 @@ enum HostilePeer {
     /// Runs `ipcbench hostile <arguments>` to completion and returns its exit status.
     @discardableResult
     static func run(_ arguments: [String]) throws -> Int32 {
-        try PeerProcess.runToCompletion(["hostile"] + arguments).status
+        try PeerProcess.runToCompletionSynchronously(["hostile"] + arguments).status
     }
 
     /// Writes `changes` (offset → bytes) into `file` from another process, then posts the futex

@@ -9,8 +9,8 @@ import Testing
 @Suite("ipcbench command line")
 struct CommandLineTests {
     @Test("--help names every subcommand")
-    func help() throws {
-        let (status, output) = try PeerProcess.runToCompletion(["--help"])
+    func help() async throws {
+        let (status, output) = try await PeerProcess.runToCompletion(["--help"])
         #expect(status == 0)
         for subcommand in ["run", "compare", "report", "notifyutil", "peer"] {
             #expect(output.contains(subcommand), "--help does not mention \(subcommand)")
@@ -21,16 +21,16 @@ struct CommandLineTests {
         ["run", "--sizes", "64,abc"], ["run", "--transport", "carrier-pigeon"], ["run", "--sample-scale", "0"],
         ["compare", "/nonexistent/a.json"], ["notifyutil", "--group", "/tmp", "--set", "novalue"],
     ])
-    func usageErrors(arguments: [String]) throws {
-        let (status, _) = try PeerProcess.runToCompletion(arguments)
+    func usageErrors(arguments: [String]) async throws {
+        let (status, _) = try await PeerProcess.runToCompletion(arguments)
         #expect(status == 64)
     }
 
     @Test("a smoke run writes a result file, a Markdown report and an HTML report")
-    func smokeRun() throws {
+    func smokeRun() async throws {
         let group = try TestGroup()
         let output = group.directory.path + "/out"
-        let (status, table) = try PeerProcess.runToCompletion([
+        let (status, table) = try await PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core",
             "--sizes", "0,64", "--sample-scale", "0.01", "--skip-in-process", "--skip-scale", "--no-progress", "--output", output,
         ])
@@ -61,10 +61,10 @@ struct CommandLineTests {
     }
 
     @Test("a small scale run: one client alone and with 4 others sending, alternating, reported everywhere")
-    func scaleRun() throws {
+    func scaleRun() async throws {
         let group = try TestGroup()
         let output = group.directory.path + "/out"
-        let (status, table) = try PeerProcess.runToCompletion([
+        let (status, table) = try await PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core", "--sizes", "64",
             "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--skip-throughput",
             "--quick", "--scale-clients", "4", "--scale-rate", "200", "--no-progress", "--output", output,
@@ -102,10 +102,10 @@ struct CommandLineTests {
 
     @Test("with split cores, spinning transports are measured again spinning; never on one core",
           .enabled(if: CPUAffinity.onlineCount >= 2, "needs two CPUs"))
-    func spinThenBlock() throws {
+    func spinThenBlock() async throws {
         let group = try TestGroup()
         let output = group.directory.path + "/out"
-        let (status, _) = try PeerProcess.runToCompletion([
+        let (status, _) = try await PeerProcess.runToCompletion([
             "run", "--transport", "notify", "--transport", "file-presenter", "--placement", "same-core", "--placement", "split-cores",
             "--sizes", "64", "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--no-progress", "--output", output,
         ])
@@ -123,25 +123,25 @@ struct CommandLineTests {
     }
 
     @Test("compare: a file against itself passes; against a doubling, fails with status 1")
-    func compare() throws {
+    func compare() async throws {
         let group = try TestGroup()
         let baseline = ReportFixtures.results(scale: 1)
         let slower = ReportFixtures.results(scale: 2)
         try ResultStore.write(baseline, to: group.directory.path + "/a")
         try ResultStore.write(slower, to: group.directory.path + "/b")
-        let same = try PeerProcess.runToCompletion(["compare", group.directory.path + "/a/results.json", group.directory.path + "/a/results.json"])
+        let same = try await PeerProcess.runToCompletion(["compare", group.directory.path + "/a/results.json", group.directory.path + "/a/results.json"])
         #expect(same.status == 0)
         #expect(same.output.contains("no regression"))
-        let worse = try PeerProcess.runToCompletion(["compare", group.directory.path + "/a/results.json", group.directory.path + "/b/results.json"])
+        let worse = try await PeerProcess.runToCompletion(["compare", group.directory.path + "/a/results.json", group.directory.path + "/b/results.json"])
         #expect(worse.status == 1)
         #expect(worse.output.contains("regression"))
-        let better = try PeerProcess.runToCompletion(["compare", group.directory.path + "/b/results.json", group.directory.path + "/a/results.json"])
+        let better = try await PeerProcess.runToCompletion(["compare", group.directory.path + "/b/results.json", group.directory.path + "/a/results.json"])
         #expect(better.status == 0)
         #expect(better.output.contains("improvement"))
     }
 
     @Test("compare across machines says so first and judges ratios to the floor: twice as slow everywhere is no regression; a transport slower than its floor is")
-    func compareAcrossMachines() throws {
+    func compareAcrossMachines() async throws {
         let group = try TestGroup()
         func write(_ results: RunResults, cpu: String, to name: String) throws -> String {
             var results = results
@@ -157,7 +157,7 @@ struct CommandLineTests {
         let fast = try write(ReportFixtures.results(scale: 1), cpu: "Fast CPU", to: "fast")
         // Another machine that runs everything, floors included, twice as slowly.
         let slowMachine = try write(ReportFixtures.results(scale: 2), cpu: "Slow CPU", to: "slow")
-        let acrossMachines = try PeerProcess.runToCompletion(["compare", fast, slowMachine])
+        let acrossMachines = try await PeerProcess.runToCompletion(["compare", fast, slowMachine])
         #expect(acrossMachines.output.hasPrefix("different machines:"), "\(acrossMachines.output.prefix(300))")
         #expect(acrossMachines.output.contains("÷ floor"))
         #expect(acrossMachines.status == 0)
@@ -167,13 +167,13 @@ struct CommandLineTests {
         #expect(acrossMachines.output.contains("latency/toy/same-core/0: no native floor to divide by"))
         // The transport twice as slow while its floor is not: a regression on any machine.
         let slowerCode = try write(ReportFixtures.results(scale: 2, floorScale: 1), cpu: "Slow CPU", to: "slower-code")
-        let regressed = try PeerProcess.runToCompletion(["compare", fast, slowerCode])
+        let regressed = try await PeerProcess.runToCompletion(["compare", fast, slowerCode])
         #expect(regressed.status == 1)
         #expect(regressed.output.contains("regression"))
     }
 
     @Test("result files from before the machine and context switches were recorded still decode, and compare by ratio")
-    func olderResultFiles() throws {
+    func olderResultFiles() async throws {
         let group = try TestGroup()
         // A file as the harness wrote it before: no machine, no context switches, no executor.
         try ResultStore.write(ReportFixtures.results(scale: 1), to: group.directory.path + "/new")
@@ -189,7 +189,7 @@ struct CommandLineTests {
         let old = try ResultStore.read(path)
         #expect(old.context.machine == nil)
         #expect(!old.latency.isEmpty && old.latency.allSatisfy { $0.contextSwitchesPerRoundTrip == nil && $0.executor == nil })
-        let (status, output) = try PeerProcess.runToCompletion(["compare", path, path])
+        let (status, output) = try await PeerProcess.runToCompletion(["compare", path, path])
         #expect(output.hasPrefix("machine unknown:"))
         #expect(status == 0)
     }

@@ -44,7 +44,7 @@ struct ReferenceSystemTests {
     }
 
     @Test("a reference that keeps the contract is measured and compared; one that cannot stream, fails its check, or is missing is listed with why")
-    func referencesInARun() throws {
+    func referencesInARun() async throws {
         let group = try TestGroup()
         let bin = group.directory.path + "/bin"
         try FileManager.default.createDirectory(atPath: bin, withIntermediateDirectories: true)
@@ -54,7 +54,7 @@ struct ReferenceSystemTests {
             try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: path)
         }
         let output = group.directory.path + "/out"
-        let (status, table) = try PeerProcess.runToCompletion([
+        let (status, table) = try await PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core", "--sizes", "64",
             "--sample-scale", "0.01", "--skip-floor", "--skip-in-process", "--skip-scale", "--skip-invalidation", "--skip-global-executor",
             "--spin-microseconds", "0", "--references", bin, "--no-progress", "--output", output,

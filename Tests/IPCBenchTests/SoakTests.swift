@@ -69,10 +69,10 @@ struct SoakTests {
     }
 
     @Test("a tiny soak of every transport kills peers, and finds no violation and no leak")
-    func tinySoak() throws {
+    func tinySoak() async throws {
         let group = try TestGroup()
         let output = group.directory.path + "/soak.json"
-        let (status, table) = try PeerProcess.runToCompletion(["soak", "--cycles", "8", "--seed", "7", "--max-messages", "40", "--no-progress", "--output", output])
+        let (status, table) = try await PeerProcess.runToCompletion(["soak", "--cycles", "8", "--seed", "7", "--max-messages", "40", "--no-progress", "--output", output])
         #expect(status == 0, "\(table)")
         #expect(table.contains("no violations"))
         let report = try JSONDecoder().decode(SoakReport.self, from: Data(contentsOf: URL(fileURLWithPath: output)))
@@ -94,13 +94,13 @@ struct SoakTests {
     }
 
     @Test("soak --help explains the command; bad arguments are refused")
-    func help() throws {
-        let (status, output) = try PeerProcess.runToCompletion(["soak", "--help"])
+    func help() async throws {
+        let (status, output) = try await PeerProcess.runToCompletion(["soak", "--help"])
         #expect(status == 0)
         for option in ["--duration", "--cycles", "--transport", "--seed", "--output", "--cycle-deadline"] {
             #expect(output.contains(option), "soak --help does not mention \(option)")
         }
-        #expect(try PeerProcess.runToCompletion(["soak", "--transport", "carrier-pigeon"]).status == 64)
-        #expect(try PeerProcess.runToCompletion(["soak", "--cycles", "0"]).status == 64)
+        #expect(try await PeerProcess.runToCompletion(["soak", "--transport", "carrier-pigeon"]).status == 64)
+        #expect(try await PeerProcess.runToCompletion(["soak", "--cycles", "0"]).status == 64)
     }
 }

@@ -12,10 +12,10 @@ import Testing
 @Suite("Conformance: built-in transports", .serialized, .usesMessageQueues)
 struct BuiltInTransportTests {
     @Test("every applicable case passes", arguments: TransportCatalog.names)
-    func transportConforms(_ name: String) throws {
+    func transportConforms(_ name: String) async throws {
         let output = FileManager.default.temporaryDirectory.appendingPathComponent("conform-\(name)-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: output) }
-        let (status, table) = try PeerProcess.runToCompletion(["conform", "--transport", name, "--output", output])
+        let (status, table) = try await PeerProcess.runToCompletion(["conform", "--transport", name, "--output", output])
         let reports = try JSONDecoder.iso8601.decode([ConformanceReport].self, from: Data(contentsOf: URL(fileURLWithPath: output + "/" + ConformanceReportWriter.fileNames.json)))
         #expect(!reports.isEmpty)
         for report in reports {

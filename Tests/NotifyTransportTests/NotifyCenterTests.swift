@@ -12,7 +12,7 @@ import Testing
 @Suite("Notify center")
 struct NotifyCenterTests {
     private func notifyutil(_ group: borrowing TestGroup, _ arguments: [String]) throws -> (status: Int32, output: String) {
-        try PeerProcess.runToCompletion(["notifyutil", "--group", group.directory.path] + arguments)
+        try PeerProcess.runToCompletionSynchronously(["notifyutil", "--group", group.directory.path] + arguments)
     }
 
     @Test("K rapid posts from another process give between 1 and K deliveries, never 0", arguments: [1, 10, 1000])
@@ -189,7 +189,7 @@ struct NotifyCenterTests {
             let poster = Task.detached {
                 // Until the loop has seen three: a post may coalesce with the one before.
                 while !Task.isCancelled {
-                    _ = try? PeerProcess.runToCompletion(["notifyutil", "--group", path, "--post", "test.sequence"])
+                    _ = try? PeerProcess.runToCompletionSynchronously(["notifyutil", "--group", path, "--post", "test.sequence"])
                     try? await Task.sleep(for: .milliseconds(20))
                 }
             }

@@ -18,7 +18,7 @@ struct WormholeTests {
     }
 
     private func tool(_ group: borrowing TestGroup, _ arguments: [String]) throws -> (status: Int32, output: String) {
-        try PeerProcess.runToCompletion(["wormhole", "--group", group.directory.path] + arguments)
+        try PeerProcess.runToCompletionSynchronously(["wormhole", "--group", group.directory.path] + arguments)
     }
 
     @Test("a message passed by a process that has exited is read later by one that was not running; clear removes it")
