@@ -202,8 +202,15 @@ public struct ConformancePeer: Sendable {
             let connection = try transport.connect(to: configuration.endpoint, options: options)
             try announceReady()
             let burst = Task.detached { [configuration] in
-                for index in 0..<configuration.burstCount {
-                    try connection.send(Self.burstPayload(index, size: configuration.burstSize), msgid: UInt32(index), timeout: .seconds(60))
+                // A burst exists to run into the receiver's backpressure, so each send waits as
+                // long as the receiver takes to read (a test process starved of CPU on a loaded
+                // machine has taken more than a minute); the peer ends with its standard input.
+                do {
+                    for index in 0..<configuration.burstCount {
+                        try connection.send(Self.burstPayload(index, size: configuration.burstSize), msgid: UInt32(index), timeout: .seconds(3600))
+                    }
+                } catch {
+                    FileHandle.standardError.write(Data("peer: the burst stopped: \(error)\n".utf8))
                 }
             }
             // Echo until the connection ends or standard input closes. Cancelling the echo

@@ -193,7 +193,7 @@ struct NotifyTransportTests {
         let connection = try #require(try await accept(1, on: listener).first)
         try await Task.sleep(for: .milliseconds(500))
         #expect(connection.bufferedMessageCount == limit.messages)
-        let received = try await collect(count, from: connection, seconds: 60)
+        let received = try await collect(count, from: connection, seconds: 300)
         #expect(received.map(\.msgid) == (0..<count).map { UInt32($0) })
         #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 1024) })
         #expect(connection.bufferedMessageCount <= limit.messages)

@@ -175,7 +175,7 @@ struct UnixSocketMessageBufferTests {
         // Not reading for a while: the loop fills the buffer to its limit and stops reading.
         try await Task.sleep(for: .milliseconds(500))
         #expect(connection.bufferedMessageCount == limit.messages)
-        let received = try await collect(count, from: connection, seconds: 60)
+        let received = try await collect(count, from: connection, seconds: 300)
         #expect(received.map(\.msgid) == (0..<count).map { UInt32($0) })
         #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 1024) })
         #expect(connection.bufferedMessageCount <= limit.messages)
