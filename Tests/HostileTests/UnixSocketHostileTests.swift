@@ -198,7 +198,16 @@ struct UnixSocketHostileTests {
         let before = try memoryUsage(of: server.pid)
         let announced = ConnectionOptions.defaults.maximumPayloadLength
         let bytes = Self.binaryHeader(length: UInt32(announced)) + [UInt8](repeating: 1, count: 1000)
-        let hostile = try (0..<64).map { _ in try HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: bytes) }
+        // Started together: one after another, a loaded machine took longer than the listener's
+        // stalled-frame timeout (30 s) to start them all, and the first were dropped before the
+        // measurement.
+        let path = endpoint.path(suffix: ".sock")
+        let hostile = try await withThrowingTaskGroup(of: PeerProcess.self) { group in
+            for _ in 0..<64 {
+                group.addTask { try await onOwnThread { try HostilePeer.socket(path: path, bytes: bytes) } }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
         defer { hostile.forEach { $0.kill() } }
         // Let the listener read every header.
         let client = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
