@@ -1,4 +1,5 @@
 #if os(Linux)
+import CIPCShims
 import Glibc
 import IPCCore
 import IPCPosix
