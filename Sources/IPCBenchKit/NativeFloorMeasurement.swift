@@ -79,7 +79,10 @@ struct CPUTotals {
     mutating func add(from before: CPUReading, to after: CPUReading) {
         func add(_ total: UInt64?, _ before: UInt64?, _ after: UInt64?) -> UInt64? {
             guard let total, let before, let after else { return nil }
-            return total + (after - before)
+            // A peer's context switches are summed over its live threads, so a thread that exits
+            // within the interval takes its count with it and the sum can go down: that interval
+            // then adds nothing (an undercount, never a trap).
+            return total + (after >= before ? after - before : 0)
         }
         local = add(local, before.local, after.local)
         peer = add(peer, before.peer, after.peer)
