@@ -118,7 +118,7 @@ enum FileCoordinationCases {
         try await blocking { try peer.run("present item hang") }
         let coordinator = system.coordinator(nil)
         let task = Task { try await blocking { try coordinator.write(path, .seconds(60), Array("new".utf8)) } }
-        guard await poll(within: .seconds(10), { ((try? peer.run("events")) ?? "").contains("item:relinquish-writer") }) else {
+        guard await peer.events(within: .seconds(10), until: { $0.contains("item:relinquish-writer") }) != nil else {
             coordinator.cancel()
             throw ConformanceFailure("the write in this process did not ask the peer's presenter within 10 s")
         }
@@ -183,13 +183,12 @@ enum FileCoordinationCases {
             }
         }
         let kinds = ["relinquish-writer", "reacquire-writer"]
-        @Sendable func counts() -> [String: Int] {
-            let events = ((try? peer.run("events")) ?? "").split(separator: " ").map(String.init)
-            return Dictionary(events.filter { event in kinds.contains { event.hasSuffix(":" + $0) } }.map { ($0, 1) }, uniquingKeysWith: +)
+        @Sendable func counts(_ events: [String]) -> [String: Int] {
+            Dictionary(events.filter { event in kinds.contains { event.hasSuffix(":" + $0) } }.map { ($0, 1) }, uniquingKeysWith: +)
         }
-        _ = await poll(within: .seconds(10)) { counts().count == 4 }
+        _ = await peer.events(within: .seconds(10)) { counts($0).count == 4 }
         try await Task.sleep(for: .milliseconds(200))
-        let seen = counts()
+        let seen = counts(await peer.events(within: .seconds(10)) { _ in true } ?? [])
         let expected = Dictionary(uniqueKeysWithValues: ["first", "second"].flatMap { file in kinds.map { ("\(file):\($0)", 1) } })
         try check(seen == expected, "the peer's presenters saw \(seen.sorted { $0.key < $1.key }), expected each relinquish and reacquire once")
         try check(contents(of: first) == "batch 2" && contents(of: second) == "batch 2", "the batch's writes did not land")
@@ -255,6 +254,21 @@ enum FileCoordinationCases {
 /// The file's contents as text, read without coordination ("" if it cannot be read).
 private func contents(of path: String) -> String {
     FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) } ?? ""
+}
+
+extension CoordinationPeerProcess {
+    /// The peer's presenter events once `condition` holds for them, asked every 10 ms on a
+    /// thread of its own (an answer is waited for, never on the cooperative pool); `nil` if it
+    /// did not hold within `limit`.
+    func events(within limit: Duration, until condition: @escaping @Sendable ([String]) -> Bool) async -> [String]? {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            let events = (try? await blocking { try self.run("events") })?.split(separator: " ").map(String.init) ?? []
+            if condition(events) { return events }
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        return nil
+    }
 }
 
 extension CaseContext {

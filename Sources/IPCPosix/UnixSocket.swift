@@ -93,10 +93,13 @@ public enum UnixSocket {
     }
 
     /// Connects to the socket at `path`.
+    /// - Parameter nonBlocking: make the socket non-blocking, so that a listener whose backlog
+    ///   is full (one that never accepts) fails the connect at once instead of blocking it.
     /// - Throws: ``IPCError/Code/endpointNotFound`` when there is no socket or nobody listens on
-    ///   it (a stale file); ``IPCError/Code/accessDenied`` when permissions refuse it.
-    public static func connect(path: String) throws -> CInt {
-        let fd = try makeStreamSocket()
+    ///   it (a stale file); ``IPCError/Code/accessDenied`` when permissions refuse it;
+    ///   ``IPCError/Code/transportFailure`` with `EAGAIN` for a full backlog (non-blocking only).
+    public static func connect(path: String, nonBlocking: Bool = false) throws -> CInt {
+        let fd = try makeStreamSocket(nonBlocking: nonBlocking)
         do {
             try withAddress(path) { address, length in
                 do throws(Errno) { _ = try syscallRetryingInterrupts { Glibc.connect(fd, address, length) } } catch {

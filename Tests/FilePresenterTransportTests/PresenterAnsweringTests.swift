@@ -99,6 +99,22 @@ struct PresenterAnsweringTests {
         #expect(String(decoding: FileManager.default.contents(atPath: path)!, as: UTF8.self) == "start")
     }
 
+    @Test("a socket whose listener never accepts and whose backlog is full fails the access with coordinationTimeout at once, never a blocked connect")
+    func fullBacklog() async throws {
+        let group = try TestGroup()
+        let (path, presenters) = try makeItem(group)
+        try FileManager.default.createDirectory(atPath: presenters, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+        let socketPath = presenters + "/999999.4"
+        let squatter = try UnixSocket.listen(path: socketPath, backlog: 0)
+        defer { closeDescriptor(squatter) }
+        var fillers: [CInt] = []
+        defer { fillers.forEach(closeDescriptor) }
+        while fillers.count < 16, let filler = try? UnixSocket.connect(path: socketPath, nonBlocking: true) { fillers.append(filler) }
+        #expect(fillers.count < 16, "the backlog never filled")
+        await expectIPCError(.coordinationTimeout) { try write("blocked", to: path, timeout: .seconds(60)) }
+        #expect(String(decoding: FileManager.default.contents(atPath: path)!, as: UTF8.self) == "start")
+    }
+
     @Test("cancel() ends a write waiting for a presenter in another process that never answers; remove() takes a presenter's socket away")
     func cancelWhileAskingAndRemove() async throws {
         let group = try TestGroup()

@@ -212,7 +212,7 @@ private final class PresenterWatch: Sendable {
                 // Wait for inotify, the answering socket and the open conversations together.
                 guard conversations.wait(inotify: inotify, listener: answering.listener) else { continue }
                 conversations.serve(listener: answering.listener) { request in
-                    gate.withLock { _ in removed.load(ordering: .acquiring) ? .failed : answer(request) }
+                    gate.withLock { _ in removed.load(ordering: .acquiring) ? .gone : answer(request) }
                 } reacquire: { reacquirer in
                     gate.withLock { _ in if !removed.load(ordering: .acquiring) { reacquirer() } }
                 }
@@ -311,6 +311,8 @@ private struct Conversations {
     enum Outcome {
         case done(FilePresenterCallbacks.Reacquirer?)
         case failed
+        /// The presenter was removed: the conversation ends unanswered, as if it had died.
+        case gone
     }
 
     private struct Conversation {
@@ -369,6 +371,9 @@ private struct Conversations {
                 next.reacquirer = reacquirer
             case .failed:
                 reply = PresenterAnswer.failed.rawValue
+            case .gone:
+                closeDescriptor(conversation.descriptor)
+                continue
             }
             if send(conversation.descriptor, &reply, 1, CInt(MSG_NOSIGNAL | MSG_DONTWAIT)) == 1, next.relinquished {
                 still.append(next)

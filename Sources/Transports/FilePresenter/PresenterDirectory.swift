@@ -112,7 +112,16 @@ struct PresenterDirectory {
             answered.end()
         }
         for name in try presenterNames() where path + "/" + name != own {
-            guard let descriptor = connect(name) else { continue }
+            let descriptor: CInt
+            switch connect(name) {
+            case .connected(let connected): descriptor = connected
+            case .none: continue
+            case .backlogFull:
+                // A listener that never accepts: it cannot be asked, and the access must not go
+                // on without asking it.
+                giveUpAll()
+                throw IPCError(code: .coordinationTimeout, message: "the presenter socket \(path)/\(name) accepts no connection (its backlog is full)")
+            }
             var byte = request.rawValue
             guard send(descriptor, &byte, 1, CInt(MSG_NOSIGNAL)) == 1 else {
                 // The presenter went away between the connect and now.
@@ -191,27 +200,36 @@ struct PresenterDirectory {
         return names
     }
 
-    /// Connects to the socket `name` if it is one of this user's and a process of this user
-    /// listens on it; removes it if nobody does.
-    private func connect(_ name: String) -> CInt? {
+    private enum Connection {
+        case connected(CInt)
+        /// Not a presenter of this user, or one that died.
+        case none
+        case backlogFull
+    }
+
+    /// Connects, without blocking, to the socket `name` if it is one of this user's and a
+    /// process of this user listens on it; removes it if nobody does.
+    private func connect(_ name: String) -> Connection {
         let socketPath = path + "/" + name
         var status = stat()
-        guard lstat(socketPath, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK, status.st_uid == geteuid() else { return nil }
+        guard lstat(socketPath, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK, status.st_uid == geteuid() else { return .none }
         let descriptor: CInt
         do {
-            descriptor = try UnixSocket.connect(path: socketPath)
+            descriptor = try UnixSocket.connect(path: socketPath, nonBlocking: true)
         } catch let error as IPCError where error.code == .endpointNotFound {
             // A presenter that died without removing its socket.
             unlink(socketPath)
-            return nil
+            return .none
+        } catch let error as IPCError where (error.cause as? Errno) == .resourceTemporarilyUnavailable {
+            return .backlogFull
         } catch {
-            return nil
+            return .none
         }
         guard let peer = try? UnixSocket.peerCredentials(descriptor), peer.uid == geteuid() else {
             closeDescriptor(descriptor)
-            return nil
+            return .none
         }
-        return descriptor
+        return .connected(descriptor)
     }
 }
 
