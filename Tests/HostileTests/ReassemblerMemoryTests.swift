@@ -1,9 +1,10 @@
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 
 /// A receive buffer grows with the bytes that arrive, not with the length a header announces.
-@Suite("Hostile peers: receive buffer")
+@Suite("Hostile peers: receive buffer", .offTheCooperativePool)
 struct ReassemblerMemoryTests {
     /// The room the reassembler offers to the next read.
     private func offeredRoom(_ reassembler: any FrameReassembling) -> Int {

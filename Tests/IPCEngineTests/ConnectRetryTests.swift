@@ -1,8 +1,9 @@
 import IPCCore
+import IPCTestSupport
 import Synchronization
 import Testing
 
-@Suite("ConnectRetry: retrying a connect while nobody listens")
+@Suite("ConnectRetry: retrying a connect while nobody listens", .elasticThreads)
 struct ConnectRetryTests {
     static let notFound = IPCError(code: .endpointNotFound, message: "nobody listens")
 

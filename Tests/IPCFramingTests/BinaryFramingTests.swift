@@ -1,8 +1,9 @@
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 
-@Suite struct BinaryFramingTests {
+@Suite(.offTheCooperativePool) struct BinaryFramingTests {
     func reassembler(maximumPayloadLength: Int = 1000) -> FrameReassembler<BinaryFrameDecoder> {
         FrameReassembler(decoder: BinaryFrameDecoder(maximumPayloadLength: maximumPayloadLength))
     }

@@ -1,9 +1,10 @@
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 
 /// Behaviour both framings share: round trips through every chunking, limits, truncation, sticky errors.
-@Suite struct FramingRoundTripTests {
+@Suite(.offTheCooperativePool) struct FramingRoundTripTests {
     static let payloadSizes = [0, 1, 64, 4096, 65536 + 3, 1 << 20]
 
     @Test(arguments: Framing.allCases, payloadSizes)

@@ -7,7 +7,7 @@ import Testing
 /// Replays the framing fixtures through the same reassemblers as the fuzz targets: each stream must
 /// give valid frames and then at most one typed error, the same whether it arrives whole, one byte
 /// at a time or in 7-byte chunks.
-@Suite struct FuzzRegressionTests {
+@Suite(.offTheCooperativePool) struct FuzzRegressionTests {
     /// The fuzz targets' maximum, so that the fixtures' lengths are judged as they were found.
     static let maximumPayloadLength = 512
 

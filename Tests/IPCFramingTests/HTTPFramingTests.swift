@@ -1,5 +1,6 @@
 import IPCCore
 import IPCFraming
+import IPCTestSupport
 import Testing
 
 /// A message the HTTP decoder must refuse, and the byte at which it must do so.
@@ -21,7 +22,7 @@ struct HTTPRefusal: Sendable, CustomTestStringConvertible {
     }
 }
 
-@Suite struct HTTPFramingTests {
+@Suite(.offTheCooperativePool) struct HTTPFramingTests {
     static let maximumPayloadLength = 1000
 
     func reassembler(maximumHeaderLength: Int = HTTPWireFormat.defaultMaximumHeaderLength) -> FrameReassembler<HTTPFrameDecoder> {

@@ -1,12 +1,13 @@
 import Foundation
 import IPCCore
 import IPCSecureCoding
+import IPCTestSupport
 import Testing
 
 /// The binary Codable codec's own cases: payloads written by hand, byte by byte, with the counts
 /// and lengths a hostile sender would choose. The rules it shares with the other Codable codecs
 /// are in ``CodablePayloadCodecTests``.
-@Suite struct BinaryCodablePayloadCodecTests {
+@Suite(.offTheCooperativePool) struct BinaryCodablePayloadCodecTests {
     let codec = BinaryCodablePayloadCodec()
     let orders = AllowList([Order.self, MessageList.self])
 

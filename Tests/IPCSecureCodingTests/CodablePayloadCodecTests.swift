@@ -6,7 +6,7 @@ import Testing
 
 /// The Codable codecs share their envelope and their rules, so each case runs on all of them;
 /// the cases that edit a payload as text run on the text formats only.
-@Suite struct CodablePayloadCodecTests {
+@Suite(.offTheCooperativePool) struct CodablePayloadCodecTests {
     static let textCodecs: [any PayloadCodec] = [.json, .propertyList]
     static let codecs: [any PayloadCodec] = textCodecs + [.binaryCodable]
 

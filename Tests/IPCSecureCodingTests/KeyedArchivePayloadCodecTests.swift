@@ -37,7 +37,7 @@ enum CraftedArchive {
     }
 }
 
-@Suite struct KeyedArchivePayloadCodecTests {
+@Suite(.offTheCooperativePool) struct KeyedArchivePayloadCodecTests {
     let codec = KeyedArchivePayloadCodec()
     let orders = AllowList.orders
     let baskets = AllowList(classes: [BasketObject.self, LineItemObject.self, NSArray.self, NSDictionary.self])

@@ -1,10 +1,11 @@
 import IPCCore
+import IPCTestSupport
 import Testing
 
 @testable import IPCSecureCoding
 
 /// The pre-scan must never count less nesting than a parser would see.
-@Suite struct NestingScannerTests {
+@Suite(.offTheCooperativePool) struct NestingScannerTests {
     /// The code the JSON scan refuses `text` with, or nil if it accepts it.
     func jsonRefusal(_ text: String, maximumDepth: Int) -> IPCError.Code? {
         refusal { try NestingScanner.checkJSON([UInt8](text), maximumDepth: maximumDepth) }

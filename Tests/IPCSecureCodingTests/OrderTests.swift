@@ -1,9 +1,10 @@
 import Foundation
 import IPCCore
 import IPCSecureCoding
+import IPCTestSupport
 import Testing
 
-@Suite struct OrderTests {
+@Suite(.offTheCooperativePool) struct OrderTests {
     @Test(arguments: [1024, 4096, 65_536, 1 << 20])
     func sampleIsAboutTheRequestedSizeInJSON(size: Int) throws {
         let bytes = try JSONPayloadCodec().encode(Order.sample(approximateSize: size))

@@ -8,7 +8,7 @@ import Testing
 /// fuzz targets decode them: every payload either decodes to a type the allow-list names or throws
 /// an ``IPCError``, and an empty allow-list decodes nothing. A payload that makes Foundation trap
 /// takes the test process down, which is the failure this replay is there to catch.
-@Suite struct PayloadFuzzRegressionTests {
+@Suite(.offTheCooperativePool) struct PayloadFuzzRegressionTests {
     static let json = FuzzFixture.all(in: "json")
     static let propertyList = FuzzFixture.all(in: "propertyList")
     static let keyedArchive = FuzzFixture.all(in: "keyedArchive")
