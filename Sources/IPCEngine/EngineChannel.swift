@@ -69,6 +69,24 @@ public protocol EngineChannel: AnyObject, Sendable {
 
     /// Closes the descriptor.
     func close()
+
+    /// For a ``ChannelReadiness/doorbell`` channel whose bytes are in shared memory: lets the
+    /// event loop, while it spins (``WaitStrategy/spinThenBlock(microseconds:)``), look for
+    /// bytes in memory with ``readableInMemory()`` instead of waiting for a ring, so that a
+    /// writer to a spinning reader rings no bell. Called once, before the channel is
+    /// registered, for a connection whose wait strategy spins. A channel that agrees returns
+    /// `true` and from then on does not ask for a ring after its reads: the loop calls
+    /// ``armDoorbell()`` before it sleeps. The default returns `false`.
+    func startWatchingInMemory() -> Bool
+
+    /// Whether there are bytes to read (or the peer said goodbye), seen without a system call.
+    /// Called on the loop's thread, after ``startWatchingInMemory()`` agreed.
+    func readableInMemory() -> Bool
+
+    /// The loop is about to sleep: ask the peer to ring from now on, then look once more.
+    /// Returns whether there is something to read already (the loop then reads instead of
+    /// sleeping). Called on the loop's thread, after ``startWatchingInMemory()`` agreed.
+    func armDoorbell() -> Bool
 }
 
 /// How an ``EngineChannel``'s descriptor tells the loop that there is something to do.
@@ -88,6 +106,10 @@ public enum ChannelReadiness: Sendable {
 
 extension EngineChannel {
     public var readiness: ChannelReadiness { .level }
+
+    public func startWatchingInMemory() -> Bool { false }
+    public func readableInMemory() -> Bool { false }
+    public func armDoorbell() -> Bool { false }
 
     public func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
         guard let frame = try nextFrame() else { return nil }

@@ -65,6 +65,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     // Loop thread only.
     private var paused = false
     private var finished = false
+    private let readiness: ReadinessHandler
     private var bytesRead: UInt64 = 0
     private var stallTimerArmed = false
     /// What a request delivered through ``messages`` replies with: weak, so that a request
@@ -97,7 +98,10 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         self.onInvalidated = onInvalidated
         self.outboundLimit = options.messageBufferLimit.bytes
         self.doorbell = channel.readiness == .doorbell
-        let handler = ReadinessHandler()
+        // A spinning connection whose channel shows readiness in memory is looked at there by
+        // the spinning loop (EventHandler.readableInMemory).
+        let handler = ReadinessHandler(memoryWatched: options.waitStrategy.spins && channel.startWatchingInMemory() ? channel : nil)
+        self.readiness = handler
         do {
             token = try serving.register(channel.descriptor.rawValue, interest: doorbell ? [.readable, .edgeTriggered] : .readable, waitStrategy: options.waitStrategy, handler: handler)
         } catch {
@@ -115,9 +119,30 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private final class ReadinessHandler: EventHandler, @unchecked Sendable {
         // @unchecked: set once, before the registration can report anything that uses it.
         var connection: EngineConnection?
+        /// The channel, when the spinning loop looks at it in memory. Held here, not reached
+        /// through the connection: the connection has weak references, so each retain of it
+        /// takes the runtime's slow path, and the loop asks many times a microsecond.
+        let memoryWatched: (any EngineChannel)?
+        /// Loop thread only: off while reading is paused for the message buffer's bound, and
+        /// for good once the connection finished (its channel may be closed by then).
+        var probing = true
+
+        init(memoryWatched: (any EngineChannel)?) {
+            self.memoryWatched = memoryWatched
+        }
+
+        var watchesMemory: Bool { memoryWatched != nil }
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             connection?.handleEvent(readable: readable, writable: writable)
+        }
+
+        func readableInMemory() -> Bool {
+            probing && memoryWatched?.readableInMemory() == true
+        }
+
+        func armBeforeSleep() -> Bool {
+            probing && memoryWatched?.armDoorbell() == true
         }
     }
 
@@ -168,6 +193,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private func finish(_ reason: InvalidationReason) {
         guard !finished else { return }
         finished = true
+        readiness.probing = false
         core.finish(reason) {
             eventLoop.deregister(token)
             let final = core.latch.reason ?? reason
@@ -265,6 +291,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
 
     private func pauseReading() {
         paused = true
+        readiness.probing = false
         updateInterest { $0.watchingReadable = false }
         core.whenMessagesHaveRoom { [weak self] in
             guard let self else { return }
@@ -275,6 +302,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private func resumeReading() {
         guard paused, !finished else { return }
         paused = false
+        readiness.probing = true
         // Frames already read first; they may fill the buffer again.
         guard dispatchFrames() else { return }
         updateInterest { $0.watchingReadable = true }

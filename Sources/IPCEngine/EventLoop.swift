@@ -9,6 +9,23 @@ package protocol EventHandler: AnyObject, Sendable {
     /// Called on the loop's thread. `hangUp` means the peer hung up or the descriptor has an
     /// error pending: reading tells which.
     func handleEvent(readable: Bool, writable: Bool, hangUp: Bool)
+
+    /// Whether the loop may look at this registration's readiness in memory while it spins
+    /// (``readableInMemory()``, ``armBeforeSleep()``). Asked once, at registration. Default: no.
+    var watchesMemory: Bool { get }
+
+    /// Something to read, seen without a system call (loop thread, while it spins).
+    func readableInMemory() -> Bool
+
+    /// The loop is about to sleep: ask the peer to wake it (ring the doorbell) from now on.
+    /// Returns whether something came meanwhile, so that the loop handles it instead of sleeping.
+    func armBeforeSleep() -> Bool
+}
+
+extension EventHandler {
+    package var watchesMemory: Bool { false }
+    package func readableInMemory() -> Bool { false }
+    package func armBeforeSleep() -> Bool { false }
 }
 
 /// One thread per process that waits for every registered descriptor at once (epoll, through
@@ -55,6 +72,14 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         var timerSequence: UInt64 = 0
         var registrations: [UInt64: Registration] = [:]
         var nextToken: UInt64 = 1
+        /// The registrations whose readiness the spinning loop looks at in memory, while they
+        /// wait for something readable.
+        var memoryWatches: [MemoryWatch] = []
+    }
+
+    private struct MemoryWatch {
+        var token: UInt64
+        var handler: any EventHandler
     }
 
     private let poller: Poller
@@ -180,6 +205,9 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             let token = state.nextToken
             state.nextToken += 1
             state.registrations[token] = Registration(fd: fd, handler: handler, interest: interest, spinNanoseconds: waitStrategy.spinNanoseconds)
+            if waitStrategy.spins, handler.watchesMemory, interest.contains(.readable) {
+                state.memoryWatches.append(MemoryWatch(token: token, handler: handler))
+            }
             return token
         }
         do {
@@ -198,6 +226,12 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             guard var registration = state.registrations[token], registration.interest != interest else { return nil }
             registration.interest = interest
             state.registrations[token] = registration
+            if registration.spinNanoseconds > 0, registration.handler.watchesMemory {
+                state.memoryWatches.removeAll { $0.token == token }
+                if interest.contains(.readable) {
+                    state.memoryWatches.append(MemoryWatch(token: token, handler: registration.handler))
+                }
+            }
             return registration.fd
         }
         if let fd { try? poller.modify(fd, token: token, interest: interest) }
@@ -207,7 +241,11 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// already read in this round, neither: events are looked up by token). Call before closing
     /// the descriptor.
     package func deregister(_ token: UInt64) {
-        guard let registration = state.withLock({ $0.registrations.removeValue(forKey: token) }) else { return }
+        guard let registration = state.withLock({ state -> Registration? in
+            let registration = state.registrations.removeValue(forKey: token)
+            if registration?.handler.watchesMemory == true { state.memoryWatches.removeAll { $0.token == token } }
+            return registration
+        }) else { return }
         poller.remove(registration.fd)
         if registration.spinNanoseconds > 0 { updateSpin() }
     }
@@ -239,13 +277,32 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             timerFired = false
             events.removeAll(keepingCapacity: true)
             let spin = spinNanoseconds.load(ordering: .relaxed)
+            // Registrations whose readiness shows in shared memory are looked at there while
+            // the loop spins, and asked for a doorbell only before it sleeps: a writer to a
+            // spinning reader then makes no system call, and the reader none until it sleeps.
+            let watches = spin > 0 ? state.withLock { $0.memoryWatches } : []
             if spin > 0 {
                 let end = monotonicNanoseconds() &+ UInt64(spin)
+                var round = 0
                 repeat {
-                    timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
-                    if !events.isEmpty || timerFired || hasJobs() { break }
+                    for watch in watches where watch.handler.readableInMemory() {
+                        events.append(Poller.Event(token: watch.token, readable: true, writable: false, hangUp: false))
+                    }
+                    if !events.isEmpty || hasJobs() { break }
+                    // The kernel is asked on every round when nothing is watched in memory, and
+                    // on every 16th otherwise (other descriptors, doorbells rung for room, timers).
+                    if watches.isEmpty || round & 15 == 0 {
+                        timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
+                        if !events.isEmpty || timerFired { break }
+                    }
+                    round &+= 1
                     cpuRelax()
                 } while monotonicNanoseconds() < end
+            }
+            if events.isEmpty, !timerFired {
+                for watch in watches where watch.handler.armBeforeSleep() {
+                    events.append(Poller.Event(token: watch.token, readable: true, writable: false, hangUp: false))
+                }
             }
             if events.isEmpty, !timerFired {
                 sleeping.store(true, ordering: .sequentiallyConsistent)

@@ -31,6 +31,9 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
     private let peerBell: CInt
     private let encoder: BinaryFrameEncoder
     private let reassembler: FrameReassembler<BinaryFrameDecoder>
+    /// The spinning loop looks at the inbound ring itself and asks for rings only before it
+    /// sleeps (``startWatchingInMemory()``); set once, before registration.
+    private var loopWatchesMemory = false
 
     /// - Parameters:
     ///   - ownBell: the eventfd this side waits on; the channel closes it.
@@ -58,6 +61,11 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
         }
         let count = try reassembler.receive { try inbound.read(into: $0) }
         if count > 0, inbound.takeWriterWaiting() { Self.ring(peerBell) }
+        if loopWatchesMemory {
+            // The loop sees what is left (and a goodbye) in memory, and arms before it sleeps.
+            if count > 0 { return count }
+            return store.state == .closed ? 0 : nil
+        }
         // About to wait: ask for a ring, then look once more, so that bytes published meanwhile
         // (whose writer saw no request) are not left unread; what did not fit in this read, and
         // a goodbye behind the last bytes, come back through our own bell.
@@ -66,6 +74,20 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
         if inbound.hasUnread || (count > 0 && closed) { Self.ring(descriptor.rawValue) }
         if count > 0 { return count }
         return closed ? 0 : nil
+    }
+
+    func startWatchingInMemory() -> Bool {
+        loopWatchesMemory = true
+        return true
+    }
+
+    func readableInMemory() -> Bool {
+        inbound.hasUnread || store.state == .closed
+    }
+
+    func armDoorbell() -> Bool {
+        inbound.readerWillWait()
+        return readableInMemory()
     }
 
     func nextFrame() throws -> Frame? {
