@@ -70,23 +70,31 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// Closes the descriptor.
     func close()
 
-    /// For a ``ChannelReadiness/doorbell`` channel whose bytes are in shared memory: lets the
-    /// event loop, while it spins (``WaitStrategy/spinThenBlock(microseconds:)``), look for
-    /// bytes in memory with ``readableInMemory()`` instead of waiting for a ring, so that a
-    /// writer to a spinning reader rings no bell. Called once, before the channel is
-    /// registered, for a connection whose wait strategy spins. A channel that agrees returns
-    /// `true` and from then on does not ask for a ring after its reads: the loop calls
-    /// ``armDoorbell()`` before it sleeps. The default returns `false`.
-    func startWatchingInMemory() -> Bool
+    /// Lets the event loop, while it spins (``WaitStrategy/spinThenBlock(_:)``), look for
+    /// something to read itself with ``pollWhileSpinning()`` instead of asking the kernel's
+    /// readiness list. Called once, before the channel is registered, for a connection whose
+    /// wait strategy spins. The default returns `false`. A channel that agrees returns `true`:
+    /// - a ``ChannelReadiness/doorbell`` channel then no longer asks for a ring after its
+    ///   reads; the loop calls ``armBeforeSleep()`` before it sleeps, so a writer to a spinning
+    ///   reader rings no bell;
+    /// - a socket then reads in ``pollWhileSpinning()`` and hands what it read to the next
+    ///   ``readAvailable()``: one system call when a message arrives, as a spinning C reader
+    ///   makes, instead of a readiness report and then a read.
+    func startPollingWhileSpinning() -> Bool
 
-    /// Whether there are bytes to read (or the peer said goodbye), seen without a system call.
-    /// Called on the loop's thread, after ``startWatchingInMemory()`` agreed.
-    func readableInMemory() -> Bool
+    /// Whether there is something to read (or the stream ended): for a doorbell channel,
+    /// unread bytes or a goodbye seen in shared memory, without a system call; for a socket,
+    /// a non-blocking read whose result the next ``readAvailable()`` returns (it returns `true`
+    /// on a failed read too, so that ``readAvailable()`` reads again and throws). Called on the
+    /// loop's thread, after ``startPollingWhileSpinning()`` agreed, never while reading is
+    /// paused or after the connection finished.
+    func pollWhileSpinning() -> Bool
 
-    /// The loop is about to sleep: ask the peer to ring from now on, then look once more.
-    /// Returns whether there is something to read already (the loop then reads instead of
-    /// sleeping). Called on the loop's thread, after ``startWatchingInMemory()`` agreed.
-    func armDoorbell() -> Bool
+    /// The loop is about to sleep: a doorbell channel asks the peer to ring from now on, then
+    /// looks once more. Returns whether there is something to read already (the loop then
+    /// reads instead of sleeping). A socket has nothing to arm: `false`. Called on the loop's
+    /// thread, after ``startPollingWhileSpinning()`` agreed.
+    func armBeforeSleep() -> Bool
 }
 
 /// How an ``EngineChannel``'s descriptor tells the loop that there is something to do.
@@ -107,9 +115,9 @@ public enum ChannelReadiness: Sendable {
 extension EngineChannel {
     public var readiness: ChannelReadiness { .level }
 
-    public func startWatchingInMemory() -> Bool { false }
-    public func readableInMemory() -> Bool { false }
-    public func armDoorbell() -> Bool { false }
+    public func startPollingWhileSpinning() -> Bool { false }
+    public func pollWhileSpinning() -> Bool { false }
+    public func armBeforeSleep() -> Bool { false }
 
     public func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
         guard let frame = try nextFrame() else { return nil }

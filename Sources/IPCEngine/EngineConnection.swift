@@ -98,9 +98,9 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         self.onInvalidated = onInvalidated
         self.outboundLimit = options.messageBufferLimit.bytes
         self.doorbell = channel.readiness == .doorbell
-        // A spinning connection whose channel shows readiness in memory is looked at there by
-        // the spinning loop (EventHandler.readableInMemory).
-        let handler = ReadinessHandler(memoryWatched: options.waitStrategy.spins && channel.startWatchingInMemory() ? channel : nil)
+        // A spinning connection whose channel polls itself is polled by the spinning loop
+        // (EngineChannel.pollWhileSpinning).
+        let handler = ReadinessHandler(polled: options.waitStrategy.spins && channel.startPollingWhileSpinning() ? channel : nil)
         self.readiness = handler
         do {
             token = try serving.register(channel.descriptor.rawValue, interest: doorbell ? [.readable, .edgeTriggered] : .readable, waitStrategy: options.waitStrategy, handler: handler)
@@ -119,30 +119,30 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private final class ReadinessHandler: EventHandler, @unchecked Sendable {
         // @unchecked: set once, before the registration can report anything that uses it.
         var connection: EngineConnection?
-        /// The channel, when the spinning loop looks at it in memory. Held here, not reached
-        /// through the connection: the connection has weak references, so each retain of it
-        /// takes the runtime's slow path, and the loop asks many times a microsecond.
-        let memoryWatched: (any EngineChannel)?
+        /// The channel, when the spinning loop polls it. Held here, not reached through the
+        /// connection: the connection has weak references, so each retain of it takes the
+        /// runtime's slow path, and the loop asks many times a microsecond.
+        let polled: (any EngineChannel)?
         /// Loop thread only: off while reading is paused for the message buffer's bound, and
         /// for good once the connection finished (its channel may be closed by then).
         var probing = true
 
-        init(memoryWatched: (any EngineChannel)?) {
-            self.memoryWatched = memoryWatched
+        init(polled: (any EngineChannel)?) {
+            self.polled = polled
         }
 
-        var watchesMemory: Bool { memoryWatched != nil }
+        var pollsWhileSpinning: Bool { polled != nil }
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             connection?.handleEvent(readable: readable, writable: writable)
         }
 
-        func readableInMemory() -> Bool {
-            probing && memoryWatched?.readableInMemory() == true
+        func pollWhileSpinning() -> Bool {
+            probing && polled?.pollWhileSpinning() == true
         }
 
         func armBeforeSleep() -> Bool {
-            probing && memoryWatched?.armDoorbell() == true
+            probing && polled?.armBeforeSleep() == true
         }
     }
 

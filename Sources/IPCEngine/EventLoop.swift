@@ -10,12 +10,13 @@ package protocol EventHandler: AnyObject, Sendable {
     /// error pending: reading tells which.
     func handleEvent(readable: Bool, writable: Bool, hangUp: Bool)
 
-    /// Whether the loop may look at this registration's readiness in memory while it spins
-    /// (``readableInMemory()``, ``armBeforeSleep()``). Asked once, at registration. Default: no.
-    var watchesMemory: Bool { get }
+    /// Whether the loop looks for something to read itself while it spins
+    /// (``pollWhileSpinning()``, ``armBeforeSleep()``; see ``EngineChannel``'s requirements of
+    /// the same names). Asked once, at registration. Default: no.
+    var pollsWhileSpinning: Bool { get }
 
-    /// Something to read, seen without a system call (loop thread, while it spins).
-    func readableInMemory() -> Bool
+    /// Something to read, found without waiting (loop thread, while it spins).
+    func pollWhileSpinning() -> Bool
 
     /// The loop is about to sleep: ask the peer to wake it (ring the doorbell) from now on.
     /// Returns whether something came meanwhile, so that the loop handles it instead of sleeping.
@@ -23,8 +24,8 @@ package protocol EventHandler: AnyObject, Sendable {
 }
 
 extension EventHandler {
-    package var watchesMemory: Bool { false }
-    package func readableInMemory() -> Bool { false }
+    package var pollsWhileSpinning: Bool { false }
+    package func pollWhileSpinning() -> Bool { false }
     package func armBeforeSleep() -> Bool { false }
 }
 
@@ -72,8 +73,8 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         var timerSequence: UInt64 = 0
         var registrations: [UInt64: Registration] = [:]
         var nextToken: UInt64 = 1
-        /// The registrations whose readiness the spinning loop looks at in memory, while they
-        /// wait for something readable.
+        /// The registrations the spinning loop polls itself, while they wait for something
+        /// readable.
         var memoryWatches: [MemoryWatch] = []
     }
 
@@ -205,7 +206,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             let token = state.nextToken
             state.nextToken += 1
             state.registrations[token] = Registration(fd: fd, handler: handler, interest: interest, spinNanoseconds: waitStrategy.spinNanoseconds)
-            if waitStrategy.spins, handler.watchesMemory, interest.contains(.readable) {
+            if waitStrategy.spins, handler.pollsWhileSpinning, interest.contains(.readable) {
                 state.memoryWatches.append(MemoryWatch(token: token, handler: handler))
             }
             return token
@@ -226,7 +227,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             guard var registration = state.registrations[token], registration.interest != interest else { return nil }
             registration.interest = interest
             state.registrations[token] = registration
-            if registration.spinNanoseconds > 0, registration.handler.watchesMemory {
+            if registration.spinNanoseconds > 0, registration.handler.pollsWhileSpinning {
                 state.memoryWatches.removeAll { $0.token == token }
                 if interest.contains(.readable) {
                     state.memoryWatches.append(MemoryWatch(token: token, handler: registration.handler))
@@ -243,7 +244,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     package func deregister(_ token: UInt64) {
         guard let registration = state.withLock({ state -> Registration? in
             let registration = state.registrations.removeValue(forKey: token)
-            if registration?.handler.watchesMemory == true { state.memoryWatches.removeAll { $0.token == token } }
+            if registration?.handler.pollsWhileSpinning == true { state.memoryWatches.removeAll { $0.token == token } }
             return registration
         }) else { return }
         poller.remove(registration.fd)
@@ -277,20 +278,21 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             timerFired = false
             events.removeAll(keepingCapacity: true)
             let spin = spinNanoseconds.load(ordering: .relaxed)
-            // Registrations whose readiness shows in shared memory are looked at there while
-            // the loop spins, and asked for a doorbell only before it sleeps: a writer to a
-            // spinning reader then makes no system call, and the reader none until it sleeps.
+            // Registrations that poll themselves are asked directly while the loop spins (in
+            // shared memory, or with a read that keeps what it found), and a doorbell channel
+            // is armed only before the loop sleeps: a writer to a spinning notify reader makes
+            // no system call, and a spinning socket reader one read per message.
             let watches = spin > 0 ? state.withLock { $0.memoryWatches } : []
             if spin > 0 {
                 let end = monotonicNanoseconds() &+ UInt64(spin)
                 var round = 0
                 repeat {
-                    for watch in watches where watch.handler.readableInMemory() {
+                    for watch in watches where watch.handler.pollWhileSpinning() {
                         events.append(Poller.Event(token: watch.token, readable: true, writable: false, hangUp: false))
                     }
                     if !events.isEmpty || hasJobs() { break }
-                    // The kernel is asked on every round when nothing is watched in memory, and
-                    // on every 16th otherwise (other descriptors, doorbells rung for room, timers).
+                    // The kernel's readiness list is asked on every round when no registration
+                    // polls itself, else on every 16th (other descriptors, rings for room, timers).
                     if watches.isEmpty || round & 15 == 0 {
                         timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
                         if !events.isEmpty || timerFired { break }

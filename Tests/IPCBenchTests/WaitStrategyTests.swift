@@ -66,4 +66,31 @@ struct WaitStrategyTests {
         let report = try #require(ConformancePeer.Sink.parseReport(reply.payload))
         #expect(report.messages == 500 && report.bytes == 50_000)
     }
+
+    @Test("a peer killed while the connection spins: invalidation runs once, and a pending request fails instead of waiting", arguments: spinning)
+    func peerKilledWhileSpinning(transportName: String) async throws {
+        let group = try TestGroup()
+        let (peer, connection) = try Self.connectSpinning(transportName, group: group)
+        defer { connection.invalidate(); peer.stop() }
+        let probe = InvalidationProbe()
+        probe.attach(to: connection)
+        // A round trip first, so that both loops spin when the kill comes.
+        _ = try await connection.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        let pending = Task {
+            try await connection.request([2], msgid: PeerRequest.stall, sendTimeout: .seconds(10), receiveTimeout: .seconds(600))
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        peer.kill()
+        #expect(await probe.wait(seconds: 30), "\(transportName): no invalidation after the peer was killed")
+        #expect([.peerClosed, .peerDied].contains(probe.reason?.kind), "\(transportName): \(String(describing: probe.reason))")
+        let outcome = await withDeadlineResult(seconds: 30) { try await pending.value }
+        guard case .failure(let error as IPCError) = outcome else {
+            Issue.record("\(transportName): expected the pending request to fail with an IPCError, got \(outcome)")
+            return
+        }
+        // `invalidated` if the request was sent after the invalidation (a slow machine).
+        #expect([.peerInvalidated, .invalidated].contains(error.code), "\(transportName): \(error)")
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(probe.count == 1)
+    }
 }

@@ -32,7 +32,7 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
     private let encoder: BinaryFrameEncoder
     private let reassembler: FrameReassembler<BinaryFrameDecoder>
     /// The spinning loop looks at the inbound ring itself and asks for rings only before it
-    /// sleeps (``startWatchingInMemory()``); set once, before registration.
+    /// sleeps (``startPollingWhileSpinning()``); set once, before registration.
     private var loopWatchesMemory = false
 
     /// - Parameters:
@@ -76,18 +76,19 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
         return closed ? 0 : nil
     }
 
-    func startWatchingInMemory() -> Bool {
+    func startPollingWhileSpinning() -> Bool {
         loopWatchesMemory = true
         return true
     }
 
-    func readableInMemory() -> Bool {
+    /// In shared memory only: no system call.
+    func pollWhileSpinning() -> Bool {
         inbound.hasUnread || store.state == .closed
     }
 
-    func armDoorbell() -> Bool {
+    func armBeforeSleep() -> Bool {
         inbound.readerWillWait()
-        return readableInMemory()
+        return pollWhileSpinning()
     }
 
     func nextFrame() throws -> Frame? {

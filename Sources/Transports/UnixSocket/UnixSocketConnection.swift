@@ -12,7 +12,7 @@ public typealias UnixSocketConnection = EngineConnection
 /// What the engine needs of one `AF_UNIX` stream socket: non-blocking reads into a frame
 /// reassembler, and gathering writes of header and payload.
 final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
-    // @unchecked: the reassembler is used on the event loop's thread only, and the header
+    // @unchecked: the reassembler and `polled` are used on the event loop's thread only, and the header
     // buffer by one writer at a time (EngineChannel's contract); everything else is immutable.
 
     let descriptor: FileDescriptor
@@ -41,9 +41,33 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     }
 
     func readAvailable() throws -> Int? {
+        if let outcome = polled {
+            polled = nil
+            return try outcome.get()
+        }
         let fd = descriptor.rawValue
         let count = try reassembler.receive { buffer in try UnixSocket.readIfReady(fd, into: buffer) ?? -1 }
         return count < 0 ? nil : count
+    }
+
+    /// What ``pollWhileSpinning()`` read, for the next ``readAvailable()``: loop thread only.
+    private var polled: Result<Int, any Error>?
+
+    func startPollingWhileSpinning() -> Bool { true }
+
+    /// Reads as ``readAvailable()`` does and keeps the outcome (the count, or the error) for
+    /// it: when a message arrives, one `recv` finds it, as a spinning C reader's does.
+    func pollWhileSpinning() -> Bool {
+        if polled != nil { return true }
+        let fd = descriptor.rawValue
+        do {
+            let count = try reassembler.receive { buffer in try UnixSocket.readIfReady(fd, into: buffer) ?? -1 }
+            guard count >= 0 else { return false }
+            polled = .success(count)
+        } catch {
+            polled = .failure(error)
+        }
+        return true
     }
 
     func nextFrame() throws -> Frame? {
