@@ -8,7 +8,7 @@ import Synchronization
 /// which takes every client's fragments and answers requests in arrival order (like a
 /// CFMessagePort's run-loop source).
 public final class MessagePortListener: MessageListener, @unchecked Sendable {
-    // @unchecked: `readBuffer` is touched only by the loop's thread; the rest is immutable or
+    // @unchecked: `readBuffer` and `polled` are touched only by the loop's thread; the rest is immutable or
     // behind a Mutex.
     public let endpoint: Endpoint
     public let connections: AsyncStream<MessagePortConnection>
@@ -73,7 +73,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         readBuffer = .allocate(byteCount: messageSize, alignment: 8)
         (connections, connectionSink) = AsyncStream.makeStream(of: MessagePortConnection.self)
         do {
-            let token = try register(queue)
+            let token = try register(queue, polled: true)
             readToken.withLock { $0 = token }
         } catch {
             close()
@@ -83,8 +83,10 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     }
 
     /// Has the loop read `queue` for this listener.
-    private func register(_ queue: MessageQueue) throws -> UInt64 {
-        let handler = PortReader(queue: queue)
+    /// - Parameter polled: whether the spinning loop polls the queue itself (the port's own
+    ///   queue; a replacement queue, rare, waits for readiness: the two would share one buffer).
+    private func register(_ queue: MessageQueue, polled: Bool = false) throws -> UInt64 {
+        let handler = PortReader(queue: queue, pollsWhileSpinning: polled && options.waitStrategy.spins)
         handler.listener = self
         return try loop.register(queue.descriptor, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
     }
@@ -124,14 +126,33 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         // @unchecked: `listener` is set once, before the registration can report anything.
         var listener: MessagePortListener?
         let queue: MessageQueue
+        let pollsWhileSpinning: Bool
 
-        init(queue: MessageQueue) {
+        init(queue: MessageQueue, pollsWhileSpinning: Bool) {
             self.queue = queue
+            self.pollsWhileSpinning = pollsWhileSpinning
         }
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             listener?.readPort(queue)
         }
+
+        func pollWhileSpinning() -> Bool {
+            listener?.pollPort(queue) ?? false
+        }
+    }
+
+    /// The length in ``readBuffer`` of what ``pollPort(_:)`` took from the port's own queue, for
+    /// the next ``readPort(_:)``. Loop thread only.
+    private var polled: Int?
+
+    /// The spinning loop's poll of the port's own queue (loop thread): takes a message if there
+    /// is one and keeps it for ``readPort(_:)``: one `mq_timedreceive` per message that arrives.
+    private func pollPort(_ queue: MessageQueue) -> Bool {
+        if polled != nil { return true }
+        guard !state.withLock({ $0.closed }), let count = try? queue.receiveIfReady(into: readBuffer) else { return false }
+        polled = count
+        return true
     }
 
     public var activeConnections: [MessagePortConnection] {
@@ -175,7 +196,17 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// Takes one message from one of the port's queues per readiness report (loop thread; the
     /// loop is level-triggered, so what is left is reported again on its next round).
     private func readPort(_ queue: MessageQueue) {
-        guard !state.withLock({ $0.closed }), let count = try? queue.receiveIfReady(into: readBuffer) else { return }
+        let taken: Int?
+        if let count = polled {
+            // The port's own message waits in the buffer: a replacement queue is read on the
+            // loop's next round (it is level-triggered), not over that message.
+            guard queue.descriptor == self.queue.descriptor else { return }
+            polled = nil
+            taken = count
+        } else {
+            taken = try? queue.receiveIfReady(into: readBuffer)
+        }
+        guard !state.withLock({ $0.closed }), let count = taken else { return }
         let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
         // Anyone who can open the queue can write to it; a message that does not parse, or
         // names no client, is dropped rather than taken out on a client.
