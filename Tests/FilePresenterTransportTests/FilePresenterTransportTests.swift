@@ -26,6 +26,38 @@ struct FilePresenterTransportTests {
         try FileManager.default.contentsOfDirectory(atPath: group.directory.path).sorted()
     }
 
+    /// The name of the thread this runs on.
+    private static func threadName() -> String {
+        ((try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    @Test("a client's preferred executor is its journal presenter's thread: tasks on it are answered there, and still run after the connection ended")
+    func presenterThreadExecutor() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("executor")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let executor = try #require(connection.preferredTaskExecutor)
+        let (replies, threads) = try await withTaskExecutorPreference(executor) {
+            var replies: [[UInt8]] = []
+            var threads: Set<String> = []
+            for index in 0..<50 {
+                replies.append(try await echo(connection, [UInt8(index), 1, 2]))
+                threads.insert(Self.threadName())
+            }
+            return (replies, threads)
+        }
+        #expect(replies == (0..<50).map { [UInt8($0), 1, 2] })
+        #expect(threads == ["ipc-presenter"], "resumed on \(threads)")
+        connection.invalidate()
+        // The presenter's thread ends with the connection; a task that prefers it still runs.
+        let ran = try await withDeadline(seconds: 30, "a task preferring the ended presenter's thread") {
+            await Task(executorPreference: executor) { true }.value
+        }
+        #expect(ran)
+    }
+
     @Test("request/reply echoes payloads from 0 bytes to 4 MiB")
     func echoAcrossSizes() async throws {
         let group = try TestGroup()

@@ -53,9 +53,26 @@ public final class FilePresenter: FilePresentation {
     ///   belongs to another user or is open to others.
     public init(presenting path: String, callbacks: FilePresenterCallbacks) throws {
         self.path = path
-        watch = try PresenterWatch(path: path, callbacks: callbacks)
+        watch = try PresenterWatch(path: path, callbacks: callbacks, servesTasks: false)
         answeringSocket = watch.answering?.path
         try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
+    }
+
+    /// A presenter whose thread also runs the jobs of tasks that prefer it (``taskExecutor``):
+    /// for the transport's journals, so that a request's reply, read on this thread, resumes
+    /// its task right here instead of on another thread.
+    init(presentingJournal path: String, didChange: @escaping @Sendable () -> Void) throws {
+        self.path = path
+        watch = try PresenterWatch(path: path, callbacks: FilePresenterCallbacks(didChange: didChange), servesTasks: true)
+        answeringSocket = nil
+        try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
+    }
+
+    /// The presenter's thread as a task executor, for a presenter made with
+    /// ``init(presentingJournal:didChange:)``: jobs run between the presenter's callbacks; once
+    /// the presenter is removed, they go to Swift's global executor.
+    var taskExecutor: (any TaskExecutor)? {
+        watch.servesTasks ? watch : nil
     }
 
     /// Starts presenting the existing file at `path`, told of changes, renames and deletion.
@@ -124,7 +141,7 @@ private final class AnsweringSocket: Sendable {
 
 /// The inotify instance and thread behind a ``FilePresenter``. The thread keeps it alive while
 /// it runs; the descriptors close when both the thread and the presenter are done with it.
-private final class PresenterWatch: Sendable {
+private final class PresenterWatch: TaskExecutor, Sendable {
     private let inotify: CInt
     /// The presented file, locked (shared) to wait until a write to it is complete.
     private let file: CoordinatedFile
@@ -139,9 +156,17 @@ private final class PresenterWatch: Sendable {
     private let thread = Atomic<UInt>(0)
     /// Held while `didChange` runs, so that `remove()` can wait for a call in progress.
     private let gate = Mutex(())
+    /// Whether the thread runs tasks' jobs (``FilePresenter/taskExecutor``).
+    let servesTasks: Bool
+    /// Jobs queued for the thread; `nil` once it has ended (jobs then go to the global executor).
+    private let jobs = Mutex<[UnownedJob]?>([])
+    /// A private file whose reads the inotify instance reports (`IN_ACCESS`), so that a job
+    /// queued from another thread wakes the presenter's thread; -1 if it serves no tasks.
+    private let wakeFile: CInt
 
-    init(path: String, callbacks: FilePresenterCallbacks) throws {
+    init(path: String, callbacks: FilePresenterCallbacks, servesTasks: Bool) throws {
         self.callbacks = callbacks
+        self.servesTasks = servesTasks
         file = try CoordinatedFile(path: path, create: false)
         answering = callbacks.answersCoordinators ? try AnsweringSocket(presenting: path) : nil
         inotify = inotify_init1(CInt(IN_CLOEXEC))
@@ -161,12 +186,59 @@ private final class PresenterWatch: Sendable {
         let mask = UInt32(IN_MODIFY) | (callbacks.didMove == nil ? 0 : UInt32(IN_MOVE_SELF)) | (callbacks.accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
         fileWatch = inotify_add_watch(inotify, path, mask)
         markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
-        guard fileWatch >= 0, markerWatch >= 0 else {
+        // The wake file's events carry a watch that EventState does not know: they change nothing.
+        wakeFile = servesTasks ? ipc_open_unnamed_file(directory) : -1
+        if wakeFile >= 0 { _ = pwrite(wakeFile, &byte, 1, 0) }
+        let wakeWatch = wakeFile >= 0 ? inotify_add_watch(inotify, "/proc/self/fd/\(wakeFile)", UInt32(IN_ACCESS)) : 0
+        guard fileWatch >= 0, markerWatch >= 0, !servesTasks || wakeFile >= 0, wakeWatch >= 0 else {
             let error = Errno(rawValue: errno)
             closeDescriptor(inotify)
             closeDescriptor(marker)
+            if wakeFile >= 0 { closeDescriptor(wakeFile) }
             throw IPCError.syscall("inotify_add_watch", error, context: path)
         }
+    }
+
+    // MARK: Task executor
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let queued = jobs.withLock { jobs -> Bool in
+            guard jobs != nil else { return false }
+            jobs!.append(job)
+            return true
+        }
+        guard queued else {
+            // The thread has ended: the task goes on on Swift's global executor.
+            globalConcurrentExecutor.enqueue(ExecutorJob(job))
+            return
+        }
+        // On the presenter's thread the job runs before the thread next waits; from elsewhere
+        // a read of the wake file gives the thread an event to wake for.
+        if thread.load(ordering: .acquiring) != UInt(pthread_self()) {
+            var byte: UInt8 = 0
+            _ = pread(wakeFile, &byte, 1, 0)
+        }
+    }
+
+    /// Runs the queued jobs (presenter's thread), those they queue included.
+    private func runJobs() {
+        while let batch = jobs.withLock({ jobs -> [UnownedJob]? in
+            guard let queued = jobs, !queued.isEmpty else { return nil }
+            jobs = []
+            return queued
+        }) {
+            for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
+        }
+    }
+
+    /// The thread ends: what is still queued, and whatever comes later, goes to the global executor.
+    private func endJobs() {
+        let left = jobs.withLock { jobs -> [UnownedJob] in
+            defer { jobs = nil }
+            return jobs ?? []
+        }
+        for job in left { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
     }
 
     deinit {
@@ -176,6 +248,7 @@ private final class PresenterWatch: Sendable {
         let inotify = inotify
         DispatchQueue.global(qos: .utility).async { closeDescriptor(inotify) }
         closeDescriptor(marker)
+        if wakeFile >= 0 { closeDescriptor(wakeFile) }
     }
 
     func mark(_ event: MarkerEvent) {
@@ -207,7 +280,9 @@ private final class PresenterWatch: Sendable {
         defer { conversations.closeAll(listener: answering?.listener) }
         var knownPath = callbacks.didMove == nil ? nil : currentPath()
         var deletionReported = false
+        defer { if servesTasks { endJobs() } }
         while !removed.load(ordering: .acquiring), !events.watchEnded {
+            if servesTasks { runJobs() }
             if let answering {
                 // Wait for inotify, the answering socket and the open conversations together.
                 guard conversations.wait(inotify: inotify, listener: answering.listener) else { continue }

@@ -196,6 +196,15 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
     }
 
+    /// A client's replies are read on its journal presenter's thread: a task that prefers that
+    /// thread is resumed there, without a hand-over to another thread. A listener's side has
+    /// none (its messages are read on the inbox presenter's thread, and handlers that reply on
+    /// the receive path already run there).
+    public var preferredTaskExecutor: (any TaskExecutor)? {
+        guard case .client(let inbound) = role else { return nil }
+        return inbound.presenter.withLock { $0?.taskExecutor }
+    }
+
     /// The client's presenter calls this when its journal changed: reads what was appended.
     func readJournal() {
         guard case .client(let inbound) = role else { return }

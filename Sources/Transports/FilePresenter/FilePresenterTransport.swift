@@ -105,7 +105,7 @@ public struct FilePresenterTransport: MessageTransport {
         let inbound = FilePresenterConnection.Inbound(path: journalPath)
         let connection = FilePresenterConnection(peer: peer, outbound: JournalAppender(inbox), sender: identity, role: .client(inbound), options: options, loop: loop)
         do {
-            let presenter = try FilePresenter(presenting: journalPath) { [weak connection] in connection?.readJournal() }
+            let presenter = try FilePresenter(presentingJournal: journalPath) { [weak connection] in connection?.readJournal() }
             let reader = JournalReader(journal, maximumPayloadLength: options.maximumPayloadLength)
             reader.presenter = presenter
             inbound.reader.install(reader)
