@@ -156,7 +156,11 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     private let thread = Atomic<UInt>(0)
     /// Held while `didChange` runs, so that `remove()` can wait for a call in progress.
     private let gate = Mutex(())
-    /// Whether the thread runs tasks' jobs (``FilePresenter/taskExecutor``).
+    /// A journal's presenter (``FilePresenter/init(presentingJournal:didChange:)``): its thread
+    /// runs tasks' jobs (``FilePresenter/taskExecutor``), and it calls `didChange` without
+    /// waiting for the file's shared lock first, since the journal's reader takes that lock
+    /// itself to read (waiting twice cost a lock round and, on one core, often a context
+    /// switch to the writer and back).
     let servesTasks: Bool
     /// Jobs queued for the thread; `nil` once it has ended (jobs then go to the global executor).
     private let jobs = Mutex<[UnownedJob]?>([])
@@ -316,8 +320,9 @@ private final class PresenterWatch: TaskExecutor, Sendable {
                 }
             }
             // A few rounds at most, so that a stream of writes cannot postpone the call forever.
+            // A journal's reader waits for the lock itself.
             var rounds = 0
-            while changed, rounds < 8, waitForWriters() {
+            while changed, !servesTasks, rounds < 8, waitForWriters() {
                 rounds += 1
                 var pending: CInt = 0
                 guard ioctl(inotify, UInt(FIONREAD), &pending) == 0, pending > 0,

@@ -57,7 +57,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         self.options = options
         (connections, connectionSink) = AsyncStream.makeStream(of: FilePresenterConnection.self)
         do {
-            let presenter = try FilePresenter(presenting: inboxPath) { [weak self] in self?.readInbox() }
+            let presenter = try FilePresenter(presentingJournal: inboxPath) { [weak self] in self?.readInbox() }
             let inboxReader = JournalReader(inbox, maximumPayloadLength: options.maximumPayloadLength)
             inboxReader.presenter = presenter
             reader.install(inboxReader)
