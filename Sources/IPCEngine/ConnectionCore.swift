@@ -45,6 +45,10 @@ package final class ConnectionCore: Sendable {
     /// ``ConnectionOptions/messageBufferLimit``, but for a receive path that cannot wait).
     package var bufferedMessageCount: Int { buffer.count }
 
+    /// Whether a dispatch with ``WhenFull/wait`` of a message for ``messages`` would wait for
+    /// the application now. Exact for the one thread that dispatches: only it adds messages.
+    package var dispatchWouldWait: Bool { buffer.pushWouldWait }
+
     /// Runs `handler` once ``messages``' buffer has room (at once if it has).
     package func whenMessagesHaveRoom(_ handler: @escaping @Sendable () -> Void) {
         buffer.whenRoom(handler)

@@ -75,10 +75,10 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         var nextToken: UInt64 = 1
         /// The registrations the spinning loop polls itself, while they wait for something
         /// readable.
-        var memoryWatches: [MemoryWatch] = []
+        var polled: [PolledRegistration] = []
     }
 
-    private struct MemoryWatch {
+    private struct PolledRegistration {
         var token: UInt64
         var handler: any EventHandler
     }
@@ -207,17 +207,24 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             state.nextToken += 1
             state.registrations[token] = Registration(fd: fd, handler: handler, interest: interest, spinNanoseconds: waitStrategy.spinNanoseconds)
             if waitStrategy.spins, handler.pollsWhileSpinning, interest.contains(.readable) {
-                state.memoryWatches.append(MemoryWatch(token: token, handler: handler))
+                state.polled.append(PolledRegistration(token: token, handler: handler))
             }
+            // Before the descriptor can report anything: a loop that sees this registration's
+            // first event already spins, and so polls it and arms it before sleeping.
+            if waitStrategy.spins { updateSpin(state) }
             return token
         }
         do {
             try poller.add(fd, token: token, interest: interest)
         } catch {
-            _ = state.withLock { $0.registrations.removeValue(forKey: token) }
+            // Nothing may poll a channel its owner is about to close.
+            state.withLock { state in
+                state.registrations.removeValue(forKey: token)
+                state.polled.removeAll { $0.token == token }
+                if waitStrategy.spins { updateSpin(state) }
+            }
             throw error
         }
-        if waitStrategy.spins { updateSpin() }
         return token
     }
 
@@ -228,9 +235,9 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             registration.interest = interest
             state.registrations[token] = registration
             if registration.spinNanoseconds > 0, registration.handler.pollsWhileSpinning {
-                state.memoryWatches.removeAll { $0.token == token }
+                state.polled.removeAll { $0.token == token }
                 if interest.contains(.readable) {
-                    state.memoryWatches.append(MemoryWatch(token: token, handler: registration.handler))
+                    state.polled.append(PolledRegistration(token: token, handler: registration.handler))
                 }
             }
             return registration.fd
@@ -244,16 +251,17 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     package func deregister(_ token: UInt64) {
         guard let registration = state.withLock({ state -> Registration? in
             let registration = state.registrations.removeValue(forKey: token)
-            if registration?.handler.pollsWhileSpinning == true { state.memoryWatches.removeAll { $0.token == token } }
+            if registration?.handler.pollsWhileSpinning == true { state.polled.removeAll { $0.token == token } }
             return registration
         }) else { return }
         poller.remove(registration.fd)
-        if registration.spinNanoseconds > 0 { updateSpin() }
+        if registration.spinNanoseconds > 0 { state.withLock { updateSpin($0) } }
     }
 
-    private func updateSpin() {
-        let longest = state.withLock { $0.registrations.values.map(\.spinNanoseconds).max() ?? 0 }
-        spinNanoseconds.store(longest, ordering: .relaxed)
+    /// Sets the spin to the longest any registration asked for; called with the lock held, so
+    /// that updates apply in order.
+    private func updateSpin(_ state: State) {
+        spinNanoseconds.store(state.registrations.values.map(\.spinNanoseconds).max() ?? 0, ordering: .relaxed)
     }
 
     // MARK: The loop
@@ -264,6 +272,9 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         events.reserveCapacity(64)
         var armedDeadline: UInt64?
         var timerFired = false
+        // Counts spin rounds across the loop's rounds, so that the kernel is asked every 16th
+        // round even while a polled registration always has something (a flood).
+        var spinRound = 0
         while true {
             runJobs()
             // Timers are looked at only when the timer fired or a new earliest one came: no clock
@@ -282,22 +293,21 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             // shared memory, or with a read that keeps what it found), and a doorbell channel
             // is armed only before the loop sleeps: a writer to a spinning notify reader makes
             // no system call, and a spinning socket reader one read per message.
-            let watches = spin > 0 ? state.withLock { $0.memoryWatches } : []
+            let watches = spin > 0 ? state.withLock { $0.polled } : []
             if spin > 0 {
                 let end = monotonicNanoseconds() &+ UInt64(spin)
-                var round = 0
                 repeat {
                     for watch in watches where watch.handler.pollWhileSpinning() {
                         events.append(Poller.Event(token: watch.token, readable: true, writable: false, hangUp: false))
                     }
-                    if !events.isEmpty || hasJobs() { break }
                     // The kernel's readiness list is asked on every round when no registration
-                    // polls itself, else on every 16th (other descriptors, rings for room, timers).
-                    if watches.isEmpty || round & 15 == 0 {
+                    // polls itself, else on every 16th, whatever the polls found (other
+                    // descriptors, room to write, rings for room, timers).
+                    spinRound &+= 1
+                    if watches.isEmpty || spinRound & 15 == 0 {
                         timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
-                        if !events.isEmpty || timerFired { break }
                     }
-                    round &+= 1
+                    if !events.isEmpty || timerFired || hasJobs() { break }
                     cpuRelax()
                 } while monotonicNanoseconds() < end
             }

@@ -35,6 +35,9 @@ final class MessageBuffer: Sendable {
 
     private var isFull: Bool { state.queue.count >= limit.messages || state.bytes >= limit.bytes }
 
+    /// Whether a ``push(_:waitForRoom:)`` that waits for room would wait now.
+    var pushWouldWait: Bool { lock.withLock { isFull && !state.finished && state.consumer == nil } }
+
     /// Adds a message, or hands it straight to a consumer that is waiting. With `waitForRoom`,
     /// first waits while the buffer is full (a receive thread's backpressure); without, the
     /// message is added anyway and the caller should stop reading (see the return value).

@@ -3,6 +3,7 @@ import IPCBenchKit
 import IPCCore
 import IPCTestSupport
 @testable import FilePresenterTransport
+import Synchronization
 import Testing
 
 /// The message transport against real peer processes (`ipcbench peer --transport file-presenter`).
@@ -56,6 +57,45 @@ struct FilePresenterTransportTests {
             await Task(executorPreference: executor) { true }.value
         }
         #expect(ran)
+    }
+
+    @Test("a consumer on the presenter's own thread takes a burst larger than the message buffer: the thread, waiting for room, lets it run elsewhere")
+    func consumerOnThePresenterThread() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("consumer")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let connection = try transport.connect(to: endpoint, options: .defaults { $0.messageBufferLimit = .init(messages: 4, bytes: 1 << 20) })
+        defer { connection.invalidate() }
+        let executor = try #require(connection.preferredTaskExecutor)
+        // The server echoes each message; the presenter's thread reads the echoes and waits for
+        // room after 4 of them; the task that takes them prefers that thread.
+        let count = 2_000
+        let sending = Task.detached {
+            for index in 0..<count {
+                try await connection.send(PeerService.burstPayload(index, size: 64), msgid: UInt32(index), timeout: .seconds(60))
+            }
+        }
+        // An unstructured consumer, watched from here: were the presenter's thread stuck, a
+        // deadline inside the consumer would be stuck with it (its timer prefers that thread too).
+        let received = Mutex<[UInt32]>([])
+        let consumer = Task(executorPreference: executor) {
+            for await message in connection.messages {
+                let total = received.withLock { $0.append(message.msgid); return $0.count }
+                if total == count { return }
+            }
+        }
+        let deadline = ContinuousClock.now + .seconds(60)
+        while received.withLock({ $0.count }) < count, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        let taken = received.withLock { $0 }
+        #expect(taken.count == count, "\(taken.count) of \(count) messages taken")
+        #expect(taken.enumerated().allSatisfy { $0.element == UInt32($0.offset) }, "messages out of order")
+        // Ending the connection ends a stuck wait too, so the tasks finish either way.
+        connection.invalidate()
+        _ = await consumer.value
+        _ = await sending.result
     }
 
     @Test("request/reply echoes payloads from 0 bytes to 4 MiB")

@@ -117,9 +117,11 @@ struct CommandLineTests {
         #expect(spinning.first?.name == "latency/notify/split-cores/spin-then-block/64")
         #expect((spinning.first?.localCPUPerRoundTrip ?? 0) > 0)
         #expect(results.throughput?.filter { $0.waitStrategy != "blocking" }.map(\.transport) == ["notify"])
-        // notify blocking on both placements, on its loop's executor and the global one (4);
-        // file-presenter blocking on both (2, no executor of its own); notify spinning (1).
-        #expect(results.latency.count == 7)
+        // notify and file-presenter blocking on both placements, each on its connection's
+        // executor (notify's loop, the file-presenter client's presenter thread) and on the
+        // global one (8); notify spinning (1).
+        #expect(results.latency.count == 9)
+        #expect(results.latency.filter { $0.transport == "file-presenter" }.map { $0.executor ?? "none" }.sorted() == ["global", "global", "preferred", "preferred"])
     }
 
     @Test("compare: a file against itself passes; against a doubling, fails with status 1")

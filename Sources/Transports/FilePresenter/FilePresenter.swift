@@ -75,6 +75,12 @@ public final class FilePresenter: FilePresentation {
         watch.servesTasks ? watch : nil
     }
 
+    /// Runs `body` on the presenter's thread with the jobs of tasks that prefer the thread sent
+    /// to the global executor meanwhile: for a wait that such a task may have to end.
+    func forwardingJobs<T>(_ body: () -> T) -> T {
+        watch.servesTasks ? watch.forwardingJobs(body) : body()
+    }
+
     /// Starts presenting the existing file at `path`, told of changes, renames and deletion.
     /// - Throws: what ``init(presenting:callbacks:)`` throws.
     public convenience init(
@@ -163,7 +169,14 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     /// switch to the writer and back).
     let servesTasks: Bool
     /// Jobs queued for the thread; `nil` once it has ended (jobs then go to the global executor).
-    private let jobs = Mutex<[UnownedJob]?>([])
+    private let jobs = Mutex<JobQueue?>(JobQueue())
+
+    private struct JobQueue {
+        var queued: [UnownedJob] = []
+        /// The thread is about to wait for something a task that prefers it may have to do
+        /// (``forwardingJobs(_:)``): jobs go to the global executor meanwhile.
+        var forwarding = false
+    }
     /// A private file whose reads the inotify instance reports (`IN_ACCESS`), so that a job
     /// queued from another thread wakes the presenter's thread; -1 if it serves no tasks.
     private let wakeFile: CInt
@@ -208,12 +221,12 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         let queued = jobs.withLock { jobs -> Bool in
-            guard jobs != nil else { return false }
-            jobs!.append(job)
+            guard jobs != nil, !jobs!.forwarding else { return false }
+            jobs!.queued.append(job)
             return true
         }
         guard queued else {
-            // The thread has ended: the task goes on on Swift's global executor.
+            // The thread has ended, or waits: the task goes on on Swift's global executor.
             globalConcurrentExecutor.enqueue(ExecutorJob(job))
             return
         }
@@ -228,19 +241,34 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     /// Runs the queued jobs (presenter's thread), those they queue included.
     private func runJobs() {
         while let batch = jobs.withLock({ jobs -> [UnownedJob]? in
-            guard let queued = jobs, !queued.isEmpty else { return nil }
-            jobs = []
+            guard let queued = jobs?.queued, !queued.isEmpty else { return nil }
+            jobs!.queued = []
             return queued
         }) {
             for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
         }
     }
 
+    /// Runs `body`, which may wait on a task that prefers this thread (the presenter's thread,
+    /// waiting for an application to take a message), with the queued jobs and those queued
+    /// meanwhile sent to the global executor, so that the task can run.
+    func forwardingJobs<T>(_ body: () -> T) -> T {
+        let moved = jobs.withLock { jobs -> [UnownedJob] in
+            guard jobs != nil else { return [] }
+            jobs!.forwarding = true
+            defer { jobs!.queued = [] }
+            return jobs!.queued
+        }
+        for job in moved { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
+        defer { jobs.withLock { if $0 != nil { $0!.forwarding = false } } }
+        return body()
+    }
+
     /// The thread ends: what is still queued, and whatever comes later, goes to the global executor.
     private func endJobs() {
         let left = jobs.withLock { jobs -> [UnownedJob] in
             defer { jobs = nil }
-            return jobs ?? []
+            return jobs?.queued ?? []
         }
         for job in left { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
     }

@@ -180,8 +180,18 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         case .frame(_, let frame):
             // A server connection's records are read by the listener's thread, which serves
             // every client: it cannot wait for one application, so a full buffer ends this one.
-            if core.dispatch(frame, reply: cachedReplySender(timeout: replySendTimeout), whenFull: isServer ? .keep : .wait), isServer {
-                invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
+            let reply = cachedReplySender(timeout: replySendTimeout)
+            if isServer {
+                if core.dispatch(frame, reply: reply, whenFull: .keep) {
+                    invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
+                }
+            } else if core.dispatchWouldWait, case .client(let inbound) = role, let presenter = inbound.presenter.withLock({ $0 }) {
+                // The client's presenter thread waits for the application to take a message; the
+                // task that takes it may prefer this very thread (preferredTaskExecutor): its
+                // jobs run elsewhere meanwhile.
+                presenter.forwardingJobs { _ = core.dispatch(frame, reply: reply, whenFull: .wait) }
+            } else {
+                core.dispatch(frame, reply: reply, whenFull: .wait)
             }
         case .oversized(_, let error):
             invalidate(InvalidationReason(.protocolError, error: error))
