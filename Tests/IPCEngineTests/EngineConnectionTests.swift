@@ -216,6 +216,12 @@ struct EngineConnectionTests {
                 peer.send(Frame(kind: .message, msgid: UInt32(index), payload: [UInt8](repeating: UInt8(index & 0xFF), count: 512)))
             }
         }
+        // The buffer fills up to its limit (however long a loaded machine takes to send), and
+        // stays there while nobody takes a message: the loop has stopped reading.
+        let deadline = ContinuousClock.now + .seconds(60)
+        while connection.bufferedMessageCount < limit.messages, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
         try await Task.sleep(for: .milliseconds(300))
         #expect(connection.bufferedMessageCount == limit.messages)
         var received: [UInt32] = []
