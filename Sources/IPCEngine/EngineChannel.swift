@@ -84,8 +84,8 @@ public protocol EngineChannel: AnyObject, Sendable {
 
     /// Whether there is something to read (or the stream ended): for a doorbell channel,
     /// unread bytes or a goodbye seen in shared memory, without a system call; for a socket,
-    /// a non-blocking read whose result the next ``readAvailable()`` returns (it returns `true`
-    /// on a failed read too, so that ``readAvailable()`` reads again and throws). Called on the
+    /// a non-blocking read whose outcome the next ``readAvailable()`` returns (``PolledRead``
+    /// keeps it: the count, or the error, which that call then throws). Called on the
     /// loop's thread, after ``startPollingWhileSpinning()`` agreed, never while reading is
     /// paused or after the connection finished.
     func pollWhileSpinning() -> Bool

@@ -112,21 +112,14 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
 
     /// What ``pollQueue(_:)`` took from the reply queue (its length in ``readBuffer``, or the
     /// error), for the next ``readQueue(_:)``. Loop thread only.
-    private var polled: Result<Int, any Error>?
+    private var polled = PolledRead()
 
     /// The spinning loop's poll (loop thread): takes a message if there is one, as
     /// ``readQueue(_:)`` would, and keeps it for ``readQueue(_:)``, so that a message that
     /// arrives costs one `mq_timedreceive`, as in the spinning C floor.
     private func pollQueue(_ replyQueue: MessageQueue) -> Bool {
         guard core.latch.isValid, !paused else { return false }
-        if polled != nil { return true }
-        do {
-            guard let count = try replyQueue.receiveIfReady(into: readBuffer) else { return false }
-            polled = .success(count)
-        } catch {
-            polled = .failure(error)
-        }
-        return true
+        return polled.poll { try replyQueue.receiveIfReady(into: readBuffer) }
     }
 
     /// Takes one message from the reply queue per readiness report (loop thread): the loop is
@@ -136,12 +129,7 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         guard core.latch.isValid, !paused else { return }
         let count: Int?
         do {
-            if let outcome = polled {
-                polled = nil
-                count = try outcome.get()
-            } else {
-                count = try replyQueue.receiveIfReady(into: readBuffer)
-            }
+            count = try polled.take { try replyQueue.receiveIfReady(into: readBuffer) }
         } catch {
             invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
             return

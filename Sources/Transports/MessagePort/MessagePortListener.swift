@@ -142,17 +142,15 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
     }
 
-    /// The length in ``readBuffer`` of what ``pollPort(_:)`` took from the port's own queue, for
+    /// What ``pollPort(_:)`` took from the port's own queue (its length in ``readBuffer``), for
     /// the next ``readPort(_:)``. Loop thread only.
-    private var polled: Int?
+    private var polled = PolledRead()
 
     /// The spinning loop's poll of the port's own queue (loop thread): takes a message if there
     /// is one and keeps it for ``readPort(_:)``: one `mq_timedreceive` per message that arrives.
     private func pollPort(_ queue: MessageQueue) -> Bool {
-        if polled != nil { return true }
-        guard !state.withLock({ $0.closed }), let count = try? queue.receiveIfReady(into: readBuffer) else { return false }
-        polled = count
-        return true
+        guard !state.withLock({ $0.closed }) else { return false }
+        return polled.poll { try queue.receiveIfReady(into: readBuffer) }
     }
 
     public var activeConnections: [MessagePortConnection] {
@@ -196,17 +194,11 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// Takes one message from one of the port's queues per readiness report (loop thread; the
     /// loop is level-triggered, so what is left is reported again on its next round).
     private func readPort(_ queue: MessageQueue) {
-        let taken: Int?
-        if let count = polled {
-            // The port's own message waits in the buffer: a replacement queue is read on the
-            // loop's next round (it is level-triggered), not over that message.
-            guard queue.descriptor == self.queue.descriptor else { return }
-            polled = nil
-            taken = count
-        } else {
-            taken = try? queue.receiveIfReady(into: readBuffer)
-        }
-        guard !state.withLock({ $0.closed }), let count = taken else { return }
+        guard !state.withLock({ $0.closed }) else { return }
+        // The port's own message may wait in the buffer: a replacement queue is then read on the
+        // loop's next round (it is level-triggered), not over that message.
+        if polled.isHolding, queue.descriptor != self.queue.descriptor { return }
+        guard let count = try? polled.take({ try queue.receiveIfReady(into: readBuffer) }) else { return }
         let bytes = UnsafeRawBufferPointer(rebasing: readBuffer[..<count])
         // Anyone who can open the queue can write to it; a message that does not parse, or
         // names no client, is dropped rather than taken out on a client.

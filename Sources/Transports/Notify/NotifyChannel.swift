@@ -33,7 +33,7 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
     private let reassembler: FrameReassembler<BinaryFrameDecoder>
     /// The spinning loop looks at the inbound ring itself and asks for rings only before it
     /// sleeps (``startPollingWhileSpinning()``); set once, before registration.
-    private var loopWatchesMemory = false
+    private var loopPolls = false
 
     /// - Parameters:
     ///   - ownBell: the eventfd this side waits on; the channel closes it.
@@ -61,7 +61,7 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
         }
         let count = try reassembler.receive { try inbound.read(into: $0) }
         if count > 0, inbound.takeWriterWaiting() { Self.ring(peerBell) }
-        if loopWatchesMemory {
+        if loopPolls {
             // The loop sees what is left (and a goodbye) in memory, and arms before it sleeps.
             if count > 0 { return count }
             return store.state == .closed ? 0 : nil
@@ -77,7 +77,7 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
     }
 
     func startPollingWhileSpinning() -> Bool {
-        loopWatchesMemory = true
+        loopPolls = true
         return true
     }
 

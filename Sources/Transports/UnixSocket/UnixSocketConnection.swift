@@ -41,33 +41,25 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     }
 
     func readAvailable() throws -> Int? {
-        if let outcome = polled {
-            polled = nil
-            return try outcome.get()
-        }
+        try polled.take { try readNow() }
+    }
+
+    /// A non-blocking read into the reassembler: the count, 0 at the end, `nil` if nothing was there.
+    private func readNow() throws -> Int? {
         let fd = descriptor.rawValue
         let count = try reassembler.receive { buffer in try UnixSocket.readIfReady(fd, into: buffer) ?? -1 }
         return count < 0 ? nil : count
     }
 
-    /// What ``pollWhileSpinning()`` read, for the next ``readAvailable()``: loop thread only.
-    private var polled: Result<Int, any Error>?
+    /// What ``pollWhileSpinning()`` read, for the next ``readAvailable()``.
+    private var polled = PolledRead()
 
     func startPollingWhileSpinning() -> Bool { true }
 
     /// Reads as ``readAvailable()`` does and keeps the outcome (the count, or the error) for
     /// it: when a message arrives, one `recv` finds it, as a spinning C reader's does.
     func pollWhileSpinning() -> Bool {
-        if polled != nil { return true }
-        let fd = descriptor.rawValue
-        do {
-            let count = try reassembler.receive { buffer in try UnixSocket.readIfReady(fd, into: buffer) ?? -1 }
-            guard count >= 0 else { return false }
-            polled = .success(count)
-        } catch {
-            polled = .failure(error)
-        }
-        return true
+        polled.poll { try readNow() }
     }
 
     func nextFrame() throws -> Frame? {
