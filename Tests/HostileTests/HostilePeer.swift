@@ -2,6 +2,7 @@ import Foundation
 import IPCBenchKit
 import IPCCore
 import IPCTestSupport
+import Synchronization
 import Testing
 
 /// Hostile peers are `ipcbench hostile ...`: real second processes that write what no
@@ -46,10 +47,21 @@ enum HostilePeer {
     }
 
     private static func temporaryFile(_ bytes: [UInt8]) throws -> String {
-        let path = NSTemporaryDirectory() + "ipcbench-hostile-\(UUID().uuidString)"
+        let path = inputDirectory + "/" + UUID().uuidString
         try Data(bytes).write(to: URL(fileURLWithPath: path))
         return path
     }
+
+    /// One directory per test process for the hostile peers' inputs (a peer reads its input
+    /// whenever it gets to it, so no test knows when to remove one), removed when the process exits.
+    private static let inputDirectory: String = {
+        let path = NSTemporaryDirectory() + "ipcbench-hostile-inputs-\(getpid())-\(UUID().uuidString.prefix(8))"
+        try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+        removeAtExit.withLock { $0 = path }
+        atexit { removeAtExit.withLock { path in path.map { _ = try? FileManager.default.removeItem(atPath: $0) } } }
+        return path
+    }()
+    private static let removeAtExit = Mutex<String?>(nil)
 }
 
 /// Waits for the hostile process to exit and checks that it was dropped (status 0: the

@@ -353,13 +353,18 @@ struct StoreHostileTests {
             // The committed end says the frame is whole, and it is not.
             ("a frame announcing 4 GiB that runs past the committed end", [0x46, 0x52, 1, 0] + withUnsafeBytes(of: UInt32(bitPattern: server.pid).bigEndian, Array.init) + [0, 0, 0, 0] + Self.binaryHeader(length: .max), .truncatedFrame),
         ] {
+            let journals = { try Set(FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") }) }
+            let before = try journals()
             let victim = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength })
             defer { victim.invalidate() }
             let probe = InvalidationProbe()
             probe.attach(to: victim)
             #expect(try await victim.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
-            let journals = try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") }.sorted()
-            let path = group.directory.path + "/" + (try #require(journals.last, "no client journal"))
+            // The victim's journal is the one its connect made (names carry a serial, whose
+            // digits do not sort).
+            let made = try journals().subtracting(before)
+            try #require(made.count == 1, "\(name): the victim's connect made \(made.sorted()) journals")
+            let path = group.directory.path + "/" + made.first!
             // The committed end (offset 16, big-endian), then the record written there and committed.
             let header = try #require(FileHandle(forReadingAtPath: path)).readData(ofLength: 24)
             let end = header[16..<24].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
