@@ -167,6 +167,12 @@ public struct HTTPFrameDecoder: FrameDecoder {
         defer { head.scanIndex = index }
         while index < end {
             let byte = bytes[index]
+            // The usual byte (visible ASCII, or obs-text above it) needs no decision: one
+            // comparison each, then the rare ones below.
+            if byte > ASCII.space, byte != ASCII.delete {
+                index += 1
+                continue
+            }
             if byte == ASCII.cr {
                 guard index + 1 < end else { return }
                 guard bytes[index + 1] == ASCII.lf else {
@@ -187,7 +193,7 @@ public struct HTTPFrameDecoder: FrameDecoder {
                         ? "whitespace before the start line"
                         : "header line folded onto the previous one (obs-fold) at offset \(index)"
                 )
-            } else if (byte < 0x20 && byte != ASCII.tab) || byte == 0x7F {
+            } else if (byte < ASCII.space && byte != ASCII.tab) || byte == ASCII.delete {
                 throw malformed("control byte 0x\(hex([byte])) at offset \(index) in the header block")
             } else {
                 index += 1
@@ -282,7 +288,7 @@ private struct Head {
     }
 
     private static func requireVersion(_ version: Slice<UnsafeRawBufferPointer>) throws {
-        guard version.elementsEqual("HTTP/1.1".utf8) else {
+        guard spells(version, "HTTP/1.1") else {
             throw malformed("HTTP version \(quoted(version)) is not supported; only HTTP/1.1 is")
         }
     }
@@ -315,7 +321,7 @@ private struct Head {
             throw IPCError(code: .unsupportedFraming, message: "Transfer-Encoding \(quoted(value)) is not supported; use Content-Length")
         } else if matches(name, lowercased: "ipc-kind") {
             guard ipcKind == nil else { throw malformed("more than one IPC-Kind") }
-            guard let kind = Frame.Kind.allCases.first(where: { $0.httpToken.withUTF8Buffer(value.elementsEqual) }) else {
+            guard let kind = Frame.Kind.allCases.first(where: { spells(value, $0.httpToken) }) else {
                 throw malformed("unknown IPC-Kind \(quoted(value))")
             }
             // The start line already says request or response; IPC-Kind may only refine it.
@@ -351,6 +357,7 @@ private enum ASCII {
     static let space: UInt8 = 0x20
     static let zero: UInt8 = 0x30
     static let colon: UInt8 = 0x3A
+    static let delete: UInt8 = 0x7F
 }
 
 extension Frame.Kind {
@@ -373,26 +380,44 @@ private func isDigit(_ byte: UInt8) -> Bool {
     byte >= ASCII.zero && byte <= ASCII.zero + 9
 }
 
-/// `tchar` of RFC 9110 5.6.2.
+/// `tchar` of RFC 9110 5.6.2: letters, digits and fifteen punctuation characters.
 private func isTokenByte(_ byte: UInt8) -> Bool {
-    switch byte {
-    case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-        UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"), UInt8(ascii: "'"),
-        UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "^"), UInt8(ascii: "_"),
-        UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
-        true
-    default:
-        false
-    }
+    // One bit per byte value below 128, in two words: a shift and a test instead of a
+    // chain of comparisons (a header line's name is checked byte by byte).
+    byte < 64 ? TokenBytes.low >> byte & 1 == 1 : byte < 128 && TokenBytes.high >> (byte - 64) & 1 == 1
+}
+
+private enum TokenBytes {
+    /// Bits 0-63: the digits and ! # $ % & ' * + - .
+    static let low: UInt64 = 0x03FF_6CFA_0000_0000
+    /// Bits 64-127: the letters and ^ _ ` | ~
+    static let high: UInt64 = 0x57FF_FFFF_C7FF_FFFE
 }
 
 /// Whether `bytes` spell `name` (given in lower case) ignoring ASCII case, as field names compare.
 private func matches(_ bytes: Slice<UnsafeRawBufferPointer>, lowercased name: StaticString) -> Bool {
-    name.withUTF8Buffer { name in
-        bytes.elementsEqual(name) { byte, expected in
-            (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte) == expected
-        }
+    // Lengths first: most fields are not the one asked about, and most differ in length.
+    guard bytes.count == name.utf8CodeUnitCount else { return false }
+    let expected = name.utf8Start
+    var offset = 0
+    for byte in bytes {
+        let lowered = byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte
+        guard lowered == expected[offset] else { return false }
+        offset += 1
     }
+    return true
+}
+
+/// Whether `bytes` are exactly `text`.
+private func spells(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString) -> Bool {
+    guard bytes.count == text.utf8CodeUnitCount else { return false }
+    let expected = text.utf8Start
+    var offset = 0
+    for byte in bytes {
+        guard byte == expected[offset] else { return false }
+        offset += 1
+    }
+    return true
 }
 
 /// One or more ASCII digits whose value fits in `T`; `nil` for anything else (sign, space, empty).

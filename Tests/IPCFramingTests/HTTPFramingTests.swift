@@ -115,6 +115,22 @@ struct HTTPRefusal: Sendable, CustomTestStringConvertible {
         #expect(try decode(text) == [Frame(kind: .message, msgid: 9, correlation: 12, payload: Array("abc".utf8))])
     }
 
+    /// `tchar` (RFC 9110 5.6.2), byte by byte: a field name or a method of that one byte is
+    /// accepted exactly when the byte is in the set.
+    @Test func tokensAreExactlyTheRFCsCharacters() throws {
+        let tchar = Set(Array("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ".utf8))
+        for byte in UInt8(0x21)...UInt8(0xFF) where byte != UInt8(ascii: ":") {
+            let field = Array("POST / HTTP/1.1\r\n".utf8) + [byte] + Array(": v\r\nContent-Length: 0\r\n\r\n".utf8)
+            let reassembler = reassembler()
+            reassembler.append(field)
+            #expect(((try? reassembler.drain())?.count == 1) == tchar.contains(byte), "field name 0x\(String(byte, radix: 16))")
+            let method = [byte] + Array(" / HTTP/1.1\r\n\r\n".utf8)
+            let methodReassembler = self.reassembler()
+            methodReassembler.append(method)
+            #expect(((try? methodReassembler.drain())?.count == 1) == tchar.contains(byte), "method 0x\(String(byte, radix: 16))")
+        }
+    }
+
     @Test(arguments: [
         ("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", Frame.Kind.reply),
         ("HTTP/1.1 204 \r\nContent-Length: 0\r\n\r\n", .reply),
