@@ -149,7 +149,7 @@ let package = Package(
                 "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench",
             ]
         ),
-        .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCTestSupport", "ipcbench"]),
+        .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCPosix", "IPCTestSupport", "ipcbench"]),
     ],
     swiftLanguageModes: [.v6]
 )

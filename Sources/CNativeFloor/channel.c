@@ -44,20 +44,40 @@ bool nf_liveness_due(uint64_t *last) {
     return true;
 }
 
-/// Polls `fd` with a zero timeout until it is readable (or hung up).
+uint64_t nf_monotonic_nanoseconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+bool nf_still_spinning(uint32_t *polls, uint64_t *end) {
+    if ((*polls)++ % NF_SPIN_CLOCK_EVERY != 0) return true;
+    uint64_t now = nf_monotonic_nanoseconds();
+    if (*end == 0) *end = now + NF_SPIN_LIMIT_NANOSECONDS;
+    return now < *end;
+}
+
+/// Polls `fd` with a zero timeout until it is readable (or hung up), for at most
+/// NF_SPIN_LIMIT_NANOSECONDS; then waits in poll(2) without the CPU.
 static int poll_until_readable(nf_channel *channel, int fd) {
     uint64_t checked = 0;
     nf_liveness_due(&checked);
+    uint32_t polls = 0;
+    uint64_t end = 0;
+    bool spinning = true;
     for (;;) {
         struct pollfd entry = {.fd = fd, .events = POLLIN};
-        int count = poll(&entry, 1, 0);
+        int count = poll(&entry, 1, spinning ? 0 : (channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
         if (count > 0) return 0;
         if (count < 0 && errno != EINTR) return -1;
         if (!channel->responder && nf_liveness_due(&checked) && !nf_process_alive(channel->responder_pid)) {
             errno = ECONNRESET;
             return -1;
         }
-        nf_cpu_relax();
+        if (spinning) {
+            nf_cpu_relax();
+            spinning = nf_still_spinning(&polls, &end);
+        }
     }
 }
 

@@ -21,6 +21,13 @@
 #define NF_IS_CONTROL(header) ((header) >= NF_STREAM)
 /// How long the initiator waits for a reply before checking that the responder is alive.
 #define NF_LIVENESS_PERIOD_SECONDS 1
+/// How long a spinning floor busy-polls for a message before it waits without the CPU. A round
+/// trip being measured answers within microseconds, so it never gets that far; a peer left idle
+/// between its measurements then sleeps, instead of taking the core from the processes measured
+/// meanwhile (it used to spin for the whole phase, beside every other spinning peer there).
+#define NF_SPIN_LIMIT_NANOSECONDS 1000000
+/// How often a spinning wait reads the clock: every this many polls.
+#define NF_SPIN_CLOCK_EVERY 64
 
 /// Evaluates `expression` (a system call returning -1 with errno) again while it fails with
 /// EINTR. The one place the floor retries interrupted calls.
@@ -122,6 +129,14 @@ static inline void nf_cpu_relax(void) {
 /// For a spinning initiator: whether a second has passed since *last (CLOCK_MONOTONIC seconds;
 /// updates it), so that it checks now and then that the responder is alive.
 bool nf_liveness_due(uint64_t *last);
+
+/// CLOCK_MONOTONIC in nanoseconds.
+uint64_t nf_monotonic_nanoseconds(void);
+
+/// A spinning wait's budget: call once per poll that found nothing; false once the wait has
+/// polled for NF_SPIN_LIMIT_NANOSECONDS (the clock is read every NF_SPIN_CLOCK_EVERY polls).
+/// Starts with `*polls` = 0 and `*end` = 0.
+bool nf_still_spinning(uint32_t *polls, uint64_t *end);
 
 /// The epoll variants: waits until `fd` is readable (registering it with the channel's epoll
 /// instance, made on first use; edge-triggered if `edge`). The initiator wakes every

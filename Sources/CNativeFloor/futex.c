@@ -230,7 +230,10 @@ const struct nf_operations nf_eventfd_operations = {
 };
 
 // shm+spin: the same mapping and lanes, and no wake-up at all: the receiver busy-polls the
-// sequence number. The limit for any transport whose messages are in shared memory.
+// sequence number. The limit for any transport whose messages are in shared memory. A receiver
+// that found nothing for NF_SPIN_LIMIT_NANOSECONDS (an idle peer between its measurements)
+// looks once a millisecond instead, asleep between looks: the sender makes no system call, so
+// nothing could wake it sooner, and a measured round trip never waits that long.
 
 static int shm_spin_send(nf_channel *channel, uint32_t length, const void *payload) {
     publish(channel, length, payload);
@@ -242,8 +245,17 @@ static int shm_spin_receive(nf_channel *channel, uint32_t *length, void *payload
     uint64_t checked = 0;
     nf_liveness_due(&checked);
     uint32_t sequence;
+    uint32_t polls = 0;
+    uint64_t end = 0;
+    bool spinning = true;
     while ((sequence = atomic_load_explicit(&lane->sequence, memory_order_acquire)) == channel->seen) {
-        nf_cpu_relax();
+        if (spinning) {
+            nf_cpu_relax();
+            spinning = nf_still_spinning(&polls, &end);
+        } else {
+            struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
+            nanosleep(&pause, NULL);
+        }
         if (!channel->responder && nf_liveness_due(&checked) && !nf_process_alive(channel->responder_pid)) {
             errno = ECONNRESET;
             return -1;

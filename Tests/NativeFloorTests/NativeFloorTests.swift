@@ -1,6 +1,7 @@
 import Foundation
 import IPCBenchKit
 import IPCCore
+import IPCPosix
 import IPCTestSupport
 import Testing
 
@@ -28,6 +29,25 @@ struct NativeFloorTests {
         }
         let times = try await session.roundTripTimes(payloadSize: 64, count: 50)
         #expect(times.count == 50)
+    }
+
+    /// A spinning floor's peer busy-polls only while it is being measured: left idle (between
+    /// its measurements, while other peers are measured) it waits without the CPU, and answers
+    /// again when asked. A busy-polling peer uses about a second of CPU a second (a quarter of
+    /// one at the very least on a machine loaded four times over); the bound is a tenth.
+    @Test("an idle spinning floor's peer gives up the CPU, and still answers", arguments: FloorMechanism.allCases.filter(\.spins))
+    func idleSpinningPeer(mechanism: FloorMechanism) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
+        defer { session.close() }
+        let payload = [UInt8](repeating: 0x3C, count: 64)
+        #expect(try await withDeadline(seconds: 30, "\(mechanism) echo") { try await session.echo(payload) } == payload)
+        try await Task.sleep(for: .milliseconds(200))
+        let before = try #require(processCPUNanoseconds(pid: session.peerPID))
+        try await Task.sleep(for: .seconds(1))
+        let used = try #require(processCPUNanoseconds(pid: session.peerPID)) - before
+        #expect(used < 100_000_000, "\(mechanism): the idle peer used \(used / 1_000_000) ms of CPU in a second")
+        #expect(try await withDeadline(seconds: 30, "\(mechanism) echo after idling") { try await session.echo(payload) } == payload)
     }
 
     @Test("leaves no file or queue behind", arguments: FloorMechanism.allCases)
