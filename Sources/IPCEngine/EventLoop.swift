@@ -78,9 +78,24 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         var polled: [PolledRegistration] = []
     }
 
-    private struct PolledRegistration {
-        var token: UInt64
-        var handler: any EventHandler
+    private final class PolledRegistration: @unchecked Sendable {
+        // @unchecked: `lastFound` is read and written on the loop's thread only.
+        let token: UInt64
+        let handler: any EventHandler
+        /// The loop round in which the spinning poll last found something here, or first saw
+        /// the registration (0 until then: rounds count from 1).
+        var lastFound: UInt64 = 0
+
+        init(token: UInt64, handler: any EventHandler) {
+            self.token = token
+            self.handler = handler
+        }
+
+        /// Found something in this loop round or the two before: a conversation is going on.
+        func isActive(inRound round: UInt64) -> Bool {
+            if lastFound == 0 { lastFound = round }
+            return round &- lastFound <= 2
+        }
     }
 
     private let poller: Poller
@@ -275,7 +290,11 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         // Counts spin rounds across the loop's rounds, so that the kernel is asked every 16th
         // round even while a polled registration always has something (a flood).
         var spinRound = 0
+        // Counts the loop's rounds, for telling the polled registrations that are talking now
+        // from the idle ones.
+        var round: UInt64 = 0
         while true {
+            round &+= 1
             runJobs()
             // Timers are looked at only when the timer fired or a new earliest one came: no clock
             // read and no lock on the rounds between.
@@ -296,14 +315,23 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             let watches = spin > 0 ? state.withLock { $0.polled } : []
             if spin > 0 {
                 let end = monotonicNanoseconds() &+ UInt64(spin)
+                // Registrations that found something in the last few rounds are polled on every
+                // spin round, the idle ones on every 16th (a poll of a socket or queue is a
+                // system call: a loop with one conversation and three idle connections would
+                // otherwise make four per round, and notice the reply later). With none
+                // active, all are polled on every round.
+                let anyActive = watches.contains { $0.isActive(inRound: round) }
                 repeat {
-                    for watch in watches where watch.handler.pollWhileSpinning() {
+                    let next = spinRound &+ 1
+                    let everyone = !anyActive || next & 15 == 0
+                    for watch in watches where (everyone || watch.isActive(inRound: round)) && watch.handler.pollWhileSpinning() {
+                        watch.lastFound = round
                         events.append(Poller.Event(token: watch.token, readable: true, writable: false, hangUp: false))
                     }
                     // The kernel's readiness list is asked on every round when no registration
                     // polls itself, else on every 16th, whatever the polls found (other
                     // descriptors, room to write, rings for room, timers).
-                    spinRound &+= 1
+                    spinRound = next
                     if watches.isEmpty || spinRound & 15 == 0 {
                         timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: 0)
                     }
