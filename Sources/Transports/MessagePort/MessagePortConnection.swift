@@ -65,8 +65,10 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
 
     /// Watches the peer's process; its death invalidates the connection.
     func watchPeer(pid: Int32) throws {
-        let watch = try ProcessWatcher.shared.watch(pid: pid) { [weak self] in
-            self?.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
+        // Strong: the watch is cancelled when the connection finishes, which lets go of it (as
+        // the loop's registration does); a weak reference would slow every retain of it.
+        let watch = try ProcessWatcher.shared.watch(pid: pid) { [self] in
+            invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
         }
         peerWatch.withLock { $0 = watch }
     }

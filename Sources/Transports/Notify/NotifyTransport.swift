@@ -79,8 +79,11 @@ public struct NotifyTransport: MessageTransport {
             onInvalidated?(connection)
         }
         do {
-            let token = try ProcessWatcher.shared.watch(pid: peer.pid) { [weak connection] in
-                connection?.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(peer.pid) exited")))
+            // Strong: the watch is cancelled when the connection ends, which lets go of it (as
+            // the event loop's registration does). A weak reference would give the connection
+            // a side table, and send every retain of it down the runtime's slow path.
+            let token = try ProcessWatcher.shared.watch(pid: peer.pid) {
+                connection.invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(peer.pid) exited")))
             }
             watch.withLock { $0 = token }
             // Invalidated before the watch was stored (the peer was already gone): cancel it here.
@@ -99,8 +102,10 @@ public struct NotifyTransport: MessageTransport {
     static let integrityCheckPeriod: Duration = .seconds(1)
 
     private static func checkPeriodically(_ connection: EngineConnection, _ channel: NotifyChannel) {
-        connection.eventLoop.schedule(at: monotonicNanoseconds() &+ integrityCheckPeriod.wholeNanoseconds) { [weak connection] in
-            guard let connection, connection.invalidationReason == nil else { return }
+        // Strong, for the reason the peer watch is: the last check after the end lets go of the
+        // connection within a period.
+        connection.eventLoop.schedule(at: monotonicNanoseconds() &+ integrityCheckPeriod.wholeNanoseconds) {
+            guard connection.invalidationReason == nil else { return }
             guard channel.storeIsSound else {
                 connection.invalidate(InvalidationReason(.protocolError, error: IPCError(
                     code: .malformedFrame, message: "the notify store was overwritten (its header or a ring's indexes are impossible)"
