@@ -71,6 +71,10 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
             invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
         }
         peerWatch.withLock { $0 = watch }
+        // Ended before the watch was stored (a goodbye read, or the listener closed,
+        // meanwhile): `finish` found nothing to cancel, so cancel it here, or the watch would
+        // keep this connection until the peer exits.
+        if !core.latch.isValid, let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
     }
 
     /// The name the client's reply queue had until the server opened it.
