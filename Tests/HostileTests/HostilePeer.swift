@@ -2,7 +2,6 @@ import Foundation
 import IPCBenchKit
 import IPCCore
 import IPCTestSupport
-import Synchronization
 import Testing
 
 /// Hostile peers are `ipcbench hostile ...`: real second processes that write what no
@@ -57,11 +56,10 @@ enum HostilePeer {
     private static let inputDirectory: String = {
         let path = NSTemporaryDirectory() + "ipcbench-hostile-inputs-\(getpid())-\(UUID().uuidString.prefix(8))"
         try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
-        removeAtExit.withLock { $0 = path }
-        atexit { removeAtExit.withLock { path in path.map { _ = try? FileManager.default.removeItem(atPath: $0) } } }
+        // Runs after this initializer has finished, so it reads the path, not the initializer.
+        atexit { _ = try? FileManager.default.removeItem(atPath: HostilePeer.inputDirectory) }
         return path
     }()
-    private static let removeAtExit = Mutex<String?>(nil)
 }
 
 /// Waits for the hostile process to exit and checks that it was dropped (status 0: the
