@@ -234,9 +234,16 @@ public struct ConformancePeer: Sendable {
         }
     }
 
+    /// Echoes each one-way message. An echo that cannot be sent within 30 s (the other side
+    /// took nothing for that long) is dropped, and said so on standard error, which the tests
+    /// show with their failure.
     private static func echoMessages(on connection: some MessageConnection) async {
         for await message in connection.messages {
-            try? await connection.send(message.payload, msgid: message.msgid, timeout: .seconds(5))
+            do {
+                try await connection.send(message.payload, msgid: message.msgid, timeout: .seconds(30))
+            } catch {
+                FileHandle.standardError.write(Data("peer: the echo of message \(message.msgid) was dropped: \(error)\n".utf8))
+            }
         }
     }
 

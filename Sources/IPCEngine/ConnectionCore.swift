@@ -61,18 +61,18 @@ package final class ConnectionCore: Sendable {
         }
     }
 
-    /// The request/reply flow: register, send with `send`, wait for the reply (suspended: the
-    /// thread that reads the reply resumes the request).
+    /// The request/reply flow: register, send with `send` (which may suspend), wait for the
+    /// reply (suspended: the thread that reads the reply resumes the request).
     package func request(
         _ payload: [UInt8],
         msgid: UInt32,
         receiveTimeout: Duration,
-        send: (Frame) throws -> Void
+        send: (Frame) async throws -> Void
     ) async throws -> [UInt8] {
         try checkValid()
         let correlation = try requests.register()
         do {
-            try send(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload))
+            try await send(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload))
         } catch {
             requests.cancel(correlation)
             throw error

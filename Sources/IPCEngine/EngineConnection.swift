@@ -162,15 +162,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     public var preferredTaskExecutor: (any TaskExecutor)? { eventLoop }
 
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        try core.checkValid()
-        let correlation = try core.requests.register()
-        do {
-            try await sendFrameSuspending(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload), timeout: sendTimeout)
-        } catch {
-            core.requests.cancel(correlation)
-            throw error
-        }
-        return try await core.requests.reply(to: correlation, timeout: receiveTimeout, strategy: core.options.waitStrategy)
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try await sendFrameSuspending($0, timeout: sendTimeout) }
     }
 
     // MARK: Invalidation

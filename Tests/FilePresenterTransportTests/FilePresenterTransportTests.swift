@@ -59,7 +59,7 @@ struct FilePresenterTransportTests {
         #expect(ran)
     }
 
-    @Test("a consumer on the presenter's own thread takes a burst larger than the message buffer: the thread, waiting for room, lets it run elsewhere")
+    @Test("a consumer on the presenter's own thread takes a burst larger than the message buffer: the thread stops reading while the buffer is full, never waits, and runs the consumer itself")
     func consumerOnThePresenterThread() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("consumer")
@@ -68,8 +68,9 @@ struct FilePresenterTransportTests {
         let connection = try transport.connect(to: endpoint, options: .defaults { $0.messageBufferLimit = .init(messages: 4, bytes: 1 << 20) })
         defer { connection.invalidate() }
         let executor = try #require(connection.preferredTaskExecutor)
-        // The server echoes each message; the presenter's thread reads the echoes and waits for
-        // room after 4 of them; the task that takes them prefers that thread.
+        // The server echoes each message; the presenter's thread reads the echoes and stops
+        // reading after 4 of them until the task that takes them, which prefers that thread
+        // and so runs there, has taken one.
         let count = 2_000
         let sending = Task.detached {
             for index in 0..<count {
@@ -79,8 +80,10 @@ struct FilePresenterTransportTests {
         // An unstructured consumer, watched from here: were the presenter's thread stuck, a
         // deadline inside the consumer would be stuck with it (its timer prefers that thread too).
         let received = Mutex<[UInt32]>([])
+        let threads = Mutex<Set<String>>([])
         let consumer = Task(executorPreference: executor) {
             for await message in connection.messages {
+                threads.withLock { _ = $0.insert(Self.threadName()) }
                 let total = received.withLock { $0.append(message.msgid); return $0.count }
                 if total == count { return }
             }
@@ -92,10 +95,48 @@ struct FilePresenterTransportTests {
         let taken = received.withLock { $0 }
         #expect(taken.count == count, "\(taken.count) of \(count) messages taken")
         #expect(taken.enumerated().allSatisfy { $0.element == UInt32($0.offset) }, "messages out of order")
+        #expect(threads.withLock { $0 } == ["ipc-presenter"], "the consumer ran on \(threads.withLock { $0 })")
         // Ending the connection ends a stuck wait too, so the tasks finish either way.
         connection.invalidate()
         _ = await consumer.value
         _ = await sending.result
+    }
+
+    @Test("an async send to a locked journal suspends its task and leaves its thread free; cancelling the task ends the wait with CancellationError, and nothing is appended")
+    func suspendingSend() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("suspend")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let connection = try transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        let executor = try #require(connection.preferredTaskExecutor)
+        // A lock on the listener's inbox through another open file description keeps the
+        // client's appends out, as a peer that holds it would.
+        let inbox = try CoordinatedFile(path: JournalNames.inbox(endpoint), create: false)
+        try inbox.lock(exclusive: true, timeout: .seconds(10))
+        let sending = Task(executorPreference: executor) {
+            try await connection.send([1, 2, 3], msgid: 41, timeout: .seconds(120))
+        }
+        // The send waits; the presenter's thread, which it started on, does not: another task
+        // that prefers that thread runs there.
+        let ran = try await withDeadline(seconds: 60, "a task on the waiting sender's thread") {
+            await Task(executorPreference: executor) { Self.threadName() }.value
+        }
+        #expect(ran == "ipc-presenter")
+        sending.cancel()
+        switch await withDeadlineResult(seconds: 60, { try await sending.value }) {
+        case .success: Issue.record("the send went through a locked journal")
+        case .failure(let error): #expect(error is CancellationError, "\(error)")
+        }
+        inbox.unlock()
+        try await connection.send([4], msgid: 42, timeout: .seconds(60))
+        // The server echoes one-way messages: the first echo is 42's, as 41 never went.
+        let first = try await withDeadline(seconds: 60, "the echo") { () -> UInt32? in
+            for await message in connection.messages { return message.msgid }
+            return nil
+        }
+        #expect(first == 42)
     }
 
     @Test("request/reply echoes payloads from 0 bytes to 4 MiB")

@@ -26,6 +26,7 @@ struct JournalTests {
         var frames: [Frame] = []
         try reader.readCommitted(keepWaiting: { false }) { record in
             if case .frame(_, let frame) = record { frames.append(frame) }
+            return true
         }
         return frames
     }
@@ -52,6 +53,32 @@ struct JournalTests {
         try appender.append(sender, frame: frame(2, size: 3), timeout: .seconds(1))
         #expect(try readAll(reader) == [frame(2, size: 3)])
         #expect(try committedEnd(path) == end + RecordHeader.length + 20 + 3)
+    }
+
+    @Test("a handler that asks to stop gets nothing more; the rest come first in the next read, then what was appended since, each once")
+    func stoppingKeepsTheRest() async throws {
+        let group = try TestGroup()
+        let (_, reader, appender) = try makeJournal(group)
+        for index in 0..<5 { try appender.append(sender, frame: frame(index), timeout: .seconds(1)) }
+        var read: [Frame] = []
+        // Stop after each second record, as a reader whose application buffer fills does.
+        func readTwo() throws {
+            var taken = 0
+            try reader.readCommitted(keepWaiting: { false }) { record in
+                if case .frame(_, let frame) = record { read.append(frame) }
+                taken += 1
+                return taken < 2
+            }
+        }
+        try readTwo()
+        #expect(read == [frame(0), frame(1)])
+        try appender.append(sender, frame: frame(5), timeout: .seconds(1))
+        try readTwo()
+        #expect(read == (0..<4).map { frame($0) }, "the kept records come before anything new")
+        // One kept record is left: the same read goes on to what was appended since.
+        try readTwo()
+        #expect(read == (0..<6).map { frame($0) })
+        #expect(try readAll(reader) == [])
     }
 
     @Test("a forged committed end is a typed error for the reader and the writer, never an arithmetic trap")
@@ -89,12 +116,13 @@ struct JournalTests {
             var appendedMeanwhile = false
             try reader.readCommitted(keepWaiting: { false }) { record in
                 if case .frame(_, let frame) = record { read.append(frame) }
-                guard !appendedMeanwhile else { return }
+                guard !appendedMeanwhile else { return true }
                 appendedMeanwhile = true
                 for _ in 0..<3 {
                     try? appender.append(sender, frame: self.frame(next), timeout: .seconds(1))
                     next += 1
                 }
+                return true
             }
             #expect(try committedEnd(path) == JournalHeader.length + 3 * recordLength, "compaction kept exactly the unread records")
             let size = try #require(FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)

@@ -75,10 +75,11 @@ public final class FilePresenter: FilePresentation {
         watch.servesTasks ? watch : nil
     }
 
-    /// Runs `body` on the presenter's thread with the jobs of tasks that prefer the thread sent
-    /// to the global executor meanwhile: for a wait that such a task may have to end.
-    func forwardingJobs<T>(_ body: () -> T) -> T {
-        watch.servesTasks ? watch.forwardingJobs(body) : body()
+    /// Asks a journal's presenter (``init(presentingJournal:didChange:)``) to call `didChange`
+    /// again soon, as if the file had changed: for a reader that stopped reading until its
+    /// application made room. Callable from any thread.
+    func requestDidChange() {
+        watch.requestDidChange()
     }
 
     /// Starts presenting the existing file at `path`, told of changes, renames and deletion.
@@ -169,14 +170,11 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     /// switch to the writer and back).
     let servesTasks: Bool
     /// Jobs queued for the thread; `nil` once it has ended (jobs then go to the global executor).
-    private let jobs = Mutex<JobQueue?>(JobQueue())
-
-    private struct JobQueue {
-        var queued: [UnownedJob] = []
-        /// The thread is about to wait for something a task that prefers it may have to do
-        /// (``forwardingJobs(_:)``): jobs go to the global executor meanwhile.
-        var forwarding = false
-    }
+    /// The thread never waits for a task (a journal's reader stops reading instead of waiting
+    /// for its application), so a job queued here always runs soon.
+    private let jobs = Mutex<[UnownedJob]?>([])
+    /// ``requestDidChange()`` was called: `didChange` runs before the thread next waits.
+    private let changeRequested = Atomic<Bool>(false)
     /// A private file whose reads the inotify instance reports (`IN_ACCESS`), so that a job
     /// queued from another thread wakes the presenter's thread; -1 if it serves no tasks.
     private let wakeFile: CInt
@@ -221,17 +219,21 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         let queued = jobs.withLock { jobs -> Bool in
-            guard jobs != nil, !jobs!.forwarding else { return false }
-            jobs!.queued.append(job)
+            guard jobs != nil else { return false }
+            jobs!.append(job)
             return true
         }
         guard queued else {
-            // The thread has ended, or waits: the task goes on on Swift's global executor.
+            // The thread has ended: the task goes on on Swift's global executor.
             globalConcurrentExecutor.enqueue(ExecutorJob(job))
             return
         }
-        // On the presenter's thread the job runs before the thread next waits; from elsewhere
-        // a read of the wake file gives the thread an event to wake for.
+        wakeThread()
+    }
+
+    /// On the presenter's thread, what was asked runs before the thread next waits; from
+    /// elsewhere a read of the wake file gives the thread an event to wake for.
+    private func wakeThread() {
         if thread.load(ordering: .acquiring) != UInt(pthread_self()) {
             var byte: UInt8 = 0
             _ = pread(wakeFile, &byte, 1, 0)
@@ -241,34 +243,25 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     /// Runs the queued jobs (presenter's thread), those they queue included.
     private func runJobs() {
         while let batch = jobs.withLock({ jobs -> [UnownedJob]? in
-            guard let queued = jobs?.queued, !queued.isEmpty else { return nil }
-            jobs!.queued = []
+            guard let queued = jobs, !queued.isEmpty else { return nil }
+            jobs = []
             return queued
         }) {
             for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
         }
     }
 
-    /// Runs `body`, which may wait on a task that prefers this thread (the presenter's thread,
-    /// waiting for an application to take a message), with the queued jobs and those queued
-    /// meanwhile sent to the global executor, so that the task can run.
-    func forwardingJobs<T>(_ body: () -> T) -> T {
-        let moved = jobs.withLock { jobs -> [UnownedJob] in
-            guard jobs != nil else { return [] }
-            jobs!.forwarding = true
-            defer { jobs!.queued = [] }
-            return jobs!.queued
-        }
-        for job in moved { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
-        defer { jobs.withLock { if $0 != nil { $0!.forwarding = false } } }
-        return body()
+    func requestDidChange() {
+        guard servesTasks else { return }
+        changeRequested.store(true, ordering: .releasing)
+        wakeThread()
     }
 
     /// The thread ends: what is still queued, and whatever comes later, goes to the global executor.
     private func endJobs() {
         let left = jobs.withLock { jobs -> [UnownedJob] in
             defer { jobs = nil }
-            return jobs?.queued ?? []
+            return jobs ?? []
         }
         for job in left { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
     }
@@ -314,7 +307,17 @@ private final class PresenterWatch: TaskExecutor, Sendable {
         var deletionReported = false
         defer { if servesTasks { endJobs() } }
         while !removed.load(ordering: .acquiring), !events.watchEnded {
-            if servesTasks { runJobs() }
+            if servesTasks {
+                runJobs()
+                // A reader that stopped until its application made room reads on (a job that
+                // just ran may be what made it).
+                if changeRequested.exchange(false, ordering: .acquiringAndReleasing), let didChange = callbacks.didChange {
+                    gate.withLock { _ in
+                        if !removed.load(ordering: .acquiring) { didChange() }
+                    }
+                    continue
+                }
+            }
             if let answering {
                 // Wait for inotify, the answering socket and the open conversations together.
                 guard conversations.wait(inotify: inotify, listener: answering.listener) else { continue }

@@ -12,7 +12,9 @@ import SystemPackage
 /// A client appends its records to the listener's inbox and reads its own journal, which it
 /// presents: the presenter's thread reads what the listener appended each time the journal
 /// changes. On the listener, one presenter thread reads the inbox for every client and hands
-/// each client's frames to its connection. Either way, sends append on the calling thread.
+/// each client's frames to its connection. Either way, sends append on the calling thread; an
+/// `async` send or request that finds the peer's journal locked or full suspends its task and
+/// waits on a thread of the connection's instead.
 ///
 /// The other side's end is seen on the rendezvous socket the connection was set up over, which
 /// both keep open: its end of file comes as soon as the peer's process closes its descriptors
@@ -34,6 +36,8 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     private let lifeline = Mutex<(fd: CInt, watch: EventLoop.ReadinessWatch?)?>(nil)
     private let loop: EventLoop
     private let replySendTimeout: Duration = .seconds(5)
+    /// Where an `async` send waits for a journal that is locked or full, off the caller's thread.
+    private let sendQueue = DispatchQueue(label: "ipc-presenter-send")
 
     enum Role {
         /// The client: its own journal, read through a presenter, which it removes when it ends.
@@ -127,10 +131,11 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
     }
 
-    /// Reads what the peer has appended so far.
+    /// Reads what the peer has appended so far, all of it: waits for the application to make
+    /// room if it must (this runs on a thread of its own, before the connection ends).
     private func drain() {
         switch role {
-        case .client: readJournal()
+        case .client: readJournal(waitingForRoom: true)
         case .server(_, let drain, _): drain()
         }
     }
@@ -154,14 +159,68 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     }
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
+        let (appender, record) = try prepare(frame)
+        try invalidatingOnCorruption { try appender.append(record, timeout: timeout) }
+    }
+
+    /// Sends a one-way message without holding the calling thread while it waits: if the
+    /// peer's journal is locked or full, the task is suspended and the wait goes on on a thread
+    /// of this connection's (``sendFrameSuspending(_:timeout:)``).
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+        try await sendFrameSuspending(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try await sendFrameSuspending($0, timeout: sendTimeout) }
+    }
+
+    /// Appends at once if the journal's lock is free and it has room (trying again after a few
+    /// yields, since holders keep the lock for microseconds); otherwise suspends the task while
+    /// ``sendQueue`` waits, so that a cooperative thread is never held for a journal that is
+    /// locked or full (a task that would empty it may need that thread). Cancelling the task
+    /// ends the wait with `CancellationError`, the record unsent.
+    private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
+        let (appender, record) = try prepare(frame)
+        let giveUp = deadline(after: timeout)
+        for attempt in 0..<Self.yieldsBeforeSuspending {
+            guard try invalidatingOnCorruption({ try appender.tryAppend(record) }) != nil else { return }
+            if attempt + 1 < Self.yieldsBeforeSuspending { sched_yield() }
+        }
+        let cancelled = Atomic<Bool>(false)
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                sendQueue.async { [self] in
+                    continuation.resume(with: Result {
+                        try invalidatingOnCorruption {
+                            try appender.append(record, timeout: remaining(until: giveUp)) { cancelled.load(ordering: .relaxed) }
+                        }
+                    })
+                }
+            }
+        } onCancel: {
+            cancelled.store(true, ordering: .relaxed)
+        }
+    }
+
+    /// Tries before a suspending send hands its wait to ``sendQueue``.
+    private static let yieldsBeforeSuspending = 8
+
+    /// Checks that `frame` can be sent, and encodes its record.
+    private func prepare(_ frame: Frame) throws -> (JournalAppender, JournalAppender.Prepared) {
         try core.checkValid()
         guard frame.payload.count <= core.options.maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(frame.payload.count) bytes is above the maximum of \(core.options.maximumPayloadLength)")
         }
+        let appender = try appender()
+        return (appender, try appender.prepare(RecordHeader(kind: .frame, sender: sender), frame: frame))
+    }
+
+    /// Runs `body`, an append; if it finds the peer's journal forged, corrupted or truncated,
+    /// nothing more can be appended to it: the connection is invalidated, and the error thrown.
+    private func invalidatingOnCorruption<T>(_ body: () throws -> T) throws -> T {
         do {
-            try appender().append(RecordHeader(kind: .frame, sender: sender), frame: frame, timeout: timeout)
+            return try body()
         } catch let error as IPCError where error.code == .malformedFrame || error.code == .truncatedFrame {
-            // The peer's journal was forged, corrupted or truncated: nothing more can be appended to it.
             invalidate(InvalidationReason(.protocolError, error: error))
             throw error
         }
@@ -174,25 +233,34 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     }
 
     /// Acts on one record from the peer. Called by the thread that reads for this connection.
-    func receive(_ record: JournalRecord) {
-        guard core.latch.isValid else { return }
+    /// Returns whether that thread should read on: `false` once ``messages``' buffer is full on
+    /// a client's presenter thread, which then stops reading until the application takes a
+    /// message (the rest of the records stay in the reader). It never waits for the
+    /// application: tasks that take messages may prefer that very thread
+    /// (``preferredTaskExecutor``), and it runs them between reads.
+    /// - Parameter waitingForRoom: wait for room instead (a thread that is not the presenter's).
+    @discardableResult
+    func receive(_ record: JournalRecord, waitingForRoom: Bool = false) -> Bool {
+        guard core.latch.isValid else { return true }
         switch record {
         case .frame(_, let frame):
+            let reply = cachedReplySender(timeout: replySendTimeout)
             // A server connection's records are read by the listener's thread, which serves
             // every client: it cannot wait for one application, so a full buffer ends this one.
-            let reply = cachedReplySender(timeout: replySendTimeout)
             if isServer {
                 if core.dispatch(frame, reply: reply, whenFull: .keep) {
                     invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
                 }
-            } else if core.dispatchWouldWait, case .client(let inbound) = role, let presenter = inbound.presenter.withLock({ $0 }) {
-                // The client's presenter thread waits for the application to take a message; the
-                // task that takes it may prefer this very thread (preferredTaskExecutor): its
-                // jobs run elsewhere meanwhile.
-                presenter.forwardingJobs { _ = core.dispatch(frame, reply: reply, whenFull: .wait) }
-            } else {
-                core.dispatch(frame, reply: reply, whenFull: .wait)
+                return true
             }
+            if waitingForRoom {
+                core.dispatch(frame, reply: reply, whenFull: .wait)
+                return true
+            }
+            guard core.dispatch(frame, reply: reply, whenFull: .keep) else { return true }
+            // Full: read on once the application has taken one (at once if it has already).
+            core.whenMessagesHaveRoom { [weak self] in self?.resumeReading() }
+            return false
         case .oversized(_, let error):
             invalidate(InvalidationReason(.protocolError, error: error))
         case .control(let header):
@@ -204,6 +272,14 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
                 break
             }
         }
+        return true
+    }
+
+    /// The application made room after the presenter's thread stopped reading: asks that thread
+    /// to read again.
+    private func resumeReading() {
+        guard case .client(let inbound) = role else { return }
+        inbound.presenter.withLock { $0 }?.requestDidChange()
     }
 
     /// A client's replies are read on its journal presenter's thread: a task that prefers that
@@ -216,10 +292,14 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     }
 
     /// The client's presenter calls this when its journal changed: reads what was appended.
-    func readJournal() {
+    /// Skipped while another thread reads (the lifeline's drain, which reads everything).
+    /// - Parameter waitingForRoom: see ``receive(_:waitingForRoom:)``.
+    func readJournal(waitingForRoom: Bool = false) {
         guard case .client(let inbound) = role else { return }
         do {
-            try inbound.reader.read(isActive: { core.latch.isValid }) { receive($0) }
+            try inbound.reader.read(isActive: { core.latch.isValid }, ifFree: !waitingForRoom) {
+                receive($0, waitingForRoom: waitingForRoom)
+            }
         } catch {
             let error = error as? IPCError
             invalidate(InvalidationReason(error?.code == .transportFailure ? .transportFailure : .protocolError, error: error))

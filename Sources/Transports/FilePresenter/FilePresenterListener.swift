@@ -114,7 +114,10 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     /// The presenter calls this when the inbox changed: reads what clients appended.
     private func readInbox() {
         do {
-            try reader.read(isActive: { isOpen }) { route($0) }
+            try reader.read(isActive: { isOpen }) { record in
+                route(record)
+                return true
+            }
         } catch {
             // The inbox cannot be read on, for anyone.
             let reason = InvalidationReason(.protocolError, error: error as? IPCError)

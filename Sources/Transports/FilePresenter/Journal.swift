@@ -104,41 +104,86 @@ struct JournalAppender: Sendable {
         self.journal = journal
     }
 
-    /// Appends one record, waiting for the file's lock and for room in the journal.
-    /// - Throws: ``IPCError/Code/sendTimeout`` if neither came within `timeout`;
-    ///   ``IPCError/Code/malformedFrame`` if the file is not a journal;
-    ///   ``IPCError/Code/transportFailure``.
-    func append(_ record: RecordHeader, frame: Frame? = nil, timeout: Duration) throws {
+    /// A record ready to append: its header (and the frame's, and a small payload) in one
+    /// buffer, and a large payload apart.
+    struct Prepared: Sendable {
+        fileprivate let head: [UInt8]
+        fileprivate let payload: [UInt8]?
+        fileprivate var length: Int { head.count + (payload?.count ?? 0) }
+    }
+
+    /// Why ``tryAppend(_:)`` did not append.
+    enum Obstacle {
+        /// Another writer, or the reader, holds the file's lock.
+        case locked
+        /// The journal is at its capacity: its reader has not read (and compacted) yet.
+        case full
+    }
+
+    /// Encodes `record` (and `frame`) for appending.
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` for a payload no record can carry.
+    func prepare(_ record: RecordHeader, frame: Frame? = nil) throws -> Prepared {
         var head = record.bytes
-        if let frame {
-            try BinaryFrameEncoder(maximumPayloadLength: Int(UInt32.max)).encodeHeader(FrameHeader(frame), into: &head)
+        guard let frame else { return Prepared(head: head, payload: nil) }
+        try BinaryFrameEncoder(maximumPayloadLength: Int(UInt32.max)).encodeHeader(FrameHeader(frame), into: &head)
+        if frame.payload.count <= Self.gatherLimit {
+            head += frame.payload
+            return Prepared(head: head, payload: nil)
         }
-        let payload = frame?.payload ?? []
-        if payload.count <= Self.gatherLimit { head += payload }
-        let length = head.count + (payload.count <= Self.gatherLimit ? 0 : payload.count)
+        return Prepared(head: head, payload: frame.payload)
+    }
+
+    /// Appends one record, waiting for the file's lock and for room in the journal.
+    /// - Parameter cancelled: asked between waits; once it is true the append gives up.
+    /// - Throws: ``IPCError/Code/sendTimeout`` if neither came within `timeout`;
+    ///   `CancellationError` once `cancelled()` is true; ``IPCError/Code/malformedFrame`` if
+    ///   the file is not a journal; ``IPCError/Code/transportFailure``.
+    func append(_ record: RecordHeader, frame: Frame? = nil, timeout: Duration, cancelled: () -> Bool = { false }) throws {
+        try append(prepare(record, frame: frame), timeout: timeout, cancelled: cancelled)
+    }
+
+    /// ``append(_:frame:timeout:cancelled:)`` of a prepared record.
+    func append(_ prepared: Prepared, timeout: Duration, cancelled: () -> Bool = { false }) throws {
         let giveUp = deadline(after: timeout)
         var backoff = Backoff()
         while true {
-            let appended: Bool
-            do {
-                appended = try coordinator.coordinate(writingItem: journal.file, timeout: remaining(until: giveUp)) { access in
-                    let end = try journal.committedEnd()
-                    guard journal.header.admits(length, committedEnd: end) else { return false }
-                    try access.write(head, at: end)
-                    if payload.count > Self.gatherLimit {
-                        try access.write(payload, at: end + head.count)
-                    }
-                    try journal.commit(end + length)
-                    return true
-                }
-            } catch let error as IPCError where error.code == .coordinationTimeout {
-                throw IPCError(code: .sendTimeout, message: "the journal \(journal.file.path) stayed locked for \(timeout)", cause: error)
-            }
-            if appended { return }
+            // The lock is waited for in slices, so that a cancellation is seen within one.
+            let obstacle = try attempt(prepared, lockTimeout: min(remaining(until: giveUp), .milliseconds(20)))
+            guard let obstacle else { return }
+            if cancelled() { throw CancellationError() }
             guard monotonicNanoseconds() < giveUp else {
-                throw IPCError(code: .sendTimeout, message: "the journal \(journal.file.path) stayed full for \(timeout): its reader is not reading")
+                switch obstacle {
+                case .locked:
+                    throw IPCError(code: .sendTimeout, message: "the journal \(journal.file.path) stayed locked for \(timeout)")
+                case .full:
+                    throw IPCError(code: .sendTimeout, message: "the journal \(journal.file.path) stayed full for \(timeout): its reader is not reading")
+                }
             }
-            backoff.wait()
+            if obstacle == .full { backoff.wait() }
+        }
+    }
+
+    /// Appends `prepared` if the lock is free and the journal has room now; never waits.
+    /// - Returns: `nil` once appended, else what is in the way.
+    /// - Throws: as ``append(_:timeout:cancelled:)`` does, but never `sendTimeout`.
+    func tryAppend(_ prepared: Prepared) throws -> Obstacle? {
+        try attempt(prepared, lockTimeout: .zero)
+    }
+
+    private func attempt(_ prepared: Prepared, lockTimeout: Duration) throws -> Obstacle? {
+        do {
+            return try coordinator.coordinate(writingItem: journal.file, timeout: lockTimeout) { access -> Obstacle? in
+                let end = try journal.committedEnd()
+                guard journal.header.admits(prepared.length, committedEnd: end) else { return .full }
+                try access.write(prepared.head, at: end)
+                if let payload = prepared.payload {
+                    try access.write(payload, at: end + prepared.head.count)
+                }
+                try journal.commit(end + prepared.length)
+                return nil
+            }
+        } catch let error as IPCError where error.code == .coordinationTimeout {
+            return .locked
         }
     }
 }
@@ -154,6 +199,9 @@ final class JournalReader: @unchecked Sendable {
     private let capacity: Int
     private var consumed = JournalHeader.length
     private var buffer: [UInt8] = []
+    /// Records read from the file and not handled yet, because a handler asked to stop (the
+    /// application's buffer was full): the bytes of `buffer` in this range, handled first next time.
+    private var pending: Range<Int> = 0..<0
 
     init(_ journal: JournalFile, maximumPayloadLength: Int) {
         self.journal = journal
@@ -165,7 +213,9 @@ final class JournalReader: @unchecked Sendable {
 
     private var coordinator: FileCoordinator { .journal(filePresenter: presenter) }
 
-    /// Reads every record committed since the last call and hands each to `handle`, in order.
+    /// Reads every record committed since the last call and hands each to `handle`, in order,
+    /// until `handle` returns `false`: the records after that one are kept, unread, and handed
+    /// out first by the next call (which reads nothing new from the file until they are done).
     ///
     /// The records are read under a coordinated read, so no write is half done in them; a
     /// partial record left by a writer that died is past the committed end and never read.
@@ -174,7 +224,10 @@ final class JournalReader: @unchecked Sendable {
     /// - Throws: ``IPCError/Code/malformedFrame``, ``IPCError/Code/truncatedFrame`` or
     ///   ``IPCError/Code/frameTooLarge`` if the journal cannot be read on;
     ///   ``IPCError/Code/transportFailure``.
-    func readCommitted(keepWaiting: () -> Bool, _ handle: (JournalRecord) -> Void) throws {
+    func readCommitted(keepWaiting: () -> Bool, _ handle: (JournalRecord) -> Bool) throws {
+        if !pending.isEmpty {
+            guard try handleRecords(in: pending, handle) else { return }
+        }
         var available = 0
         while true {
             do {
@@ -202,18 +255,30 @@ final class JournalReader: @unchecked Sendable {
         }
         guard available > 0 else { return }
         consumed += available
-        try buffer.withUnsafeBytes { bytes in
-            var offset = 0
-            while offset < available {
-                let (record, length) = try JournalRecord.decode(UnsafeRawBufferPointer(rebasing: bytes[offset..<available]), maximumPayloadLength: maximumPayloadLength)
-                offset += length
-                handle(record)
-            }
-        }
-        if buffer.count > 4 * JournalHeader.compactionThreshold(capacity: capacity) {
+        let finished = try handleRecords(in: 0..<available, handle)
+        if finished, buffer.count > 4 * JournalHeader.compactionThreshold(capacity: capacity) {
             buffer = []
         }
+        // Kept records are in memory already: the file's may be compacted.
         try compactIfDue()
+    }
+
+    /// Hands the records in `range` of `buffer` to `handle`; if it asks to stop, keeps the rest
+    /// as ``pending`` and returns `false`.
+    private func handleRecords(in range: Range<Int>, _ handle: (JournalRecord) -> Bool) throws -> Bool {
+        pending = 0..<0
+        return try buffer.withUnsafeBytes { bytes in
+            var offset = range.lowerBound
+            while offset < range.upperBound {
+                let (record, length) = try JournalRecord.decode(UnsafeRawBufferPointer(rebasing: bytes[offset..<range.upperBound]), maximumPayloadLength: maximumPayloadLength)
+                offset += length
+                if !handle(record) {
+                    pending = offset..<range.upperBound
+                    return false
+                }
+            }
+            return true
+        }
     }
 
     /// Once the consumed records reach the threshold, moves the unread ones (if they are no more
@@ -255,14 +320,21 @@ final class JournalReaderSlot: Sendable {
     }
 
     /// Reads what was committed since the last read, unless the reader was released; then
-    /// releases it if `isActive` says its user has ended.
+    /// releases it if `isActive` says its user has ended. `handle` returns whether to read on.
+    /// - Parameter ifFree: skip the read if another thread is reading (it reads what this would).
     /// - Throws: what ``JournalReader/readCommitted(keepWaiting:_:)`` throws.
-    func read(isActive: () -> Bool, _ handle: (JournalRecord) -> Void) throws {
+    func read(isActive: () -> Bool, ifFree: Bool = false, _ handle: (JournalRecord) -> Bool) throws {
         defer {
             if !isActive() { reader.withLock { $0 = nil } }
         }
-        try reader.withLock { reader in
-            try reader?.readCommitted(keepWaiting: isActive, handle)
+        if ifFree {
+            _ = try reader.withLockIfAvailable { reader in
+                try reader?.readCommitted(keepWaiting: isActive, handle)
+            }
+        } else {
+            try reader.withLock { reader in
+                try reader?.readCommitted(keepWaiting: isActive, handle)
+            }
         }
     }
 
