@@ -62,6 +62,7 @@ public final class PeerProcess: Sendable {
         cpu: Int? = nil,
         burst: (count: Int, size: Int)? = nil,
         waitStrategy: WaitStrategy = .blocking,
+        stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout,
         timeout: Duration = .seconds(20)
     ) throws {
         var arguments = [
@@ -71,6 +72,9 @@ public final class PeerProcess: Sendable {
         if let cpu { arguments += ["--cpu", String(cpu)] }
         if let burst { arguments += ["--burst-count", String(burst.count), "--burst-size", String(burst.size)] }
         if waitStrategy.spins { arguments += ["--spin-microseconds", String(waitStrategy.spinNanoseconds / 1000)] }
+        if stalledFrameTimeout != ConnectionOptions.defaults.stalledFrameTimeout {
+            arguments += ["--stalled-frame-seconds", String(stalledFrameTimeout?.components.seconds ?? 0)]
+        }
         try self.init(arguments: arguments, timeout: timeout)
     }
 

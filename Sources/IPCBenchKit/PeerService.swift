@@ -35,6 +35,8 @@ public struct PeerService: Sendable {
     public var grandchild: ConformancePeer.Grandchild?
     /// How the peer's connections wait for messages.
     public var waitStrategy: WaitStrategy
+    /// How long the peer's connections let a frame stall half-read (`nil`: forever).
+    public var stalledFrameTimeout: Duration?
     /// The calling thread's identity and heap allocations so far, reported with the
     /// one-way throughput counts (``ConformancePeer/Sink``).
     public var allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))?
@@ -47,8 +49,10 @@ public struct PeerService: Sendable {
         burstSize: Int = 4,
         grandchild: ConformancePeer.Grandchild? = nil,
         waitStrategy: WaitStrategy = .blocking,
+        stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout,
         allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil
     ) {
+        self.stalledFrameTimeout = stalledFrameTimeout
         self.allocationCount = allocationCount
         self.transport = transport
         self.endpoint = endpoint
@@ -73,7 +77,8 @@ public struct PeerService: Sendable {
                 burstCount: burstCount,
                 burstSize: burstSize,
                 grandchild: grandchild,
-                waitStrategy: waitStrategy
+                waitStrategy: waitStrategy,
+                stalledFrameTimeout: stalledFrameTimeout
             )
             try await ConformancePeer(transport: transport, configuration: configuration, allocationCount: allocationCount).run()
         case .coordinator:

@@ -25,7 +25,8 @@ extension ConformancePeer {
 
     /// What a peer process does, and the command-line arguments that say it:
     /// `--group DIR --endpoint NAME --role server|client [--burst-count N --burst-size BYTES]
-    /// [--grandchild spawn|fork|spawn-leaking-descriptors] [--spin-microseconds N]`.
+    /// [--grandchild spawn|fork|spawn-leaking-descriptors] [--spin-microseconds N]
+    /// [--stalled-frame-seconds N]`.
     public struct Configuration: Sendable, Hashable {
         public var endpoint: Endpoint
         public var role: Role
@@ -37,14 +38,22 @@ extension ConformancePeer {
         public var grandchild: Grandchild?
         /// How the peer's connections wait (``ConnectionOptions/waitStrategy``).
         public var waitStrategy: WaitStrategy
+        /// How long the peer's connections let a frame stall half-read
+        /// (``ConnectionOptions/stalledFrameTimeout``; `nil`: forever). `--stalled-frame-seconds`,
+        /// 0 for forever.
+        public var stalledFrameTimeout: Duration?
 
-        public init(endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil, waitStrategy: WaitStrategy = .blocking) {
+        public init(
+            endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil, waitStrategy: WaitStrategy = .blocking,
+            stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout
+        ) {
             self.endpoint = endpoint
             self.role = role
             self.burstCount = burstCount
             self.burstSize = burstSize
             self.grandchild = grandchild
             self.waitStrategy = waitStrategy
+            self.stalledFrameTimeout = stalledFrameTimeout
         }
 
         /// The arguments that describe this configuration, for a peer executable's command line.
@@ -53,6 +62,9 @@ extension ConformancePeer {
             if burstCount > 0 { arguments += ["--burst-count", String(burstCount), "--burst-size", String(burstSize)] }
             if let grandchild { arguments += ["--grandchild", grandchild.rawValue] }
             if waitStrategy.spins { arguments += ["--spin-microseconds", String(waitStrategy.spinNanoseconds / 1000)] }
+            if stalledFrameTimeout != ConnectionOptions.defaults.stalledFrameTimeout {
+                arguments += ["--stalled-frame-seconds", String(stalledFrameTimeout?.components.seconds ?? 0)]
+            }
             return arguments
         }
 
@@ -63,7 +75,7 @@ extension ConformancePeer {
             var values: [String: String] = [:]
             var iterator = arguments.makeIterator()
             while let option = iterator.next() {
-                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds"]
+                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds"]
                 guard known.contains(option), let value = iterator.next() else {
                     throw IPCError(code: .unsupportedOperation, message: "unexpected peer argument \(option.debugDescription); expected \(known.joined(separator: ", ")), each with a value")
                 }
@@ -85,7 +97,9 @@ extension ConformancePeer {
                 burstCount: try value("--burst-count") { Int($0) } ?? 0,
                 burstSize: try value("--burst-size") { Int($0) } ?? 4,
                 grandchild: try value("--grandchild", Grandchild.init(rawValue:)),
-                waitStrategy: WaitStrategy(spinNanoseconds: 1000 * (try value("--spin-microseconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } } ?? 0))
+                waitStrategy: WaitStrategy(spinNanoseconds: 1000 * (try value("--spin-microseconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } } ?? 0)),
+                stalledFrameTimeout: try value("--stalled-frame-seconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } }
+                    .map { $0 == 0 ? nil : .seconds($0) } ?? ConnectionOptions.defaults.stalledFrameTimeout
             )
         }
     }

@@ -178,6 +178,7 @@ public struct ConformancePeer: Sendable {
             $0.requestHandler = Self.requestHandler
             $0.maximumPayloadLength = 1 << 30
             $0.waitStrategy = configuration.waitStrategy
+            $0.stalledFrameTimeout = configuration.stalledFrameTimeout
             $0.makeBorrowingMessageHandler = { [allocationCount] in Sink.makeHandler(allocationCount: allocationCount) }
         }
         try await run(transport, options: options)

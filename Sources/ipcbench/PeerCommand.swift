@@ -51,8 +51,12 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Spin this long (microseconds) polling for messages before blocking; 0 blocks at once.")
     var spinMicroseconds: Int64 = 0
 
+    @Option(help: "Drop a connection whose frame stays half-read this long (seconds); 0 never drops one.")
+    var stalledFrameSeconds: Int64 = ConnectionOptions.defaults.stalledFrameTimeout?.components.seconds ?? 0
+
     func validate() throws {
         guard spinMicroseconds >= 0 else { throw ValidationError("--spin-microseconds cannot be negative") }
+        guard stalledFrameSeconds >= 0 else { throw ValidationError("--stalled-frame-seconds cannot be negative") }
     }
 
     func run() async throws {
@@ -69,6 +73,7 @@ struct PeerCommand: AsyncParsableCommand {
             burstSize: burstSize,
             grandchild: grandchild,
             waitStrategy: WaitStrategy(spinNanoseconds: spinMicroseconds * 1000),
+            stalledFrameTimeout: stalledFrameSeconds == 0 ? nil : .seconds(stalledFrameSeconds),
             allocationCount: { (UInt64(pthread_self()), ipc_thread_allocation_count()) }
         )
         try await service.run()

@@ -54,6 +54,11 @@ struct ConformanceSuiteTests {
         let endpoint = try Endpoint(group: GroupDirectory(path: "/tmp/g"), name: "g.peer")
         let configuration = ConformancePeer.Configuration(endpoint: endpoint, role: .client, burstCount: 3, burstSize: 9, grandchild: .fork)
         #expect(try ConformancePeer.Configuration(arguments: configuration.arguments) == configuration)
+        for stall in [Duration.seconds(600), nil] {
+            var stalling = configuration
+            stalling.stalledFrameTimeout = stall
+            #expect(try ConformancePeer.Configuration(arguments: stalling.arguments) == stalling)
+        }
         #expect(throws: IPCError.self) { try ConformancePeer.Configuration(arguments: ["--group", "/tmp/g", "--endpoint", "x", "--bogus", "1"]) }
         #expect(ConformancePeer.Announcement(line: "READY 12 grandchild 13") == ConformancePeer.Announcement(pid: 12, grandchildPID: 13))
         #expect(ConformancePeer.Announcement(line: "READY 12") == ConformancePeer.Announcement(pid: 12))
