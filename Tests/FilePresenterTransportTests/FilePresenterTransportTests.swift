@@ -59,7 +59,7 @@ struct FilePresenterTransportTests {
         #expect(ran)
     }
 
-    @Test("a consumer on the presenter's own thread takes a burst larger than the message buffer: the thread stops reading while the buffer is full, never waits, and runs the consumer itself")
+    @Test("a consumer on the presenter's own thread takes a burst larger than the message buffer: the thread stops reading while the buffer is full, never waits for it, and runs the consumer itself")
     func consumerOnThePresenterThread() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("consumer")
@@ -102,7 +102,36 @@ struct FilePresenterTransportTests {
         _ = await sending.result
     }
 
-    @Test("an async send to a locked journal suspends its task and leaves its thread free; cancelling the task ends the wait with CancellationError, and nothing is appended")
+    @Test("a client whose application takes nothing holds no more than its buffer's limit while the peer keeps sending; all arrive, in order, once taken")
+    func bufferLimitHoldsWhileStopped() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("limit")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let limit = 4
+        let connection = try transport.connect(to: endpoint, options: .defaults { $0.messageBufferLimit = .init(messages: limit, bytes: 1 << 20) })
+        defer { connection.invalidate() }
+        // The server echoes each one; spaced out, so that each echo is an append of its own,
+        // which wakes the client's presenter.
+        let count = 60
+        for index in 0..<count {
+            try await connection.send(PeerService.burstPayload(index, size: 64), msgid: UInt32(index), timeout: .seconds(60))
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        try await Task.sleep(for: .seconds(1))
+        #expect(connection.core.bufferedMessageCount <= limit, "\(connection.core.bufferedMessageCount) messages buffered, over the limit of \(limit)")
+        let taken = try await withDeadline(seconds: 60, "taking the echoes") { () -> [UInt32] in
+            var taken: [UInt32] = []
+            for await message in connection.messages {
+                taken.append(message.msgid)
+                if taken.count == count { break }
+            }
+            return taken
+        }
+        #expect(taken == (0..<count).map { UInt32($0) })
+    }
+
+    @Test("an async send to a locked journal suspends its task and leaves its thread free; cancelling the task ends the wait with CancellationError, and nothing is appended; invalidating the connection ends it with invalidated")
     func suspendingSend() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("suspend")
@@ -137,6 +166,16 @@ struct FilePresenterTransportTests {
             return nil
         }
         #expect(first == 42)
+        // The connection's end ends such a wait too, with `invalidated`.
+        try inbox.lock(exclusive: true, timeout: .seconds(10))
+        defer { inbox.unlock() }
+        let waiting = Task { try await connection.send([5], msgid: 43, timeout: .seconds(120)) }
+        try await Task.sleep(for: .milliseconds(200))
+        connection.invalidate()
+        switch await withDeadlineResult(seconds: 60, { try await waiting.value }) {
+        case .success: Issue.record("the send went through a locked journal")
+        case .failure(let error): #expect((error as? IPCError)?.code == .invalidated, "\(error)")
+        }
     }
 
     @Test("request/reply echoes payloads from 0 bytes to 4 MiB")

@@ -14,7 +14,7 @@ import SystemPackage
 /// changes. On the listener, one presenter thread reads the inbox for every client and hands
 /// each client's frames to its connection. Either way, sends append on the calling thread; an
 /// `async` send or request that finds the peer's journal locked or full suspends its task and
-/// waits on a thread of the connection's instead.
+/// waits on a thread of its own instead.
 ///
 /// The other side's end is seen on the rendezvous socket the connection was set up over, which
 /// both keep open: its end of file comes as soon as the peer's process closes its descriptors
@@ -36,8 +36,6 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     private let lifeline = Mutex<(fd: CInt, watch: EventLoop.ReadinessWatch?)?>(nil)
     private let loop: EventLoop
     private let replySendTimeout: Duration = .seconds(5)
-    /// Where an `async` send waits for a journal that is locked or full, off the caller's thread.
-    private let sendQueue = DispatchQueue(label: "ipc-presenter-send")
 
     enum Role {
         /// The client: its own journal, read through a presenter, which it removes when it ends.
@@ -160,7 +158,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
         let (appender, record) = try prepare(frame)
-        try invalidatingOnCorruption { try appender.append(record, timeout: timeout) }
+        try appendWaiting(appender, record, until: deadline(after: timeout)) { false }
     }
 
     /// Sends a one-way message without holding the calling thread while it waits: if the
@@ -176,10 +174,12 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
 
     /// Appends at once if the journal's lock is free and it has room (trying again after a few
     /// yields, since holders keep the lock for microseconds); otherwise suspends the task while
-    /// ``sendQueue`` waits, so that a cooperative thread is never held for a journal that is
-    /// locked or full (a task that would empty it may need that thread). Cancelling the task
-    /// ends the wait with `CancellationError`, the record unsent.
+    /// a thread of its own waits, so that a cooperative thread is never held for a journal that
+    /// is locked or full (a task that would empty it may need that thread). Cancelling the task
+    /// ends the wait with `CancellationError`, the record unsent; the connection's end ends it
+    /// with ``IPCError/Code/invalidated``.
     private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
+        try Task.checkCancellation()
         let (appender, record) = try prepare(frame)
         let giveUp = deadline(after: timeout)
         for attempt in 0..<Self.yieldsBeforeSuspending {
@@ -189,12 +189,17 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         let cancelled = Atomic<Bool>(false)
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                sendQueue.async { [self] in
-                    continuation.resume(with: Result {
-                        try invalidatingOnCorruption {
-                            try appender.append(record, timeout: remaining(until: giveUp)) { cancelled.load(ordering: .relaxed) }
-                        }
-                    })
+                do {
+                    // A thread per waiting send: sends wait independently (one's timeout or
+                    // cancellation never waits behind another's), and only when the journal
+                    // is locked or full, which takes its reader far longer than a thread's start.
+                    try PosixThread.detach(name: "ipc-presenter-send") { [self] in
+                        continuation.resume(with: Result {
+                            try appendWaiting(appender, record, until: giveUp) { cancelled.load(ordering: .relaxed) }
+                        })
+                    }
+                } catch {
+                    continuation.resume(throwing: error)
                 }
             }
         } onCancel: {
@@ -202,8 +207,21 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
     }
 
-    /// Tries before a suspending send hands its wait to ``sendQueue``.
+    /// Tries before a suspending send hands its wait to a thread.
     private static let yieldsBeforeSuspending = 8
+
+    /// Appends, waiting until `giveUp` for the lock and for room, unless `cancelled()` becomes
+    /// true (`CancellationError`) or the connection ends (``IPCError/Code/invalidated``) first.
+    private func appendWaiting(_ appender: JournalAppender, _ record: JournalAppender.Prepared, until giveUp: UInt64, cancelled: () -> Bool) throws {
+        do {
+            try invalidatingOnCorruption {
+                try appender.append(record, timeout: remaining(until: giveUp)) { cancelled() || !core.latch.isValid }
+            }
+        } catch is CancellationError {
+            try core.checkValid()
+            throw CancellationError()
+        }
+    }
 
     /// Checks that `frame` can be sent, and encodes its record.
     private func prepare(_ frame: Frame) throws -> (JournalAppender, JournalAppender.Prepared) {
@@ -296,6 +314,12 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     /// - Parameter waitingForRoom: see ``receive(_:waitingForRoom:)``.
     func readJournal(waitingForRoom: Bool = false) {
         guard case .client(let inbound) = role else { return }
+        // Stopped because the application's buffer is full, and woken by a new append: read
+        // nothing until it has room (reading one record would add it over the limit).
+        if !waitingForRoom, core.dispatchWouldWait {
+            core.whenMessagesHaveRoom { [weak self] in self?.resumeReading() }
+            return
+        }
         do {
             try inbound.reader.read(isActive: { core.latch.isValid }, ifFree: !waitingForRoom) {
                 receive($0, waitingForRoom: waitingForRoom)

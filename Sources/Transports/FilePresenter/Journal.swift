@@ -147,6 +147,7 @@ struct JournalAppender: Sendable {
         let giveUp = deadline(after: timeout)
         var backoff = Backoff()
         while true {
+            if cancelled() { throw CancellationError() }
             // The lock is waited for in slices, so that a cancellation is seen within one.
             let obstacle = try attempt(prepared, lockTimeout: min(remaining(until: giveUp), .milliseconds(20)))
             guard let obstacle else { return }
