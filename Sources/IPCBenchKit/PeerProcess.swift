@@ -53,7 +53,8 @@ public final class PeerProcess: Sendable {
     }
 
     /// Starts a peer and waits until it is listening or connected.
-    /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within `timeout`.
+    /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within `timeout`;
+    ///   ``IPCError/Code/unsupportedOperation`` for the coordinator role (``CoordinationPeerProcess``).
     public convenience init(
         transport: String,
         framing: Framing,
@@ -65,16 +66,16 @@ public final class PeerProcess: Sendable {
         stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout,
         timeout: Duration = .seconds(20)
     ) throws {
-        var arguments = [
-            "peer", "--transport", transport, "--framing", framing.rawValue,
-            "--group", endpoint.group.path, "--endpoint", endpoint.name, "--role", role.rawValue,
-        ]
-        if let cpu { arguments += ["--cpu", String(cpu)] }
-        if let burst { arguments += ["--burst-count", String(burst.count), "--burst-size", String(burst.size)] }
-        if waitStrategy.spins { arguments += ["--spin-microseconds", String(waitStrategy.spinNanoseconds / 1000)] }
-        if stalledFrameTimeout != ConnectionOptions.defaults.stalledFrameTimeout {
-            arguments += ["--stalled-frame-seconds", String(stalledFrameTimeout?.components.seconds ?? 0)]
+        // The peer's own options are the conformance peer's, written by the one place that writes them.
+        guard let peerRole = ConformancePeer.Role(rawValue: role.rawValue) else {
+            throw IPCError(code: .unsupportedOperation, message: "a \(role.rawValue) peer is not started this way")
         }
+        let configuration = ConformancePeer.Configuration(
+            endpoint: endpoint, role: peerRole, burstCount: burst?.count ?? 0, burstSize: burst?.size ?? 4,
+            waitStrategy: waitStrategy, stalledFrameTimeout: stalledFrameTimeout
+        )
+        var arguments = ["peer", "--transport", transport, "--framing", framing.rawValue] + configuration.arguments
+        if let cpu { arguments += ["--cpu", String(cpu)] }
         try self.init(arguments: arguments, timeout: timeout)
     }
 

@@ -396,25 +396,19 @@ private enum TokenBytes {
 
 /// Whether `bytes` spell `name` (given in lower case) ignoring ASCII case, as field names compare.
 private func matches(_ bytes: Slice<UnsafeRawBufferPointer>, lowercased name: StaticString) -> Bool {
-    // Lengths first: most fields are not the one asked about, and most differ in length.
-    guard bytes.count == name.utf8CodeUnitCount else { return false }
-    let expected = name.utf8Start
-    var offset = 0
-    for byte in bytes {
-        let lowered = byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte
-        guard lowered == expected[offset] else { return false }
-        offset += 1
-    }
-    return true
+    spells(bytes, name, foldingCase: true)
 }
 
-/// Whether `bytes` are exactly `text`.
-private func spells(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString) -> Bool {
+/// Whether `bytes` are exactly `text`; with `foldingCase`, an ASCII capital in `bytes` matches
+/// its small letter in `text`. Lengths first: most fields are not the one asked about, and most
+/// differ in length.
+private func spells(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString, foldingCase: Bool = false) -> Bool {
     guard bytes.count == text.utf8CodeUnitCount else { return false }
     let expected = text.utf8Start
     var offset = 0
     for byte in bytes {
-        guard byte == expected[offset] else { return false }
+        let compared = foldingCase && byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte
+        guard compared == expected[offset] else { return false }
         offset += 1
     }
     return true

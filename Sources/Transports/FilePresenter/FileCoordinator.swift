@@ -65,14 +65,7 @@ public final class CoordinatedFile: Sendable {
         let giveUp = giveUp ?? deadline(after: timeout)
         var backoff = Backoff()
         while true {
-            if busy.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged {
-                if ipc_ofd_lock(descriptor, Int16(exclusive ? F_WRLCK : F_RDLCK)) == 0 { return }
-                let error = Errno(rawValue: errno)
-                busy.store(false, ordering: .releasing)
-                guard error == .resourceTemporarilyUnavailable || error == .permissionDenied || error == .interrupted else {
-                    throw IPCError.syscall("fcntl(F_OFD_SETLK)", error, context: path)
-                }
-            }
+            if try tryLock(exclusive: exclusive) { return }
             if cancelled() { throw CancellationError() }
             guard monotonicNanoseconds() < giveUp else {
                 throw IPCError(
@@ -82,6 +75,20 @@ public final class CoordinatedFile: Sendable {
             }
             backoff.wait()
         }
+    }
+
+    /// Takes the lock if nobody holds it, without waiting.
+    /// - Returns: whether it was taken.
+    /// - Throws: ``IPCError/Code/transportFailure`` for a failure other than a holder.
+    func tryLock(exclusive: Bool) throws -> Bool {
+        guard busy.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else { return false }
+        if ipc_ofd_lock(descriptor, Int16(exclusive ? F_WRLCK : F_RDLCK)) == 0 { return true }
+        let error = Errno(rawValue: errno)
+        busy.store(false, ordering: .releasing)
+        guard error == .resourceTemporarilyUnavailable || error == .permissionDenied || error == .interrupted else {
+            throw IPCError.syscall("fcntl(F_OFD_SETLK)", error, context: path)
+        }
+        return false
     }
 
     func unlock() {

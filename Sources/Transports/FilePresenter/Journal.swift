@@ -96,7 +96,6 @@ final class JournalFile: @unchecked Sendable {
 /// Appends records to someone else's journal.
 struct JournalAppender: Sendable {
     let journal: JournalFile
-    private let coordinator = FileCoordinator.journal()
     /// Payloads up to this size are copied behind their headers and written in one call.
     private static let gatherLimit = 16 * 1024
 
@@ -151,7 +150,6 @@ struct JournalAppender: Sendable {
             // The lock is waited for in slices, so that a cancellation is seen within one.
             let obstacle = try attempt(prepared, lockTimeout: min(remaining(until: giveUp), .milliseconds(20)))
             guard let obstacle else { return }
-            if cancelled() { throw CancellationError() }
             guard monotonicNanoseconds() < giveUp else {
                 switch obstacle {
                 case .locked:
@@ -171,21 +169,30 @@ struct JournalAppender: Sendable {
         try attempt(prepared, lockTimeout: .zero)
     }
 
+    /// One append under the file's exclusive lock, which is waited for up to `lockTimeout`
+    /// (not at all for zero: a busy lock then costs one try, with no error made). The journal's
+    /// reader asks no presenter, so the lock is all a coordinated write of it takes.
     private func attempt(_ prepared: Prepared, lockTimeout: Duration) throws -> Obstacle? {
-        do {
-            return try coordinator.coordinate(writingItem: journal.file, timeout: lockTimeout) { access -> Obstacle? in
-                let end = try journal.committedEnd()
-                guard journal.header.admits(prepared.length, committedEnd: end) else { return .full }
-                try access.write(prepared.head, at: end)
-                if let payload = prepared.payload {
-                    try access.write(payload, at: end + prepared.head.count)
-                }
-                try journal.commit(end + prepared.length)
-                return nil
+        let file = journal.file
+        if lockTimeout == .zero {
+            guard try file.tryLock(exclusive: true) else { return .locked }
+        } else {
+            do {
+                try file.lock(exclusive: true, timeout: lockTimeout)
+            } catch let error as IPCError where error.code == .coordinationTimeout {
+                return .locked
             }
-        } catch let error as IPCError where error.code == .coordinationTimeout {
-            return .locked
         }
+        defer { file.unlock() }
+        let access = FileAccess(file: file, isWriting: true)
+        let end = try journal.committedEnd()
+        guard journal.header.admits(prepared.length, committedEnd: end) else { return .full }
+        try access.write(prepared.head, at: end)
+        if let payload = prepared.payload {
+            try access.write(payload, at: end + prepared.head.count)
+        }
+        try journal.commit(end + prepared.length)
+        return nil
     }
 }
 
