@@ -26,7 +26,7 @@ public enum ReportRenderer {
         fixedWidth([latencyColumns] + latencyRows(results), leftAligned: 5)
     }
 
-    static let throughputColumns = ["transport", "framing", "placement", "wait", "payload", "messages/s", "MB/s", "÷ floor", "CPU/msg", "allocs/msg"]
+    static let throughputColumns = ["transport", "framing", "placement", "wait", "payload", "messages/s", "MB/s", "÷ floor", "CPU/msg", "cs/msg", "allocs/msg"]
 
     static func throughputRows(_ results: [ThroughputResult]) -> [[String]] {
         results.map { result in
@@ -37,6 +37,7 @@ public enum ReportRenderer {
                 String(format: "%.0f", result.messagesPerSecond), String(format: "%.1f", result.bytesPerSecond / 1e6),
                 floor.map { String(format: "%.0f%%", 100 * result.messagesPerSecond / max(1, $0.messagesPerSecond)) } ?? "-",
                 cpu.map(formatMicroseconds) ?? "-",
+                result.contextSwitchesPerMessage.map { String(format: "%.2f", $0) } ?? "-",
                 result.peerAllocationsPerMessage.map { String(format: "%.2f", $0) } ?? "-",
             ]
         }
@@ -163,7 +164,7 @@ public enum ReportRenderer {
         """
         text += markdownTable(latencyColumns, latencyRows(results.latency), leftAligned: 5)
         if let throughput = results.throughput, !throughput.isEmpty {
-            text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. CPU/msg is both processes' CPU time per message. allocs/msg is the heap allocations per message on the receiver's receive path (`ipcbench peer` counts them on the thread that runs its handler, which takes each payload in place where the transport lends it; `-` for a floor).\n\n"
+            text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. CPU/msg is both processes' CPU time per message; cs/msg their context switches per message (voluntary and involuntary, all threads). allocs/msg is the heap allocations per message on the receiver's receive path (`ipcbench peer` counts them on the thread that runs its handler, which takes each payload in place where the transport lends it; `-` for a floor).\n\n"
             text += markdownTable(throughputColumns, throughputRows(throughput), leftAligned: 5)
         }
         if !results.inProcess.isEmpty {

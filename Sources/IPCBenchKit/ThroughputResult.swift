@@ -19,6 +19,10 @@ public struct ThroughputResult: Codable, Sendable {
     /// CPU time this process and the receiver used per message, in nanoseconds.
     public var localCPUPerMessage: Double?
     public var peerCPUPerMessage: Double?
+    /// Context switches of this process and of the receiver per message (voluntary and
+    /// involuntary, all threads); absent in results written before they were counted.
+    public var localContextSwitchesPerMessage: Double? = nil
+    public var peerContextSwitchesPerMessage: Double? = nil
     /// Heap allocations per message on the receiver's receive path (its handler's thread), when
     /// the receiver counts them (`ipcbench peer` does; a native floor's C receiver does not).
     public var peerAllocationsPerMessage: Double? = nil
@@ -29,6 +33,11 @@ public struct ThroughputResult: Codable, Sendable {
     public var name: String {
         (["throughput", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
             + (waitStrategy == "blocking" ? [] : [waitStrategy]) + [String(payloadBytes)]).joined(separator: "/")
+    }
+
+    /// Both processes' context switches per message.
+    public var contextSwitchesPerMessage: Double? {
+        localContextSwitchesPerMessage.flatMap { local in peerContextSwitchesPerMessage.map { local + $0 } }
     }
 
     /// The native floor's stream this measurement is compared with (same mechanism, placement
@@ -64,11 +73,13 @@ struct ThroughputAccumulator {
     func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, payloadBytes: Int) -> ThroughputResult {
         let median = rates.isEmpty ? 0 : rates.sorted()[rates.count / 2]
         let perMessage = cpu.perOperation(messages)
+        let switches = cpu.switchesPerOperation(messages)
         return ThroughputResult(
             transport: transport, framing: framing, placement: placement, waitStrategy: waitStrategy,
             payloadBytes: payloadBytes, messagesPerRepetition: messages / max(1, rates.count),
             repetitionMessagesPerSecond: rates, messagesPerSecond: median, bytesPerSecond: median * Double(payloadBytes),
             localCPUPerMessage: perMessage.local, peerCPUPerMessage: perMessage.peer,
+            localContextSwitchesPerMessage: switches.local, peerContextSwitchesPerMessage: switches.peer,
             peerAllocationsPerMessage: allocations.flatMap { $0.messages > 0 ? Double($0.count) / Double($0.messages) : nil }
         )
     }

@@ -24,7 +24,8 @@ import Synchronization
 ///   the loop to write the rest.
 /// A frame not written by its timeout fails with ``IPCError/Code/sendTimeout`` if none of it
 /// was written, and invalidates the connection if part of it was (the stream cannot carry
-/// another frame after a torn one).
+/// another frame after a torn one) or if nobody waits for it (a send from the loop's thread:
+/// it would otherwise be dropped unseen).
 ///
 /// **Replies without a hand-over**: a task that prefers ``eventLoop`` as its executor is resumed
 /// on the loop's thread right after the loop reads its reply.
@@ -58,6 +59,9 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         /// What the loop watches the descriptor for.
         var watchingReadable = true
         var watchingWritable = false
+        /// The deadline of the earliest write-deadline timer armed and not yet fired, if any:
+        /// one timer for the queue, not one per frame.
+        var deadlineTimer: UInt64?
     }
 
     private let writeState = Mutex(WriteState())
@@ -332,9 +336,14 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         let deadline: UInt64
         var completion: Completion
         var done = false
+        /// The loop is writing it now, with the lock released: a cancellation meanwhile is
+        /// recorded (`cancelRequested`) and settled by the loop once the write returns.
+        var inFlight = false
+        var cancelRequested = false
 
         enum Completion {
-            /// Nobody waits (a send from the loop's thread).
+            /// Nobody waits (a send from the loop's thread). If such a frame cannot be written
+            /// by its deadline, nobody can be told, so the connection ends instead of dropping it.
             case none
             case task(CheckedContinuation<Void, any Error>)
             case thread(ConditionLock)
@@ -500,7 +509,8 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         }.get()
     }
 
-    /// The suspending send behind ``request(_:msgid:sendTimeout:receiveTimeout:)``.
+    /// The suspending send behind ``request(_:msgid:sendTimeout:receiveTimeout:)`` and the
+    /// `async` ``send(_:msgid:timeout:)``.
     private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
         let total = try checkWritable(frame)
         let first = try writeAtOnce(frame, total: total)
@@ -524,56 +534,86 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     }
 
     /// Queues `write` (at the front for the rest of a frame already begun) and makes sure the
-    /// loop watches for room; its deadline is checked by a loop timer.
+    /// loop watches for room; its deadline is checked by the queue's loop timer.
     private func enqueue(_ write: PendingWrite, first: Bool) {
-        let (closed, flushSoon): (Bool, Bool) = writeState.withLock { state in
-            if state.closed { return (true, false) }
+        let (closed, flushSoon, armTimer): (Bool, Bool, Bool) = writeState.withLock { state in
+            if state.closed { return (true, false, false) }
             if first { state.queue.prepend(write) } else { state.queue.append(write) }
             state.queuedBytes += write.total - write.written
+            let arm = state.deadlineTimer.map { write.deadline < $0 } ?? true
+            if arm { state.deadlineTimer = write.deadline }
             if !state.writerActive, !state.watchingWritable {
                 state.watchingWritable = true
                 applyInterest(state)
-                return (false, doorbell)
+                return (false, doorbell, arm)
             }
-            return (false, false)
+            return (false, false, arm)
         }
         if closed {
             write.complete(.failure(IPCError(code: .invalidated, message: "the connection is closed")))
             return
         }
         if flushSoon { eventLoop.execute { [self] in flush() } }
-        eventLoop.schedule(at: write.deadline) { [weak self, weak write] in
-            guard let self, let write else { return }
-            self.expire(write)
-        }
+        if armTimer { armDeadlineTimer(write.deadline) }
     }
 
-    /// A queued write's deadline passed: fail it if none of it was written, else end the
-    /// connection (a torn frame).
-    private func expire(_ write: PendingWrite) {
-        let outcome: (remove: Bool, torn: Bool)? = writeState.withLock { state in
-            guard !write.done, let index = state.queue.firstIndex(where: { $0 === write }) else { return nil }
-            if write.written == 0 {
-                state.queue.remove(at: index)
-                state.queuedBytes -= write.total
-                write.done = true
-                return (true, false)
+    /// One timer for the outbound queue, at its earliest deadline; a timer that finds nothing
+    /// due re-arms for what is left.
+    private func armDeadlineTimer(_ deadline: UInt64) {
+        eventLoop.schedule(at: deadline) { [weak self] in self?.expireDue(armed: deadline) }
+    }
+
+    /// The queue's timer fired: each queued write whose deadline passed fails with
+    /// ``IPCError/Code/sendTimeout`` if none of it was written and someone waits for it; a
+    /// frame begun (a torn frame) or one nobody waits for (``PendingWrite/Completion/none``:
+    /// it would otherwise be dropped unseen) ends the connection.
+    private func expireDue(armed: UInt64) {
+        let now = monotonicNanoseconds()
+        let (failed, ending, rearm): ([PendingWrite], PendingWrite?, UInt64?) = writeState.withLock { state in
+            if state.deadlineTimer == armed { state.deadlineTimer = nil }
+            var failed: [PendingWrite] = []
+            var ending: PendingWrite?
+            var next: UInt64?
+            for write in state.queue where !write.done {
+                guard write.deadline <= now else {
+                    next = min(next ?? write.deadline, write.deadline)
+                    continue
+                }
+                if write.written == 0, case .none = write.completion {
+                    ending = ending ?? write
+                } else if write.written == 0 {
+                    write.done = true
+                    state.queuedBytes -= write.total
+                    failed.append(write)
+                } else {
+                    ending = ending ?? write
+                }
             }
-            return (false, true)
+            if !failed.isEmpty { state.queue.removeAll { $0.done } }
+            guard ending == nil, let next, state.deadlineTimer.map({ next < $0 }) ?? true else { return (failed, ending, nil) }
+            state.deadlineTimer = next
+            return (failed, ending, next)
         }
-        guard let outcome else { return }
-        let error = IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(write.written) of \(write.total) bytes sent before the send timeout")
-        if outcome.torn {
+        for write in failed {
+            write.complete(.failure(IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; none of the frame's \(write.total) bytes sent before the send timeout")))
+        }
+        if let ending {
+            let error = IPCError(code: .sendTimeout, message: ending.written > 0
+                ? "the peer's receive buffer stayed full; \(ending.written) of \(ending.total) bytes sent before the send timeout"
+                : "the peer's receive buffer stayed full; a queued frame of \(ending.total) bytes, whose sender was not waiting, was not written before its send timeout")
             invalidate(InvalidationReason(.transportFailure, error: error))
-        } else {
-            write.complete(.failure(error))
         }
+        if let rearm { armDeadlineTimer(rearm) }
     }
 
     /// A task waiting for its frame to be written was cancelled: take the frame out if none of
     /// it is written yet (a frame begun must be finished, or the stream is torn).
     private func cancel(_ write: PendingWrite) {
         let removed: Bool = writeState.withLock { state in
+            if write.inFlight {
+                write.cancelRequested = true
+                return false
+            }
             guard !write.done, write.written == 0, let index = state.queue.firstIndex(where: { $0 === write }) else { return false }
             state.queue.remove(at: index)
             state.queuedBytes -= write.total
@@ -600,23 +640,41 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         }
         guard mayWrite else { return }
         while true {
-            guard let head = writeState.withLock({ $0.queue.first }) else { break }
+            guard let head = writeState.withLock({ state -> PendingWrite? in
+                let head = state.queue.first
+                head?.inFlight = true
+                return head
+            }) else { break }
             let count: Int
             do {
                 count = try writeNow(head.frame, from: head.written)
             } catch {
+                writeState.withLock { _ in head.inFlight = false }
                 break
             }
-            let finishedFrame: Bool = writeState.withLock { state in
+            enum Outcome { case finished, cancelled, more }
+            let outcome: Outcome = writeState.withLock { state in
+                head.inFlight = false
                 head.written += count
                 state.queuedBytes -= count
-                guard head.written == head.total else { return false }
+                if head.written == 0, head.cancelRequested, state.queue.first === head {
+                    // Cancelled while the kernel had no room for any of it: still not begun.
+                    state.queue.removeFirst()
+                    state.queuedBytes -= head.total
+                    head.done = true
+                    return .cancelled
+                }
+                guard head.written == head.total, state.queue.first === head else { return .more }
                 state.queue.removeFirst()
                 head.done = true
-                return true
+                return .finished
             }
-            guard finishedFrame else { break }
-            head.complete(.success(()))
+            switch outcome {
+            case .finished: head.complete(.success(()))
+            case .cancelled: head.complete(.failure(CancellationError()))
+            case .more: break
+            }
+            guard case .finished = outcome else { break }
         }
         let close: Bool = writeState.withLock { state in
             state.writerActive = false

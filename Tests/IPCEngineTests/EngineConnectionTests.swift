@@ -142,6 +142,55 @@ struct EngineConnectionTests {
         #expect(connection.invalidationReason == nil)
     }
 
+    @Test("a queued send with a shorter timeout than the frame ahead of it fails with sendTimeout at its own deadline; the frame ahead is still written")
+    func queuedDeadlinesInAnyOrder() async throws {
+        let (connection, peer) = try connect(sendBuffer: 4096)
+        defer { connection.invalidate(); peer.close() }
+        // A send on the loop's thread writes what the kernel takes and queues the rest: the
+        // frame is begun, with a long timeout, before anything else is sent.
+        let big = [UInt8](repeating: 1, count: 512 * 1024)
+        try await withTaskExecutorPreference(connection.eventLoop) {
+            #expect(connection.eventLoop.inEventLoop)
+            try connection.send(big, msgid: 1, timeout: .seconds(120))
+        }
+        // A request queued behind it has a short timeout: the queue's one timer must fire for it
+        // first. (Were its deadline ignored until the first frame's, both would expire together
+        // after 120 s, the first torn, ending the connection.)
+        let start = ContinuousClock.now
+        let outcome = await Task { try await connection.request([2], msgid: 2, sendTimeout: .milliseconds(200), receiveTimeout: .seconds(600)) }.result
+        #expect(ContinuousClock.now - start < .seconds(60))
+        #expect(throws: IPCError.self) { try outcome.get() }
+        if case .failure(let error as IPCError) = outcome { #expect(error.code == .sendTimeout) }
+        #expect(connection.invalidationReason == nil)
+        // The peer reads now: the first frame arrives whole, and nothing of the second.
+        let message = try #require(await blocking { peer.readFrame() })
+        #expect(message.msgid == 1 && message.payload == big)
+        #expect(connection.invalidationReason == nil)
+    }
+
+    @Test("a frame sent on the loop's thread that cannot be written by its timeout ends the connection with sendTimeout instead of being dropped unseen")
+    func loopSendNotWrittenEndsTheConnection() async throws {
+        let (connection, peer) = try connect(sendBuffer: 4096)
+        defer { peer.close() }
+        let probe = AsyncStream<InvalidationReason>.makeStream()
+        connection.setInvalidationHandler { probe.continuation.yield($0) }
+        // A begun frame fills the peer's buffer; the second send queues whole behind it and
+        // returns at once, with nobody left waiting for it.
+        let big = [UInt8](repeating: 1, count: 512 * 1024)
+        try await withTaskExecutorPreference(connection.eventLoop) {
+            #expect(connection.eventLoop.inEventLoop)
+            try connection.send(big, msgid: 1, timeout: .seconds(120))
+            try connection.send([7], msgid: 7, timeout: .milliseconds(200))
+        }
+        // Without the fix the frame vanished and the connection stayed valid: end the wait.
+        let watchdog = Task { try await Task.sleep(for: .seconds(60)); probe.continuation.finish() }
+        defer { watchdog.cancel() }
+        var iterator = probe.stream.makeAsyncIterator()
+        let reason = try #require(await iterator.next())
+        #expect(reason.kind == .transportFailure)
+        #expect(reason.error?.code == .sendTimeout)
+    }
+
     @Test("invalidation happens once: messages finish, pending requests fail with peerInvalidated, the handler runs once, later calls fail")
     func invalidationOrder() async throws {
         let (connection, peer) = try connect()
