@@ -372,6 +372,12 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         }
 
         var outcome: Result<Void, any Error>?
+
+        /// Whether a sender waits to be told how it went (not a send from the loop's thread).
+        var hasWaiter: Bool {
+            if case .none = completion { return false }
+            return true
+        }
     }
 
     private func checkWritable(_ frame: Frame) throws -> Int {
@@ -579,9 +585,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
                     next = min(next ?? write.deadline, write.deadline)
                     continue
                 }
-                if write.written == 0, case .none = write.completion {
-                    ending = ending ?? write
-                } else if write.written == 0 {
+                if write.written == 0, write.hasWaiter {
                     write.done = true
                     state.queuedBytes -= write.total
                     failed.append(write)
@@ -652,19 +656,20 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
                 writeState.withLock { _ in head.inFlight = false }
                 break
             }
+            // The head stays the head while in flight: nothing else takes a frame out then.
             enum Outcome { case finished, cancelled, more }
             let outcome: Outcome = writeState.withLock { state in
                 head.inFlight = false
                 head.written += count
                 state.queuedBytes -= count
-                if head.written == 0, head.cancelRequested, state.queue.first === head {
+                if head.written == 0, head.cancelRequested {
                     // Cancelled while the kernel had no room for any of it: still not begun.
                     state.queue.removeFirst()
                     state.queuedBytes -= head.total
                     head.done = true
                     return .cancelled
                 }
-                guard head.written == head.total, state.queue.first === head else { return .more }
+                guard head.written == head.total else { return .more }
                 state.queue.removeFirst()
                 head.done = true
                 return .finished
