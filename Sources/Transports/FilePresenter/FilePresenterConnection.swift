@@ -263,22 +263,28 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         switch record {
         case .frame(_, let frame):
             let reply = cachedReplySender(timeout: replySendTimeout)
+            // A one-way message reaches here only if the borrowing handler (if any) declined it in place.
+            let dispatch = { (whenFull: ConnectionCore.WhenFull) in
+                self.core.dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull, offered: self.core.lendsMessages)
+            }
             // A server connection's records are read by the listener's thread, which serves
             // every client: it cannot wait for one application, so a full buffer ends this one.
             if isServer {
-                if core.dispatch(frame, reply: reply, whenFull: .keep) {
+                if dispatch(.keep) {
                     invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
                 }
                 return true
             }
             if waitingForRoom {
-                core.dispatch(frame, reply: reply, whenFull: .wait)
+                dispatch(.wait)
                 return true
             }
-            guard core.dispatch(frame, reply: reply, whenFull: .keep) else { return true }
+            guard dispatch(.keep) else { return true }
             // Full: read on once the application has taken one (at once if it has already).
             core.whenMessagesHaveRoom { [weak self] in self?.resumeReading() }
             return false
+        case .lent:
+            break
         case .oversized(_, let error):
             invalidate(InvalidationReason(.protocolError, error: error))
         case .control(let header):
@@ -292,6 +298,17 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
         return true
     }
+
+    /// Offers a one-way message from the peer, in place, to the borrowing handler (on the thread
+    /// that reads for this connection): whether it took it. A message it declines comes back
+    /// through ``receive(_:waitingForRoom:)`` with a payload of its own.
+    func lend(_ header: FrameHeader, _ payload: UnsafeRawBufferPointer) -> Bool {
+        guard core.latch.isValid else { return false }
+        return core.lend(header, payload, replyNow: cachedReplySender(timeout: replySendTimeout))
+    }
+
+    /// Whether one-way messages are offered in place first (``lend(_:_:)``).
+    var lendsMessages: Bool { core.lendsMessages }
 
     /// The application made room after the presenter's thread stopped reading: asks that thread
     /// to read again.
@@ -321,7 +338,8 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             return
         }
         do {
-            try inbound.reader.read(isActive: { core.latch.isValid }, ifFree: !waitingForRoom) {
+            let lend: JournalLender? = core.lendsMessages ? { [self] _, header, payload in self.lend(header, payload) } : nil
+            try inbound.reader.read(isActive: { core.latch.isValid }, ifFree: !waitingForRoom, lend: lend) {
                 receive($0, waitingForRoom: waitingForRoom)
             }
         } catch {

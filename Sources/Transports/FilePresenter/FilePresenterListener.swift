@@ -114,7 +114,10 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     /// The presenter calls this when the inbox changed: reads what clients appended.
     private func readInbox() {
         do {
-            try reader.read(isActive: { isOpen }) { record in
+            try reader.read(isActive: { isOpen }, lend: { record, header, payload in
+                guard let client = self.state.withLock({ $0.clients[record.sender] }), client.lendsMessages else { return false }
+                return client.lend(header, payload)
+            }) { record in
                 route(record)
                 return true
             }

@@ -191,20 +191,29 @@ enum JournalRecord {
     case frame(RecordHeader, Frame)
     /// A frame whose payload is above the reader's maximum; it was skipped, not buffered twice.
     case oversized(RecordHeader, IPCError)
+    /// A one-way message whose payload was lent, in place, to the reader's `lend` and taken by
+    /// it: consumed, nothing more to do.
+    case lent(RecordHeader)
 
     var header: RecordHeader {
         switch self {
-        case .control(let header), .frame(let header, _), .oversized(let header, _): header
+        case .control(let header), .frame(let header, _), .oversized(let header, _), .lent(let header): header
         }
     }
 }
+
+/// Offers a one-way message's payload, in place and only for the call, to whoever will take it:
+/// whether it was taken.
+typealias JournalLender = (RecordHeader, FrameHeader, UnsafeRawBufferPointer) -> Bool
 
 extension JournalRecord {
     /// Decodes the record at the start of `bytes`, which hold only committed (whole) records.
     /// - Returns: the record and its length.
     /// - Throws: ``IPCError/Code/malformedFrame`` or ``IPCError/Code/truncatedFrame``: the
     ///   journal cannot be read on from here.
-    static func decode(_ bytes: UnsafeRawBufferPointer, maximumPayloadLength: Int) throws -> (JournalRecord, Int) {
+    /// - Parameter lend: offered each one-way message within the maximum first, in place; a
+    ///   message it takes is `.lent` and never copied.
+    static func decode(_ bytes: UnsafeRawBufferPointer, maximumPayloadLength: Int, lend: JournalLender? = nil) throws -> (JournalRecord, Int) {
         let header = try RecordHeader(parsing: bytes)
         guard header.kind == .frame else { return (.control(header), RecordHeader.length) }
         let frameBytes = UnsafeRawBufferPointer(rebasing: bytes[RecordHeader.length...])
@@ -218,6 +227,11 @@ extension JournalRecord {
         }
         var decoder = BinaryFrameDecoder(maximumPayloadLength: maximumPayloadLength)
         do {
+            if let lend, case .frame(let frameHeader, let headerLength)? = try decoder.decodeInPlace(frameBytes), frameHeader.kind == .message,
+                lend(header, frameHeader, UnsafeRawBufferPointer(rebasing: frameBytes[headerLength..<(headerLength + frameHeader.payloadLength)]))
+            {
+                return (.lent(header), length)
+            }
             guard case .frame(let frame, _) = try decoder.decode(frameBytes) else {
                 throw IPCError(code: .truncatedFrame, message: "frame of \(payloadLength) bytes is incomplete")
             }

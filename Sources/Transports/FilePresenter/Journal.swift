@@ -232,9 +232,10 @@ final class JournalReader: @unchecked Sendable {
     /// - Throws: ``IPCError/Code/malformedFrame``, ``IPCError/Code/truncatedFrame`` or
     ///   ``IPCError/Code/frameTooLarge`` if the journal cannot be read on;
     ///   ``IPCError/Code/transportFailure``.
-    func readCommitted(keepWaiting: () -> Bool, _ handle: (JournalRecord) -> Bool) throws {
+    /// - Parameter lend: offered each one-way message in place first (see ``JournalRecord/decode(_:maximumPayloadLength:lend:)``).
+    func readCommitted(keepWaiting: () -> Bool, lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool) throws {
         if !pending.isEmpty {
-            guard try handleRecords(in: pending, handle) else { return }
+            guard try handleRecords(in: pending, lend: lend, handle) else { return }
         }
         var available = 0
         while true {
@@ -263,7 +264,7 @@ final class JournalReader: @unchecked Sendable {
         }
         guard available > 0 else { return }
         consumed += available
-        let finished = try handleRecords(in: 0..<available, handle)
+        let finished = try handleRecords(in: 0..<available, lend: lend, handle)
         if finished, buffer.count > 4 * JournalHeader.compactionThreshold(capacity: capacity) {
             buffer = []
         }
@@ -273,12 +274,14 @@ final class JournalReader: @unchecked Sendable {
 
     /// Hands the records in `range` of `buffer` to `handle`; if it asks to stop, keeps the rest
     /// as ``pending`` and returns `false`.
-    private func handleRecords(in range: Range<Int>, _ handle: (JournalRecord) -> Bool) throws -> Bool {
+    private func handleRecords(in range: Range<Int>, lend: JournalLender?, _ handle: (JournalRecord) -> Bool) throws -> Bool {
         pending = 0..<0
         return try buffer.withUnsafeBytes { bytes in
             var offset = range.lowerBound
             while offset < range.upperBound {
-                let (record, length) = try JournalRecord.decode(UnsafeRawBufferPointer(rebasing: bytes[offset..<range.upperBound]), maximumPayloadLength: maximumPayloadLength)
+                let (record, length) = try JournalRecord.decode(
+                    UnsafeRawBufferPointer(rebasing: bytes[offset..<range.upperBound]), maximumPayloadLength: maximumPayloadLength, lend: lend
+                )
                 offset += length
                 if !handle(record) {
                     pending = offset..<range.upperBound
@@ -330,18 +333,19 @@ final class JournalReaderSlot: Sendable {
     /// Reads what was committed since the last read, unless the reader was released; then
     /// releases it if `isActive` says its user has ended. `handle` returns whether to read on.
     /// - Parameter ifFree: skip the read if another thread is reading (it reads what this would).
-    /// - Throws: what ``JournalReader/readCommitted(keepWaiting:_:)`` throws.
-    func read(isActive: () -> Bool, ifFree: Bool = false, _ handle: (JournalRecord) -> Bool) throws {
+    /// - Throws: what ``JournalReader/readCommitted(keepWaiting:lend:_:)`` throws.
+    /// - Parameter lend: see ``JournalReader/readCommitted(keepWaiting:lend:_:)``.
+    func read(isActive: () -> Bool, ifFree: Bool = false, lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool) throws {
         defer {
             if !isActive() { reader.withLock { $0 = nil } }
         }
         if ifFree {
             _ = try reader.withLockIfAvailable { reader in
-                try reader?.readCommitted(keepWaiting: isActive, handle)
+                try reader?.readCommitted(keepWaiting: isActive, lend: lend, handle)
             }
         } else {
             try reader.withLock { reader in
-                try reader?.readCommitted(keepWaiting: isActive, handle)
+                try reader?.readCommitted(keepWaiting: isActive, lend: lend, handle)
             }
         }
     }

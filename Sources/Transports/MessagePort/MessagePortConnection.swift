@@ -238,10 +238,17 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
             break
         case .message, .request, .reply, .failure:
             do {
+                // A one-way message in one fragment is offered in place first, from the queue
+                // message it arrived in: no copy and no allocation if the handler takes it.
+                let offered = header.kind == .message && core.lendsMessages && assembler.isWholeMessage(header, byteCount: bytes.count)
+                if offered {
+                    let frameHeader = FrameHeader(kind: .message, msgid: header.msgid, correlation: header.correlation, payloadLength: bytes.count)
+                    if core.lend(frameHeader, bytes, replyNow: { try sendFrame($0, timeout: replySendTimeout) }) { return false }
+                }
                 if let frame = try assembler.add(header, bytes) {
                     let full = core.dispatch(
                         frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) },
-                        responder: { cachedReplySender(timeout: replySendTimeout) }, whenFull: isServer ? .keep : whenFull
+                        responder: { cachedReplySender(timeout: replySendTimeout) }, whenFull: isServer ? .keep : whenFull, offered: offered
                     )
                     if full, isServer {
                         invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))

@@ -100,6 +100,15 @@ struct FragmentAssembler {
         self.maximumPayloadLength = maximumPayloadLength
     }
 
+    /// Whether the fragment `header` (with `byteCount` bytes) is a whole message of a frame kind
+    /// within the maximum, whose bytes can be used in place instead of being added. Like
+    /// ``add(_:_:)`` of such a fragment, it forgets a message in progress.
+    mutating func isWholeMessage(_ header: PortFragmentHeader, byteCount: Int) -> Bool {
+        guard header.kind.frameKind != nil, header.offset == 0, byteCount == Int(header.totalLength), byteCount <= maximumPayloadLength else { return false }
+        partial = nil
+        return true
+    }
+
     /// Adds one fragment; returns the frame once its last fragment has arrived.
     /// - Throws: ``IPCError/Code/frameTooLarge`` for a message above the maximum (before
     ///   allocating for it); ``IPCError/Code/malformedFrame`` for a fragment out of sequence.
