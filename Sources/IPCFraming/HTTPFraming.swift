@@ -258,7 +258,7 @@ private struct Head {
         }
         let first = line[..<firstSpace]
         let rest = line[(firstSpace + 1)...]
-        if first.starts(with: "HTTP/".utf8) {
+        if first.count >= 5, spells(first.prefix(5), "HTTP/") {
             try requireVersion(first)
             // status-code SP reason-phrase; the reason may be empty but its SP may not.
             guard rest.count >= 4, rest.prefix(3).allSatisfy(isDigit), rest[rest.startIndex + 3] == ASCII.space else {
@@ -294,19 +294,44 @@ private struct Head {
     }
 
     private mutating func parseField(_ line: Slice<UnsafeRawBufferPointer>, maximumPayloadLength: Int) throws {
-        guard let colon = line.firstIndex(of: ASCII.colon) else {
+        // One pass over the name, which ends at the first ':' and must be a token (so no
+        // whitespace before the colon, RFC 9112 5.1). Indices into the line's buffer, which
+        // the scan has already bounded: no slice operations on the hot path.
+        let bytes = line.base
+        var colon = line.startIndex
+        // Bit 0 stays set while every byte is a token byte: no branch per byte.
+        var nameIsToken: UInt8 = 1
+        while colon < line.endIndex, bytes[colon] != ASCII.colon {
+            nameIsToken &= tokenBit(bytes[colon])
+            colon += 1
+        }
+        guard colon < line.endIndex else {
             throw malformed("header line \(quoted(line)) has no ':'")
         }
-        // No whitespace is allowed before the colon (RFC 9112 5.1), which the token check enforces.
         let name = line[..<colon]
-        guard !name.isEmpty, name.allSatisfy(isTokenByte) else {
+        guard colon > line.startIndex, nameIsToken == 1 else {
             throw malformed("header name \(quoted(name)) is not a token")
         }
-        var value = line[(colon + 1)...]
-        while let first = value.first, first == ASCII.space || first == ASCII.tab { value = value.dropFirst() }
-        while let last = value.last, last == ASCII.space || last == ASCII.tab { value = value.dropLast() }
+        var valueStart = colon + 1
+        var valueEnd = line.endIndex
+        while valueStart < valueEnd, bytes[valueStart] == ASCII.space || bytes[valueStart] == ASCII.tab { valueStart += 1 }
+        while valueEnd > valueStart, bytes[valueEnd - 1] == ASCII.space || bytes[valueEnd - 1] == ASCII.tab { valueEnd -= 1 }
+        let value = line[valueStart..<valueEnd]
 
-        if matches(name, lowercased: "content-length") {
+        // The fields this decoder reads differ in length: one comparison picks the candidate.
+        let field: KnownField?
+        switch name.count {
+        case 14: field = matches(name, lowercased: "content-length") ? .contentLength : nil
+        case 17: field = matches(name, lowercased: "transfer-encoding") ? .transferEncoding : nil
+        case 8: field = matches(name, lowercased: "ipc-kind") ? .ipcKind : nil
+        case 9: field = matches(name, lowercased: "ipc-msgid") ? .ipcMsgid : nil
+        case 15: field = matches(name, lowercased: "ipc-correlation") ? .ipcCorrelation : nil
+        default: field = nil
+        }
+        guard let field else { return }
+
+        switch field {
+        case .contentLength:
             guard contentLength == nil else {
                 throw malformed("more than one Content-Length")
             }
@@ -317,11 +342,11 @@ private struct Head {
                 throw IPCError(code: .frameTooLarge, message: "Content-Length \(length) is above the maximum of \(maximumPayloadLength)")
             }
             contentLength = length
-        } else if matches(name, lowercased: "transfer-encoding") {
+        case .transferEncoding:
             throw IPCError(code: .unsupportedFraming, message: "Transfer-Encoding \(quoted(value)) is not supported; use Content-Length")
-        } else if matches(name, lowercased: "ipc-kind") {
+        case .ipcKind:
             guard ipcKind == nil else { throw malformed("more than one IPC-Kind") }
-            guard let kind = Frame.Kind.allCases.first(where: { spells(value, $0.httpToken) }) else {
+            guard let kind = Frame.Kind(httpToken: value) else {
                 throw malformed("unknown IPC-Kind \(quoted(value))")
             }
             // The start line already says request or response; IPC-Kind may only refine it.
@@ -334,19 +359,24 @@ private struct Head {
                 throw malformed("IPC-Kind \(quoted(value)) contradicts the start line")
             }
             ipcKind = kind
-        } else if matches(name, lowercased: "ipc-msgid") {
+        case .ipcMsgid:
             guard msgid == nil else { throw malformed("more than one IPC-Msgid") }
             guard let parsed = parseDecimal(value, as: UInt32.self) else {
                 throw malformed("IPC-Msgid \(quoted(value)) is not a decimal in 0...\(UInt32.max)")
             }
             msgid = parsed
-        } else if matches(name, lowercased: "ipc-correlation") {
+        case .ipcCorrelation:
             guard correlation == nil else { throw malformed("more than one IPC-Correlation") }
             guard let parsed = parseDecimal(value, as: UInt64.self) else {
                 throw malformed("IPC-Correlation \(quoted(value)) is not a decimal in 0...\(UInt64.max)")
             }
             correlation = parsed
         }
+    }
+
+    /// The header fields the decoder acts on; every other field is ignored.
+    private enum KnownField {
+        case contentLength, transferEncoding, ipcKind, ipcMsgid, ipcCorrelation
     }
 }
 
@@ -370,6 +400,21 @@ extension Frame.Kind {
         case .failure: "failure"
         }
     }
+
+    /// The kind whose `IPC-Kind` value `value` is exactly (case matters), or `nil`.
+    fileprivate init?(httpToken value: Slice<UnsafeRawBufferPointer>) {
+        if spells(value, Self.message.httpToken) {
+            self = .message
+        } else if spells(value, Self.request.httpToken) {
+            self = .request
+        } else if spells(value, Self.reply.httpToken) {
+            self = .reply
+        } else if spells(value, Self.failure.httpToken) {
+            self = .failure
+        } else {
+            return nil
+        }
+    }
 }
 
 private func malformed(_ message: String) -> IPCError {
@@ -382,9 +427,17 @@ private func isDigit(_ byte: UInt8) -> Bool {
 
 /// `tchar` of RFC 9110 5.6.2: letters, digits and fifteen punctuation characters.
 private func isTokenByte(_ byte: UInt8) -> Bool {
+    tokenBit(byte) == 1
+}
+
+/// 1 if `byte` is a `tchar`, else 0.
+@inline(__always)
+private func tokenBit(_ byte: UInt8) -> UInt8 {
     // One bit per byte value below 128, in two words: a shift and a test instead of a
     // chain of comparisons (a header line's name is checked byte by byte).
-    byte < 64 ? TokenBytes.low >> byte & 1 == 1 : byte < 128 && TokenBytes.high >> (byte - 64) & 1 == 1
+    let word = byte < 64 ? TokenBytes.low : TokenBytes.high
+    let inRange: UInt8 = byte < 128 ? 1 : 0
+    return UInt8(truncatingIfNeeded: word >> UInt64(byte & 63)) & inRange
 }
 
 private enum TokenBytes {
@@ -395,21 +448,33 @@ private enum TokenBytes {
 }
 
 /// Whether `bytes` spell `name` (given in lower case) ignoring ASCII case, as field names compare.
+/// `bytes` must be a token and `name` small letters, digits and `-`: then setting bit 5 of each
+/// byte (`| 0x20`) folds a capital to its small letter and changes no byte that could match
+/// otherwise (the only other bytes it maps onto `-` or a digit are control bytes, not token bytes).
+@inline(__always)
 private func matches(_ bytes: Slice<UnsafeRawBufferPointer>, lowercased name: StaticString) -> Bool {
-    spells(bytes, name, foldingCase: true)
+    let count = bytes.count
+    guard count == name.utf8CodeUnitCount else { return false }
+    let expected = name.utf8Start
+    let base = bytes.base
+    let start = bytes.startIndex
+    var differences: UInt8 = 0
+    for offset in 0..<count {
+        differences |= (base[start + offset] | 0x20) ^ expected[offset]
+    }
+    return differences == 0
 }
 
-/// Whether `bytes` are exactly `text`; with `foldingCase`, an ASCII capital in `bytes` matches
-/// its small letter in `text`. Lengths first: most fields are not the one asked about, and most
-/// differ in length.
-private func spells(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString, foldingCase: Bool = false) -> Bool {
-    guard bytes.count == text.utf8CodeUnitCount else { return false }
+/// Whether `bytes` are exactly `text`. Lengths first: most candidates differ in length.
+@inline(__always)
+private func spells(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString) -> Bool {
+    let count = bytes.count
+    guard count == text.utf8CodeUnitCount else { return false }
     let expected = text.utf8Start
-    var offset = 0
-    for byte in bytes {
-        let compared = foldingCase && byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte
-        guard compared == expected[offset] else { return false }
-        offset += 1
+    let base = bytes.base
+    let start = bytes.startIndex
+    for offset in 0..<count where base[start + offset] != expected[offset] {
+        return false
     }
     return true
 }
@@ -418,7 +483,9 @@ private func spells(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString
 private func parseDecimal<T: FixedWidthInteger & UnsignedInteger>(_ bytes: Slice<UnsafeRawBufferPointer>, as: T.Type) -> T? {
     guard !bytes.isEmpty else { return nil }
     var value: T = 0
-    for byte in bytes {
+    let base = bytes.base
+    for index in bytes.startIndex..<bytes.endIndex {
+        let byte = base[index]
         guard isDigit(byte) else { return nil }
         let (shifted, overflow) = value.multipliedReportingOverflow(by: 10)
         let (sum, carry) = shifted.addingReportingOverflow(T(byte - ASCII.zero))

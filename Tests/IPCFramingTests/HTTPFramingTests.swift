@@ -115,6 +115,35 @@ struct HTTPRefusal: Sendable, CustomTestStringConvertible {
         #expect(try decode(text) == [Frame(kind: .message, msgid: 9, correlation: 12, payload: Array("abc".utf8))])
     }
 
+    /// Field names are compared ignoring case by setting bit 5 of each byte: a name that differs
+    /// from a known one in any other way, one token byte at a time, is an unknown field (ignored),
+    /// not the known one.
+    @Test func aNameThatDiffersInOneByteIsAnotherField() throws {
+        let tchar = Array("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ".utf8)
+        for known in ["content-length", "ipc-msgid"] {
+            for position in known.utf8.indices {
+                let original = known.utf8[position]
+                for byte in tchar where byte | 0x20 != original | 0x20 {
+                    var name = Array(known.utf8)
+                    name[known.utf8.distance(from: known.utf8.startIndex, to: position)] = byte
+                    // A response needs Content-Length; a request's IPC-Msgid defaults to 0.
+                    let text = known == "content-length"
+                        ? Array("HTTP/1.1 200 OK\r\n".utf8) + name + Array(": 1\r\n\r\nx".utf8)
+                        : Array("POST / HTTP/1.1\r\nContent-Length: 0\r\n".utf8) + name + Array(": 5\r\n\r\n".utf8)
+                    let reassembler = reassembler()
+                    reassembler.append(text)
+                    let frames = try? reassembler.drain()
+                    let label = String(decoding: name, as: UTF8.self)
+                    if known == "content-length" {
+                        #expect(frames == nil, "\(label) was taken for Content-Length")
+                    } else {
+                        #expect(frames?.first?.msgid == 0, "\(label) was taken for IPC-Msgid")
+                    }
+                }
+            }
+        }
+    }
+
     /// `tchar` (RFC 9110 5.6.2), byte by byte: a field name or a method of that one byte is
     /// accepted exactly when the byte is in the set.
     @Test func tokensAreExactlyTheRFCsCharacters() throws {
