@@ -133,7 +133,7 @@ enum DeliveryCases {
         // Small messages, which a transport can lend from where they arrived (one read, one queue
         // message, one record), and large ones: above the size from which a stream reassembler
         // gathers payloads into arrays of their own, and from which a message port fragments.
-        let sizes = [64, min(context.capabilities.maximumPayloadLength, 20_000)]
+        let sizes = [min(context.capabilities.maximumPayloadLength, 64), min(context.capabilities.maximumPayloadLength, 20_000)]
         var summaries: [String] = []
         for (index, size) in sizes.enumerated() {
             summaries.append(try await offerToBorrowingHandler(size: size, endpoint: "borrowing\(index)", context: context))
