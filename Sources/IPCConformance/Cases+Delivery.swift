@@ -133,17 +133,29 @@ enum DeliveryCases {
         // Small messages, which a transport can lend from where they arrived (one read, one queue
         // message, one record), and large ones: above the size from which a stream reassembler
         // gathers payloads into arrays of their own, and from which a message port fragments.
+        // Each on both receive paths: a listener's connection (from a client peer's burst) and a
+        // client's (the echoes of a server peer), which transports implement apart.
         let sizes = [min(context.capabilities.maximumPayloadLength, 64), min(context.capabilities.maximumPayloadLength, 20_000)]
         var summaries: [String] = []
-        for (index, size) in sizes.enumerated() {
-            summaries.append(try await offerToBorrowingHandler(size: size, endpoint: "borrowing\(index)", context: context))
+        for receiver in [BorrowingReceiver.listener, .client] {
+            for (index, size) in sizes.enumerated() {
+                summaries.append(try await offerToBorrowingHandler(size: size, on: receiver, endpoint: "borrow\(receiver.rawValue)\(index)", context: context))
+            }
         }
         return .passed(summaries.joined(separator: "; "))
     }
 
-    /// Sends 600 messages of `size` bytes from a peer to a listener whose borrowing handler takes
-    /// the even ones, and checks what the handler was offered and what reached messages.
-    private static func offerToBorrowingHandler(size: Int, endpoint name: String, context: CaseContext) async throws -> String {
+    /// Which end of a connection case 1.8 receives on.
+    private enum BorrowingReceiver: String {
+        case listener
+        case client
+    }
+
+    /// Has 600 messages of `size` bytes arrive on `receiver`'s end, whose borrowing handler takes
+    /// the even ones, and checks what the handler was offered and what reached messages. The
+    /// listener's end receives a client peer's burst; the client's end receives a server peer's
+    /// echoes of the same messages, sent to it one by one.
+    private static func offerToBorrowingHandler(size: Int, on receiver: BorrowingReceiver, endpoint name: String, context: CaseContext) async throws -> String {
         let count = 600
         let offered = Mutex<[(msgid: UInt32, intact: Bool)]>([])
         var options = context.connectionOptions
@@ -155,28 +167,41 @@ enum DeliveryCases {
                 return msgid % 2 == 0
             }
         }
-        let listener = try context.listen(try context.endpoint(name), options: options)
-        _ = try await context.launchPeer(.client, at: listener.endpoint, burst: (count, size))
-        let connection = try await listener.nextConnection(within: .seconds(10), "the bursting peer")
+        let connection: ConnectionProbe
+        switch receiver {
+        case .listener:
+            let listener = try context.listen(try context.endpoint(name), options: options)
+            _ = try await context.launchPeer(.client, at: listener.endpoint, burst: (count, size))
+            connection = try await listener.nextConnection(within: .seconds(10), "the bursting peer")
+        case .client:
+            let endpoint = try context.endpoint(name)
+            _ = try await context.launchPeer(.server, at: endpoint)
+            connection = try await context.connect(endpoint, options: options)
+            try await blocking { [connection] in
+                for index in 0..<count {
+                    try connection.connection.send(ConformancePeer.burstPayload(index, size: size), msgid: UInt32(index), timeout: .seconds(60))
+                }
+            }
+        }
         let declined = try await connection.messages(count / 2, within: .seconds(60), "the \(size)-byte messages the handler declined")
         _ = await poll(within: .seconds(30)) { offered.withLock { $0.count } >= count }
         try await Task.sleep(for: .milliseconds(200))
         let seen = offered.withLock { $0 }
-        try check(seen.count == count, "the handler was offered \(seen.count) messages of \(size) bytes of the \(count) sent")
-        try check(Set(seen.map(\.msgid)) == Set(0..<UInt32(count)), "the handler was offered some \(size)-byte messages twice and others never")
+        try check(seen.count == count, "\(receiver.rawValue): the handler was offered \(seen.count) messages of \(size) bytes of the \(count) sent")
+        try check(Set(seen.map(\.msgid)) == Set(0..<UInt32(count)), "\(receiver.rawValue): the handler was offered some \(size)-byte messages twice and others never")
         if context.capabilities.preservesOrder {
-            try check(seen.map(\.msgid) == Array(0..<UInt32(count)), "the handler was offered the \(size)-byte messages out of order")
+            try check(seen.map(\.msgid) == Array(0..<UInt32(count)), "\(receiver.rawValue): the handler was offered the \(size)-byte messages out of order")
         }
         if let altered = seen.first(where: { !$0.intact }) {
-            throw ConformanceFailure("message \(altered.msgid) of \(size) bytes was offered to the handler with altered bytes")
+            throw ConformanceFailure("\(receiver.rawValue): message \(altered.msgid) of \(size) bytes was offered to the handler with altered bytes")
         }
-        try check(connection.messageCount == count / 2, "\(connection.messageCount) messages of \(size) bytes reached messages; the handler declined \(count / 2)")
-        try check(declined.map(\.msgid).allSatisfy { $0 % 2 == 1 }, "a \(size)-byte message the handler took also reached messages")
-        try check(Set(declined.map(\.msgid)).count == count / 2, "a declined \(size)-byte message reached messages twice")
+        try check(connection.messageCount == count / 2, "\(receiver.rawValue): \(connection.messageCount) messages of \(size) bytes reached messages; the handler declined \(count / 2)")
+        try check(declined.map(\.msgid).allSatisfy { $0 % 2 == 1 }, "\(receiver.rawValue): a \(size)-byte message the handler took also reached messages")
+        try check(Set(declined.map(\.msgid)).count == count / 2, "\(receiver.rawValue): a declined \(size)-byte message reached messages twice")
         if let altered = declined.first(where: { $0.payload != ConformancePeer.burstPayload(Int($0.msgid), size: size) }) {
-            throw ConformanceFailure("declined message \(altered.msgid) of \(size) bytes reached messages altered")
+            throw ConformanceFailure("\(receiver.rawValue): declined message \(altered.msgid) of \(size) bytes reached messages altered")
         }
-        return "\(count) messages of \(size.formattedBytes) each offered once" + (context.capabilities.preservesOrder ? " in order" : "") + "; the \(count / 2) declined reached messages intact"
+        return "\(receiver.rawValue): \(count) messages of \(size.formattedBytes) each offered once" + (context.capabilities.preservesOrder ? " in order" : "") + "; the \(count / 2) declined reached messages intact"
     }
 
     // MARK: Helpers
