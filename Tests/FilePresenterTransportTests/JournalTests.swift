@@ -25,7 +25,7 @@ struct JournalTests {
     private func readAll(_ reader: JournalReader) throws -> [Frame] {
         var frames: [Frame] = []
         try reader.readCommitted(keepWaiting: { false }) { record in
-            if case .frame(_, let frame) = record { frames.append(frame) }
+            if case .frame(_, let frame, _) = record { frames.append(frame) }
             return true
         }
         return frames
@@ -55,6 +55,31 @@ struct JournalTests {
         #expect(try committedEnd(path) == end + RecordHeader.length + 20 + 3)
     }
 
+    @Test("a lender's answer decides each message's record: taken is lent (never copied), declined comes back offered, not offered comes back to be offered; requests are never lent")
+    func lendingOutcomes() async throws {
+        let group = try TestGroup()
+        let (_, reader, appender) = try makeJournal(group)
+        for index in 0..<3 { try appender.append(sender, frame: frame(index, size: 64), timeout: .seconds(1)) }
+        let request = Frame(kind: .request, msgid: 9, correlation: 5, payload: [1, 2, 3])
+        try appender.append(sender, frame: request, timeout: .seconds(1))
+        var lentPayloads: [[UInt8]] = []
+        var records: [String] = []
+        try reader.readCommitted(keepWaiting: { false }, lend: { record, header, payload in
+            #expect(record.sender == sender.sender)
+            lentPayloads.append(Array(payload))
+            return [JournalLending.taken, .declined, .notOffered][Int(header.msgid)]
+        }) { record in
+            switch record {
+            case .lent: records.append("lent")
+            case .frame(_, let frame, let offered): records.append("\(frame.msgid) \(offered ? "offered" : "not offered")")
+            default: records.append("other")
+            }
+            return true
+        }
+        #expect(lentPayloads == (0..<3).map { frame($0, size: 64).payload })
+        #expect(records == ["lent", "1 offered", "2 not offered", "9 not offered"])
+    }
+
     @Test("a handler that asks to stop gets nothing more; the rest come first in the next read, then what was appended since, each once")
     func stoppingKeepsTheRest() async throws {
         let group = try TestGroup()
@@ -65,7 +90,7 @@ struct JournalTests {
         func readTwo() throws {
             var taken = 0
             try reader.readCommitted(keepWaiting: { false }) { record in
-                if case .frame(_, let frame) = record { read.append(frame) }
+                if case .frame(_, let frame, _) = record { read.append(frame) }
                 taken += 1
                 return taken < 2
             }
@@ -115,7 +140,7 @@ struct JournalTests {
             // Three more while the reader handles the first record: unread when it compacts.
             var appendedMeanwhile = false
             try reader.readCommitted(keepWaiting: { false }) { record in
-                if case .frame(_, let frame) = record { read.append(frame) }
+                if case .frame(_, let frame, _) = record { read.append(frame) }
                 guard !appendedMeanwhile else { return true }
                 appendedMeanwhile = true
                 for _ in 0..<3 {

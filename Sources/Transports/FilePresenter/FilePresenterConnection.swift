@@ -261,11 +261,12 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     func receive(_ record: JournalRecord, waitingForRoom: Bool = false) -> Bool {
         guard core.latch.isValid else { return true }
         switch record {
-        case .frame(_, let frame):
+        case .frame(_, let frame, let offered):
             let reply = cachedReplySender(timeout: replySendTimeout)
-            // A one-way message reaches here only if the borrowing handler (if any) declined it in place.
+            // A one-way message offered in place and declined is not offered again; one the
+            // reader did not offer (its sender was not this connection yet) is offered now.
             let dispatch = { (whenFull: ConnectionCore.WhenFull) in
-                self.core.dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull, offered: self.core.lendsMessages)
+                self.core.dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull, offered: offered)
             }
             // A server connection's records are read by the listener's thread, which serves
             // every client: it cannot wait for one application, so a full buffer ends this one.
@@ -300,15 +301,12 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     }
 
     /// Offers a one-way message from the peer, in place, to the borrowing handler (on the thread
-    /// that reads for this connection): whether it took it. A message it declines comes back
-    /// through ``receive(_:waitingForRoom:)`` with a payload of its own.
-    func lend(_ header: FrameHeader, _ payload: UnsafeRawBufferPointer) -> Bool {
-        guard core.latch.isValid else { return false }
-        return core.lend(header, payload, replyNow: cachedReplySender(timeout: replySendTimeout))
+    /// that reads for this connection). A message it declines comes back through
+    /// ``receive(_:waitingForRoom:)`` with a payload of its own.
+    func lend(_ header: FrameHeader, _ payload: UnsafeRawBufferPointer) -> JournalLending {
+        guard core.latch.isValid, core.lendsMessages else { return .notOffered }
+        return core.lend(header, payload, replyNow: cachedReplySender(timeout: replySendTimeout)) ? .taken : .declined
     }
-
-    /// Whether one-way messages are offered in place first (``lend(_:_:)``).
-    var lendsMessages: Bool { core.lendsMessages }
 
     /// The application made room after the presenter's thread stopped reading: asks that thread
     /// to read again.

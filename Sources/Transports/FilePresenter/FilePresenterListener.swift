@@ -114,9 +114,10 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     /// The presenter calls this when the inbox changed: reads what clients appended.
     private func readInbox() {
         do {
+            // A record whose sender is not a connection yet is not offered here; if its
+            // connection exists by the time the record is routed, it offers it then.
             try reader.read(isActive: { isOpen }, lend: { record, header, payload in
-                guard let client = self.state.withLock({ $0.clients[record.sender] }), client.lendsMessages else { return false }
-                return client.lend(header, payload)
+                self.state.withLock({ $0.clients[record.sender] })?.lend(header, payload) ?? .notOffered
             }) { record in
                 route(record)
                 return true

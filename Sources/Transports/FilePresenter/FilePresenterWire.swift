@@ -188,7 +188,11 @@ struct RecordHeader {
 /// One record read from a journal.
 enum JournalRecord {
     case control(RecordHeader)
-    case frame(RecordHeader, Frame)
+    /// A frame with a payload of its own. `offered`: a one-way message the reader's `lend`
+    /// offered to a borrowing handler, which declined it (it must not be offered again); `false`
+    /// for one it did not offer (no `lend`, or ``JournalLending/notOffered``), which the
+    /// connection that receives it offers as usual.
+    case frame(RecordHeader, Frame, offered: Bool)
     /// A frame whose payload is above the reader's maximum; it was skipped, not buffered twice.
     case oversized(RecordHeader, IPCError)
     /// A one-way message whose payload was lent, in place, to the reader's `lend` and taken by
@@ -197,14 +201,24 @@ enum JournalRecord {
 
     var header: RecordHeader {
         switch self {
-        case .control(let header), .frame(let header, _), .oversized(let header, _), .lent(let header): header
+        case .control(let header), .frame(let header, _, _), .oversized(let header, _), .lent(let header): header
         }
     }
 }
 
-/// Offers a one-way message's payload, in place and only for the call, to whoever will take it:
-/// whether it was taken.
-typealias JournalLender = (RecordHeader, FrameHeader, UnsafeRawBufferPointer) -> Bool
+/// Offers a one-way message's payload, in place and only for the call, to whoever will take it.
+typealias JournalLender = (RecordHeader, FrameHeader, UnsafeRawBufferPointer) -> JournalLending
+
+/// What became of a message a ``JournalLender`` was given.
+enum JournalLending {
+    /// A borrowing handler took it: nothing more to do.
+    case taken
+    /// A borrowing handler declined it: it is dispatched without being offered again.
+    case declined
+    /// Nobody was offered it (say, its sender is not a connection yet): the connection that
+    /// receives it later offers it as usual.
+    case notOffered
+}
 
 extension JournalRecord {
     /// Decodes the record at the start of `bytes`, which hold only committed (whole) records.
@@ -227,15 +241,18 @@ extension JournalRecord {
         }
         var decoder = BinaryFrameDecoder(maximumPayloadLength: maximumPayloadLength)
         do {
-            if let lend, case .frame(let frameHeader, let headerLength)? = try decoder.decodeInPlace(frameBytes), frameHeader.kind == .message,
-                lend(header, frameHeader, UnsafeRawBufferPointer(rebasing: frameBytes[headerLength..<(headerLength + frameHeader.payloadLength)]))
-            {
-                return (.lent(header), length)
+            var offered = false
+            if let lend, case .frame(let frameHeader, let headerLength)? = try decoder.decodeInPlace(frameBytes), frameHeader.kind == .message {
+                switch lend(header, frameHeader, UnsafeRawBufferPointer(rebasing: frameBytes[headerLength..<(headerLength + frameHeader.payloadLength)])) {
+                case .taken: return (.lent(header), length)
+                case .declined: offered = true
+                case .notOffered: break
+                }
             }
             guard case .frame(let frame, _) = try decoder.decode(frameBytes) else {
                 throw IPCError(code: .truncatedFrame, message: "frame of \(payloadLength) bytes is incomplete")
             }
-            return (.frame(header, frame), length)
+            return (.frame(header, frame, offered: offered), length)
         } catch let error as IPCError where error.code == .frameTooLarge {
             // The record's length is known, so the journal stays readable past it.
             return (.oversized(header, error), length)
