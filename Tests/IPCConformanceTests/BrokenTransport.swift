@@ -12,6 +12,8 @@ enum Violation: String, Sendable, CaseIterable {
     case ignoresAcceptFilter
     /// Listens without the borrowing message handler it is given.
     case ignoresBorrowingHandler
+    /// Connects without the borrowing message handler it is given.
+    case connectsWithoutBorrowingHandler
     case broadcastsToOne
     /// Listens with no payload limit, so hostile lengths are not refused.
     case acceptsHostileLengths
@@ -83,6 +85,7 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
     func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> Connection {
         var options = options
         if violation == .ignoresItsMaximum { options.maximumPayloadLength = base.capabilities.maximumPayloadLength }
+        if violation == .connectsWithoutBorrowingHandler { options.makeBorrowingMessageHandler = nil }
         do {
             return BrokenConnection(try base.connect(to: endpoint, options: options), violation: violation)
         } catch let error as IPCError where violation == .wrongEndpointNotFoundCode && error.code == .endpointNotFound {

@@ -27,6 +27,7 @@ struct BrokenTransportTests {
         Expectation(violation: .broadcastsToOne, failingCases: ["1.7"]),
         Expectation(violation: .ignoresAcceptFilter, failingCases: ["5.9"]),
         Expectation(violation: .ignoresBorrowingHandler, failingCases: ["1.8"]),
+        Expectation(violation: .connectsWithoutBorrowingHandler, failingCases: ["1.9"]),
         Expectation(violation: .acceptsHostileLengths, failingCases: ["2.3"]),
         Expectation(violation: .hidesProtocolErrors, failingCases: ["2.4", "2.5"]),
         Expectation(violation: .strayReplies, failingCases: ["4.1"]),
