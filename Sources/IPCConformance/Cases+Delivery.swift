@@ -148,7 +148,12 @@ enum DeliveryCases {
         let sizes = [min(context.capabilities.maximumPayloadLength, 64), min(context.capabilities.maximumPayloadLength, 20_000)]
         var summaries: [String] = []
         for (index, size) in sizes.enumerated() {
-            summaries.append(try await offerToBorrowingHandler(size: size, on: receiver, endpoint: "borrow\(receiver.rawValue)\(index)", context: context))
+            do {
+                summaries.append(try await offerToBorrowingHandler(size: size, on: receiver, endpoint: "borrow\(receiver.rawValue)\(index)", context: context))
+            } catch let error where !(error is CancellationError) {
+                // Every failure names the end it happened on.
+                throw ConformanceFailure("\(receiver.rawValue): \(error)")
+            }
         }
         return summaries.joined(separator: "; ")
     }
@@ -179,9 +184,10 @@ enum DeliveryCases {
         var listener: ListenerProbe?
         switch receiver {
         case .listener:
-            listener = try context.listen(try context.endpoint(name), options: options)
-            _ = try await context.launchPeer(.client, at: listener!.endpoint, burst: (count, size))
-            connection = try await listener!.nextConnection(within: .seconds(10), "listener: the bursting peer")
+            let probe = try context.listen(try context.endpoint(name), options: options)
+            listener = probe
+            _ = try await context.launchPeer(.client, at: probe.endpoint, burst: (count, size))
+            connection = try await probe.nextConnection(within: .seconds(10), "the bursting peer")
         case .client:
             let endpoint = try context.endpoint(name)
             _ = try await context.launchPeer(.server, at: endpoint)
@@ -193,7 +199,7 @@ enum DeliveryCases {
                     }
                 }
             } catch {
-                throw ConformanceFailure("client: sending the \(size)-byte messages for the echoing peer to return failed: \(error)")
+                throw ConformanceFailure("sending the \(size)-byte messages for the echoing peer to return failed: \(error)")
             }
         }
         // Released as soon as this size is done, not at the end of the case: a message port's
@@ -202,23 +208,23 @@ enum DeliveryCases {
             connection.connection.invalidate()
             listener?.listener.close()
         }
-        let declined = try await connection.messages(count / 2, within: .seconds(60), "\(receiver.rawValue): the \(size)-byte messages the handler declined")
+        let declined = try await connection.messages(count / 2, within: .seconds(60), "the \(size)-byte messages the handler declined")
         _ = await poll(within: .seconds(30)) { offered.withLock { $0.count } >= count }
         try await Task.sleep(for: .milliseconds(200))
         let seen = offered.withLock { $0 }
-        try check(seen.count == count, "\(receiver.rawValue): the handler was offered \(seen.count) messages of \(size) bytes of the \(count) sent")
-        try check(Set(seen.map(\.msgid)) == Set(0..<UInt32(count)), "\(receiver.rawValue): the handler was offered some \(size)-byte messages twice and others never")
+        try check(seen.count == count, "the handler was offered \(seen.count) messages of \(size) bytes of the \(count) sent")
+        try check(Set(seen.map(\.msgid)) == Set(0..<UInt32(count)), "the handler was offered some \(size)-byte messages twice and others never")
         if context.capabilities.preservesOrder {
-            try check(seen.map(\.msgid) == Array(0..<UInt32(count)), "\(receiver.rawValue): the handler was offered the \(size)-byte messages out of order")
+            try check(seen.map(\.msgid) == Array(0..<UInt32(count)), "the handler was offered the \(size)-byte messages out of order")
         }
         if let altered = seen.first(where: { !$0.intact }) {
-            throw ConformanceFailure("\(receiver.rawValue): message \(altered.msgid) of \(size) bytes was offered to the handler with altered bytes")
+            throw ConformanceFailure("message \(altered.msgid) of \(size) bytes was offered to the handler with altered bytes")
         }
-        try check(connection.messageCount == count / 2, "\(receiver.rawValue): \(connection.messageCount) messages of \(size) bytes reached messages; the handler declined \(count / 2)")
-        try check(declined.map(\.msgid).allSatisfy { $0 % 2 == 1 }, "\(receiver.rawValue): a \(size)-byte message the handler took also reached messages")
-        try check(Set(declined.map(\.msgid)).count == count / 2, "\(receiver.rawValue): a declined \(size)-byte message reached messages twice")
+        try check(connection.messageCount == count / 2, "\(connection.messageCount) messages of \(size) bytes reached messages; the handler declined \(count / 2)")
+        try check(declined.map(\.msgid).allSatisfy { $0 % 2 == 1 }, "a \(size)-byte message the handler took also reached messages")
+        try check(Set(declined.map(\.msgid)).count == count / 2, "a declined \(size)-byte message reached messages twice")
         if let altered = declined.first(where: { $0.payload != ConformancePeer.burstPayload(Int($0.msgid), size: size) }) {
-            throw ConformanceFailure("\(receiver.rawValue): declined message \(altered.msgid) of \(size) bytes reached messages altered")
+            throw ConformanceFailure("declined message \(altered.msgid) of \(size) bytes reached messages altered")
         }
         return "\(receiver.rawValue): \(count) messages of \(size.formattedBytes) each offered once" + (context.capabilities.preservesOrder ? " in order" : "") + "; the \(count / 2) declined reached messages intact"
     }
