@@ -23,10 +23,16 @@ public struct BinaryFrameEncoder: FrameEncoder {
         self.maximumPayloadLength = min(maximumPayloadLength, Int(UInt32.max))
     }
 
-    public func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws {
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is negative or above the maximum.
+    @inline(__always)
+    private func checkLength(_ header: FrameHeader) throws {
         guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
         }
+    }
+
+    public func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws {
+        try checkLength(header)
         buffer.append(BinaryWireFormat.magic.0)
         buffer.append(BinaryWireFormat.magic.1)
         buffer.append(BinaryWireFormat.version)
@@ -36,10 +42,13 @@ public struct BinaryFrameEncoder: FrameEncoder {
         appendBigEndian(UInt32(header.payloadLength), to: &buffer)
     }
 
+    public func encodedHeaderLength(_ header: FrameHeader) throws -> Int {
+        try checkLength(header)
+        return BinaryWireFormat.headerLength
+    }
+
     public func withEncodedHeader<R>(_ header: FrameHeader, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
-        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
-            throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
-        }
+        try checkLength(header)
         return try withUnsafeTemporaryAllocation(byteCount: BinaryWireFormat.headerLength, alignment: 8) { bytes in
             bytes[0] = BinaryWireFormat.magic.0
             bytes[1] = BinaryWireFormat.magic.1
@@ -57,9 +66,7 @@ public struct BinaryFrameEncoder: FrameEncoder {
     /// ``BinaryFrameHeaderBytes/count`` bytes of its storage are the header).
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is above the maximum.
     public func headerBytes(_ header: FrameHeader) throws -> BinaryFrameHeaderBytes {
-        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
-            throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
-        }
+        try checkLength(header)
         var bytes = BinaryFrameHeaderBytes()
         withUnsafeMutableBytes(of: &bytes.storage) { raw in
             raw[0] = BinaryWireFormat.magic.0

@@ -31,6 +31,11 @@ public protocol FrameEncoder: Sendable {
     /// Calls `body` with the encoded header. An encoder whose header has a fixed size builds it
     /// on the stack (no allocation per frame); the default builds an array.
     func withEncodedHeader<R>(_ header: FrameHeader, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R
+
+    /// The number of bytes ``encodeHeader(_:into:)`` appends for `header`, for a sender that
+    /// needs a frame's length before it writes it; the default encodes the header to count it.
+    /// - Throws: as ``encodeHeader(_:into:)``.
+    func encodedHeaderLength(_ header: FrameHeader) throws -> Int
 }
 
 extension FrameEncoder {
@@ -39,6 +44,10 @@ extension FrameEncoder {
         bytes.reserveCapacity(160)
         try encodeHeader(header, into: &bytes)
         return try bytes.withUnsafeBytes(body)
+    }
+
+    public func encodedHeaderLength(_ header: FrameHeader) throws -> Int {
+        try withEncodedHeader(header) { $0.count }
     }
 
     /// The whole frame, header then payload, as one array.

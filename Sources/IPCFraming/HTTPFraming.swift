@@ -1,4 +1,9 @@
 import IPCCore
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// HTTP/1.1 framing: each frame is one HTTP/1.1 message whose body is the payload, so that a stock
 /// HTTP client can talk to an endpoint. `docs/WIRE-FORMAT.md` is the specification:
@@ -35,42 +40,111 @@ public struct HTTPFrameEncoder: FrameEncoder {
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the payload length is negative or above
     ///   ``maximumPayloadLength``.
     public func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws {
+        let layout = try self.layout(header)
+        // The buffer grows once, by the header's exact length, and the header is written
+        // straight into it (appending piece by piece grew it several times per frame).
+        let start = buffer.count
+        buffer.append(contentsOf: repeatElement(0, count: layout.length))
+        buffer.withUnsafeMutableBytes { raw in
+            var cursor = raw.baseAddress! + start
+            layout.write(header, at: &cursor)
+        }
+    }
+
+    /// The length ``encodeHeader(_:into:)`` appends for `header`, computed without encoding it.
+    /// - Throws: as ``encodeHeader(_:into:)``.
+    public func encodedHeaderLength(_ header: FrameHeader) throws -> Int {
+        try layout(header).length
+    }
+
+    /// Which lines a header has and its length on the wire.
+    private func layout(_ header: FrameHeader) throws -> Layout {
         guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is outside 0...\(maximumPayloadLength)")
         }
         let llbsdMessage = llbsdCompatible && header.kind == .message
+        let startLine: StaticString
         switch header.kind {
-        case .message where llbsdMessage: append("HTTP/1.1 200 OK\r\n", to: &buffer)
-        case .message, .request: append("POST /ipc HTTP/1.1\r\nHost: ipcbench\r\n", to: &buffer)
-        case .reply: append("HTTP/1.1 200 OK\r\n", to: &buffer)
-        case .failure: append("HTTP/1.1 500 Internal Server Error\r\n", to: &buffer)
+        case .message where llbsdMessage: startLine = HTTPHeaderText.okStatusLine
+        case .message, .request: startLine = HTTPHeaderText.requestLines
+        case .reply: startLine = HTTPHeaderText.okStatusLine
+        case .failure: startLine = HTTPHeaderText.failureStatusLine
         }
-        append("Content-Length: ", to: &buffer)
-        appendDecimal(UInt64(header.payloadLength), to: &buffer)
+        var length = startLine.utf8CodeUnitCount
+            + HTTPHeaderText.contentLength.utf8CodeUnitCount + decimalDigits(UInt64(header.payloadLength))
+            + HTTPHeaderText.msgid.utf8CodeUnitCount + decimalDigits(UInt64(header.msgid))
+            + HTTPHeaderText.correlation.utf8CodeUnitCount + decimalDigits(header.correlation)
+            + HTTPHeaderText.end.utf8CodeUnitCount
         if !llbsdMessage {
-            append("\r\nIPC-Kind: ", to: &buffer)
-            append(header.kind.httpToken, to: &buffer)
+            length += HTTPHeaderText.kind.utf8CodeUnitCount + header.kind.httpToken.utf8CodeUnitCount
         }
-        append("\r\nIPC-Msgid: ", to: &buffer)
-        appendDecimal(UInt64(header.msgid), to: &buffer)
-        append("\r\nIPC-Correlation: ", to: &buffer)
-        appendDecimal(header.correlation, to: &buffer)
-        append("\r\n\r\n", to: &buffer)
+        return Layout(startLine: startLine, writesKind: !llbsdMessage, length: length)
     }
 
-    private func append(_ text: StaticString, to buffer: inout [UInt8]) {
-        text.withUTF8Buffer { buffer.append(contentsOf: $0) }
-    }
+    private struct Layout {
+        let startLine: StaticString
+        let writesKind: Bool
+        let length: Int
 
-    /// Digits are written straight into the buffer: `String(value)` would allocate for long values.
-    private func appendDecimal(_ value: UInt64, to buffer: inout [UInt8]) {
-        var divisor: UInt64 = 1
-        while value / divisor >= 10 { divisor *= 10 }
-        while divisor > 0 {
-            buffer.append(ASCII.zero + UInt8(value / divisor % 10))
-            divisor /= 10
+        /// Writes the header's `length` bytes at `cursor` and advances it past them.
+        func write(_ header: FrameHeader, at cursor: inout UnsafeMutableRawPointer) {
+            put(startLine, at: &cursor)
+            put(HTTPHeaderText.contentLength, at: &cursor)
+            putDecimal(UInt64(header.payloadLength), at: &cursor)
+            if writesKind {
+                put(HTTPHeaderText.kind, at: &cursor)
+                put(header.kind.httpToken, at: &cursor)
+            }
+            put(HTTPHeaderText.msgid, at: &cursor)
+            putDecimal(UInt64(header.msgid), at: &cursor)
+            put(HTTPHeaderText.correlation, at: &cursor)
+            putDecimal(header.correlation, at: &cursor)
+            put(HTTPHeaderText.end, at: &cursor)
         }
     }
+}
+
+/// The fixed text of the headers ``HTTPFrameEncoder`` writes, in order: a start line (with `Host`
+/// for a request), then `Content-Length`, `IPC-Kind` (not in an LLBSD message), `IPC-Msgid`,
+/// `IPC-Correlation`, each value followed by the next field's CRLF, and the empty line.
+enum HTTPHeaderText {
+    static let requestLines: StaticString = "POST /ipc HTTP/1.1\r\nHost: ipcbench\r\n"
+    static let okStatusLine: StaticString = "HTTP/1.1 200 OK\r\n"
+    static let failureStatusLine: StaticString = "HTTP/1.1 500 Internal Server Error\r\n"
+    static let contentLength: StaticString = "Content-Length: "
+    static let kind: StaticString = "\r\nIPC-Kind: "
+    static let msgid: StaticString = "\r\nIPC-Msgid: "
+    static let correlation: StaticString = "\r\nIPC-Correlation: "
+    static let end: StaticString = "\r\n\r\n"
+}
+
+@inline(__always)
+private func put(_ text: StaticString, at cursor: inout UnsafeMutableRawPointer) {
+    let count = text.utf8CodeUnitCount
+    cursor.copyMemory(from: text.utf8Start, byteCount: count)
+    cursor += count
+}
+
+/// The number of decimal digits of `value` (1 for 0).
+private func decimalDigits(_ value: UInt64) -> Int {
+    var count = 1
+    var rest = value
+    while rest >= 10 {
+        rest /= 10
+        count += 1
+    }
+    return count
+}
+
+/// Writes `value` in decimal, without leading zeros, and advances `cursor` past it.
+private func putDecimal(_ value: UInt64, at cursor: inout UnsafeMutableRawPointer) {
+    let count = decimalDigits(value)
+    var rest = value
+    for offset in stride(from: count - 1, through: 0, by: -1) {
+        cursor.storeBytes(of: ASCII.zero + UInt8(rest % 10), toByteOffset: offset, as: UInt8.self)
+        rest /= 10
+    }
+    cursor += count
 }
 
 /// Decodes HTTP/1.1 messages into frames, strictly: anything that two HTTP parsers could read
@@ -142,7 +216,13 @@ public struct HTTPFrameDecoder: FrameDecoder {
 
     private mutating func inPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep {
         if head.end == nil {
-            try scanHead(bytes)
+            // A head in the exact layout of this package's encoder, all here at the first look,
+            // is read in one pass; anything else (or a head that arrives in parts) is scanned.
+            if head.scanIndex == 0, let canonical = canonicalHead(bytes) {
+                head = canonical
+            } else {
+                try scanHead(bytes)
+            }
         }
         guard let (headLength, bodyLength) = head.end else {
             guard bytes.count < maximumHeaderLength else {
@@ -157,6 +237,55 @@ public struct HTTPFrameDecoder: FrameDecoder {
         let header = FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength)
         head = Head(llbsdCompatible: llbsdCompatible)
         return .frame(header, headerLength: headLength)
+    }
+
+    /// The head at the front of `bytes` if it is exactly as ``HTTPFrameEncoder`` writes it (see
+    /// ``HTTPHeaderText``) and whole, read as ``scanHead(_:)`` would read it; `nil` for any other
+    /// bytes, including every head ``scanHead(_:)`` would refuse, which it then reads (and refuses)
+    /// from the start. Such a head has no byte ``scanHead(_:)`` checks for (control bytes, bare
+    /// LF, folding) and each field once; what is left to check here is each value, as
+    /// ``Head/parseLine(_:maximumPayloadLength:)`` does.
+    private func canonicalHead(_ bytes: UnsafeRawBufferPointer) -> Head? {
+        var cursor = 0
+        var parsed = Head(llbsdCompatible: llbsdCompatible)
+        if skip(HTTPHeaderText.requestLines, in: bytes, at: &cursor) {
+            parsed.startLine = .request
+        } else if skip(HTTPHeaderText.okStatusLine, in: bytes, at: &cursor) {
+            parsed.startLine = .response(status: 200)
+        } else if skip(HTTPHeaderText.failureStatusLine, in: bytes, at: &cursor) {
+            parsed.startLine = .response(status: 500)
+        } else {
+            return nil
+        }
+        guard skip(HTTPHeaderText.contentLength, in: bytes, at: &cursor),
+            let digits = decimal(in: bytes, at: &cursor, as: UInt64.self), let length = Int(exactly: digits), length <= maximumPayloadLength
+        else { return nil }
+        parsed.contentLength = length
+        if skip(HTTPHeaderText.kind, in: bytes, at: &cursor) {
+            let tokenStart = cursor
+            while cursor < bytes.count, bytes[cursor] != ASCII.cr { cursor += 1 }
+            guard let kind = Frame.Kind(httpToken: bytes[tokenStart..<cursor]), parsed.allows(kind) else { return nil }
+            parsed.ipcKind = kind
+        }
+        guard skip(HTTPHeaderText.msgid, in: bytes, at: &cursor), let msgid = decimal(in: bytes, at: &cursor, as: UInt32.self),
+            skip(HTTPHeaderText.correlation, in: bytes, at: &cursor), let correlation = decimal(in: bytes, at: &cursor, as: UInt64.self),
+            skip(HTTPHeaderText.end, in: bytes, at: &cursor),
+            cursor <= maximumHeaderLength
+        else { return nil }
+        if llbsdCompatible, parsed.ipcKind == nil, case .response(let status) = parsed.startLine, !(200...299).contains(status) {
+            return nil
+        }
+        parsed.msgid = msgid
+        parsed.correlation = correlation
+        parsed.lineStart = cursor
+        parsed.scanIndex = cursor
+        parsed.end = (cursor, length)
+        return parsed
+    }
+
+    /// The length of the head at the front of `bytes` if ``canonicalHead(_:)`` reads it (for tests).
+    func canonicalHeadLength(_ bytes: UnsafeRawBufferPointer) -> Int? {
+        canonicalHead(bytes)?.end?.headLength
     }
 
     /// Examines the bytes not examined by earlier calls and parses each line when its CRLF arrives.
@@ -349,13 +478,7 @@ private struct Head {
             guard let kind = Frame.Kind(httpToken: value) else {
                 throw malformed("unknown IPC-Kind \(quoted(value))")
             }
-            // The start line already says request or response; IPC-Kind may only refine it.
-            let allowed: Bool
-            switch startLine {
-            case .response(let status): allowed = kind == ((200...299).contains(status) ? .reply : .failure)
-            case .request, nil: allowed = kind == .message || kind == .request
-            }
-            guard allowed else {
+            guard allows(kind) else {
                 throw malformed("IPC-Kind \(quoted(value)) contradicts the start line")
             }
             ipcKind = kind
@@ -371,6 +494,15 @@ private struct Head {
                 throw malformed("IPC-Correlation \(quoted(value)) is not a decimal in 0...\(UInt64.max)")
             }
             correlation = parsed
+        }
+    }
+
+    /// Whether `IPC-Kind` may say `kind` after this start line: it may only refine what the
+    /// start line says (request or response, and a response's status class).
+    func allows(_ kind: Frame.Kind) -> Bool {
+        switch startLine {
+        case .response(let status): kind == ((200...299).contains(status) ? .reply : .failure)
+        case .request, nil: kind == .message || kind == .request
         }
     }
 
@@ -493,6 +625,24 @@ private func parseDecimal<T: FixedWidthInteger & UnsignedInteger>(_ bytes: Slice
         value = sum
     }
     return value
+}
+
+/// Whether `text` is at `cursor` in `bytes`; if it is, moves `cursor` past it.
+@inline(__always)
+private func skip(_ text: StaticString, in bytes: UnsafeRawBufferPointer, at cursor: inout Int) -> Bool {
+    let count = text.utf8CodeUnitCount
+    guard bytes.count - cursor >= count, memcmp(bytes.baseAddress! + cursor, text.utf8Start, count) == 0 else { return false }
+    cursor += count
+    return true
+}
+
+/// The digits at `cursor` as a value of `T` (see ``parseDecimal(_:as:)``), moving `cursor` past
+/// them; `nil` if there are none or they do not fit.
+@inline(__always)
+private func decimal<T: FixedWidthInteger & UnsignedInteger>(in bytes: UnsafeRawBufferPointer, at cursor: inout Int, as type: T.Type) -> T? {
+    let start = cursor
+    while cursor < bytes.count, isDigit(bytes[cursor]) { cursor += 1 }
+    return parseDecimal(bytes[start..<cursor], as: type)
 }
 
 /// Header bytes quoted for an error message, cut short so a hostile header cannot bloat it.

@@ -91,9 +91,17 @@ struct FileCoordinationTests {
         try write("before", to: path)
         let peer = try CoordinationPeer(group: group.directory)
         try peer.run("hold-write item")
-        let waiting = Task.detached {
-            // Already waiting when the writer dies.
-            try FileCoordinator().coordinate(readingItemAt: path, timeout: .seconds(20)) { String(decoding: try $0.read(), as: UTF8.self) }
+        // Already waiting when the writer dies, on a thread of its own: a blocking wait on the
+        // cooperative pool (two threads here) could keep this test from going on to kill the
+        // writer until the wait had timed out, as it once did in a full run.
+        let waiting = Task {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<String, any Error>) in
+                Thread.detachNewThread {
+                    continuation.resume(with: Result {
+                        try FileCoordinator().coordinate(readingItemAt: path, timeout: .seconds(20)) { String(decoding: try $0.read(), as: UTF8.self) }
+                    })
+                }
+            }
         }
         try await Task.sleep(for: .milliseconds(200))
         peer.kill()

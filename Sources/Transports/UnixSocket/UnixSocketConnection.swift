@@ -18,24 +18,25 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     let descriptor: FileDescriptor
     private let encoding: Encoding
     private let reassembler: any FrameReassembling
-    /// The general encoder's header for the frame being written, encoded again into the same
+    /// The HTTP encoder's header for the frame being written, encoded again into the same
     /// storage each time (``write(_:from:)`` runs on one thread at a time).
     private var headerBuffer: [UInt8] = []
 
-    /// The binary framing's header is built by value, through no generic code (an existential
-    /// encoder's generic `withEncodedHeader` instantiates type metadata at run time on every
-    /// call, twice a frame); other framings encode into an array (`encodeHeader(_:into:)`, not
-    /// generic either).
+    /// Each framing's encoder by its concrete type, so no call goes through an existential (an
+    /// existential encoder's generic `withEncodedHeader` instantiates type metadata at run time on
+    /// every call, twice a frame). The binary header is built by value; an HTTP header is encoded
+    /// into ``headerBuffer``, and its length computed without encoding it.
     private enum Encoding {
         case binary(BinaryFrameEncoder)
-        case general(any FrameEncoder)
+        case http(HTTPFrameEncoder)
     }
 
     init(fd: CInt, framing: Framing, maximumPayloadLength: Int) {
         descriptor = FileDescriptor(rawValue: fd)
         switch framing {
         case .binary: encoding = .binary(BinaryFrameEncoder(maximumPayloadLength: maximumPayloadLength))
-        case .http, .llbsd: encoding = .general(framing.makeEncoder(maximumPayloadLength: maximumPayloadLength))
+        case .http: encoding = .http(HTTPFrameEncoder(maximumPayloadLength: maximumPayloadLength))
+        case .llbsd: encoding = .http(HTTPFrameEncoder(maximumPayloadLength: maximumPayloadLength, llbsdCompatible: true))
         }
         reassembler = framing.makeReassembler(maximumPayloadLength: maximumPayloadLength)
     }
@@ -81,10 +82,8 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
         case .binary(let encoder):
             _ = try encoder.headerBytes(FrameHeader(frame))
             return BinaryFrameHeaderBytes.count + frame.payload.count
-        case .general(let encoder):
-            var header: [UInt8] = []
-            try encoder.encodeHeader(FrameHeader(frame), into: &header)
-            return header.count + frame.payload.count
+        case .http(let encoder):
+            return try encoder.encodedHeaderLength(FrameHeader(frame)) + frame.payload.count
         }
     }
 
@@ -98,7 +97,7 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
                     try UnixSocket.writeIfReady(fd, header: UnsafeRawBufferPointer(rebasing: raw[..<BinaryFrameHeaderBytes.count]), payload: payload, from: offset)
                 }
             }
-        case .general(let encoder):
+        case .http(let encoder):
             headerBuffer.removeAll(keepingCapacity: true)
             try encoder.encodeHeader(FrameHeader(frame), into: &headerBuffer)
             return try headerBuffer.withUnsafeBytes { header in
