@@ -94,16 +94,21 @@ struct NotifyTransportTests {
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = size }, acceptFilter: nil)
         defer { listener.close() }
         // Two 256 MiB messages, 256 times the ring each. A thread of its own (not one of the
-        // test's tasks, which can be starved) spins on the store's write index and kills the
-        // sender once 2 MiB of message 1 are published, 254 MiB before it could finish.
+        // test's tasks, which can be starved) polls the store's write index every 20 µs or so
+        // and kills the sender once 2 MiB of message 1 are published, 254 MiB before it could
+        // finish (a window of many milliseconds even at memory speed). Polling, not spinning: a
+        // spinning thread held one of the machine's two cores while the sender started, and
+        // the watch then once gave up before the burst began (a full test run, loaded).
         let frame = UInt64(BinaryWireFormat.headerLength + size)
         let killed = LockedValue<(written: UInt64, pid: Int32, inode: UInt64)?>(nil)
         let writerPID = LockedValue<Int32?>(nil)
-        // Started before the sender exists, so it is watching when the burst begins.
+        let watching = LockedValue(true)
+        // Started before the sender exists, so it is watching when the burst begins; it stops
+        // when the test is over, whatever happened.
         Thread.detachNewThread {
-            let deadline = ContinuousClock.now + .seconds(60)
             var store: (header: UnsafeMutableRawPointer, writer: Int32, inode: UInt64)?
-            while ContinuousClock.now < deadline {
+            var pause = timespec(tv_sec: 0, tv_nsec: 20_000)
+            while watching.get() {
                 guard let (header, writer, inode) = store else {
                     // The sender's store, once it is connected (a memfd it maps).
                     if let pid = writerPID.get(), let mapping = NotifyStores.mappings(of: pid).first {
@@ -113,6 +118,7 @@ struct NotifyTransportTests {
                         }
                         if fd >= 0 { close(fd) }
                     }
+                    nanosleep(&pause, nil)
                     continue
                 }
                 let written = ipc_atomic_load_u64((header + 64).assumingMemoryBound(to: UInt64.self))
@@ -122,17 +128,32 @@ struct NotifyTransportTests {
                     munmap(header, 4096)
                     return
                 }
+                nanosleep(&pause, nil)
             }
+            if let (header, _, _) = store { munmap(header, 4096) }
         }
+        defer { watching.set(false) }
         let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, size))
         writerPID.set(victim.pid)
         let connection = try #require(try await accept(1, on: listener).first)
         let probe = InvalidationProbe()
         probe.attach(to: connection)
-        let delivered = try await withDeadline(seconds: 120, "the burst") { () -> [ReceivedMessage] in
-            var delivered: [ReceivedMessage] = []
-            for await message in connection.messages { delivered.append(message) }
-            return delivered
+        let progress = LockedValue(0)
+        let delivered: [ReceivedMessage]
+        do {
+            delivered = try await withDeadline(seconds: 120, "the burst") { () -> [ReceivedMessage] in
+                var delivered: [ReceivedMessage] = []
+                for await message in connection.messages {
+                    delivered.append(message)
+                    progress.set(delivered.count)
+                }
+                return delivered
+            }
+        } catch {
+            // Say which part did not happen: the kill, or the end of the stream after it.
+            let kill = killed.get().map { "the sender was killed with \($0.written) bytes published" } ?? "the sender was never killed"
+            Issue.record("\(error); \(kill); \(progress.get()) messages delivered; connection \(connection.invalidationReason.map { "invalidated: \($0)" } ?? "still valid")")
+            return
         }
         let (written, killedPID, inode) = try #require(killed.get(), "the sender never reached message 1")
         #expect(killedPID == victim.pid)
