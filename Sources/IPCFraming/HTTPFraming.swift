@@ -239,13 +239,17 @@ public struct HTTPFrameDecoder: FrameDecoder {
         return .frame(header, headerLength: headLength)
     }
 
-    /// The head at the front of `bytes` if it is exactly as ``HTTPFrameEncoder`` writes it (see
-    /// ``HTTPHeaderText``) and whole, read as ``scanHead(_:)`` would read it; `nil` for any other
-    /// bytes, including every head ``scanHead(_:)`` would refuse, which it then reads (and refuses)
-    /// from the start. Such a head has no byte ``scanHead(_:)`` checks for (control bytes, bare
-    /// LF, folding) and each field once; what is left to check here is each value, as
-    /// ``Head/parseLine(_:maximumPayloadLength:)`` does.
-    private func canonicalHead(_ bytes: UnsafeRawBufferPointer) -> Head? {
+    /// The head at the front of `bytes` if it is laid out as ``HTTPFrameEncoder`` writes heads
+    /// (the fixed text of ``HTTPHeaderText``, in its order; WIRE-FORMAT 3.1, and 3.7's LLBSD
+    /// message), with any digits in its numbers and `IPC-Kind` optional, and is whole within
+    /// ``maximumHeaderLength``: read as ``scanHead(_:)`` would read it. `nil` for any other bytes,
+    /// including every head ``scanHead(_:)`` would refuse, which it then reads (and refuses) from
+    /// the start. Such a head has no byte ``scanHead(_:)`` checks for (control bytes, bare LF,
+    /// folding) and each field once; what is left to check here is each value, as
+    /// ``Head/parseLine(_:maximumPayloadLength:)`` does. Like ``scanHead(_:)``, it never examines
+    /// a byte past ``maximumHeaderLength``.
+    private func canonicalHead(_ whole: UnsafeRawBufferPointer) -> Head? {
+        let bytes = UnsafeRawBufferPointer(rebasing: whole[..<min(whole.count, max(0, maximumHeaderLength))])
         var cursor = 0
         var parsed = Head(llbsdCompatible: llbsdCompatible)
         if skip(HTTPHeaderText.requestLines, in: bytes, at: &cursor) {
@@ -258,7 +262,7 @@ public struct HTTPFrameDecoder: FrameDecoder {
             return nil
         }
         guard skip(HTTPHeaderText.contentLength, in: bytes, at: &cursor),
-            let digits = decimal(in: bytes, at: &cursor, as: UInt64.self), let length = Int(exactly: digits), length <= maximumPayloadLength
+            let digits = decimal(in: bytes, at: &cursor, as: UInt64.self), let length = Int(exactly: digits), length >= 0, length <= maximumPayloadLength
         else { return nil }
         parsed.contentLength = length
         if skip(HTTPHeaderText.kind, in: bytes, at: &cursor) {
@@ -269,8 +273,7 @@ public struct HTTPFrameDecoder: FrameDecoder {
         }
         guard skip(HTTPHeaderText.msgid, in: bytes, at: &cursor), let msgid = decimal(in: bytes, at: &cursor, as: UInt32.self),
             skip(HTTPHeaderText.correlation, in: bytes, at: &cursor), let correlation = decimal(in: bytes, at: &cursor, as: UInt64.self),
-            skip(HTTPHeaderText.end, in: bytes, at: &cursor),
-            cursor <= maximumHeaderLength
+            skip(HTTPHeaderText.end, in: bytes, at: &cursor)
         else { return nil }
         if llbsdCompatible, parsed.ipcKind == nil, case .response(let status) = parsed.startLine, !(200...299).contains(status) {
             return nil

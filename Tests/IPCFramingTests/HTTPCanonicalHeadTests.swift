@@ -2,11 +2,11 @@ import IPCCore
 @testable import IPCFraming
 import Testing
 
-/// The HTTP decoder reads a head in the exact layout of this package's encoder in one pass
+/// The HTTP decoder reads a head laid out as this package's encoder writes them in one pass
 /// (`canonicalHead`), and scans any other head line by line. These tests pin that the two agree:
 /// a head given whole takes the one-pass read when it can, a head given one byte at a time never
 /// does (the first call sees one byte), and for the encoder's heads and every one-byte change,
-/// deletion and cut of them, both give the same frame or the same error.
+/// deletion, doubling and cut of them, both give the same frame or an error of the same code.
 @Suite struct HTTPCanonicalHeadTests {
     static let maximumPayloadLength = 1000
 
@@ -87,6 +87,7 @@ import Testing
             #expect(whole(bytes, llbsd: false, maximumHeaderLength: limit) == .error(.frameTooLarge))
             #expect(byteByByte(bytes, llbsd: false, maximumHeaderLength: limit) == .error(.frameTooLarge))
         }
+        #expect(bytes.withUnsafeBytes { decoder(llbsd: false, maximumHeaderLength: headLength).canonicalHeadLength($0) } == headLength)
         #expect(whole(bytes, llbsd: false, maximumHeaderLength: headLength) == .frame(Self.frames[0], consumed: bytes.count))
     }
 
@@ -113,6 +114,7 @@ import Testing
                 var doubled = bytes
                 doubled.insert(bytes[index], at: index)
                 changed.append(doubled)
+                changed.append(Array(bytes[..<index]))
             }
             for variant in changed {
                 let oneByOne = byteByByte(variant, llbsd: llbsd)
@@ -134,7 +136,7 @@ import Testing
     func everyRecombinationOfTheEncodersPiecesGivesTheSameOutcomeEitherWay(llbsd: Bool) {
         let startLines = ["POST /ipc HTTP/1.1\r\nHost: ipcbench\r\n", "HTTP/1.1 200 OK\r\n", "HTTP/1.1 500 Internal Server Error\r\n"]
         let kinds: [String?] = [nil, "message", "request", "reply", "failure", "Reply"]
-        let lengths = ["0", "2", "0002", "1000", "1001", "18446744073709551616"]
+        let lengths = ["0", "2", "0002", "1000", "1001", "9223372036854775807", "9223372036854775808", "18446744073709551615", "18446744073709551616"]
         let msgids = ["0", "4294967295", "4294967296", "00000000000000000009"]
         let correlations = ["18446744073709551615", "18446744073709551616", "3"]
         var outcomes: [String: Int] = [:]
