@@ -216,8 +216,9 @@ public struct HTTPFrameDecoder: FrameDecoder {
 
     private mutating func inPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep {
         if head.end == nil {
-            // A head in the exact layout of this package's encoder, all here at the first look,
-            // is read in one pass; anything else (or a head that arrives in parts) is scanned.
+            // A head laid out as this package's encoder writes them (see `canonicalHead`), all
+            // here at the first look, is read in one pass; anything else, or a head that arrives
+            // in parts, is scanned.
             if head.scanIndex == 0, let canonical = canonicalHead(bytes) {
                 head = canonical
             } else {
