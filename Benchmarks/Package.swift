@@ -19,10 +19,18 @@ let package = Package(
         .package(url: "https://github.com/ordo-one/benchmark", from: "1.38.1", traits: ["MallocInterposer"]),
     ],
     targets: [
+        // What the suites share: their configuration and how sizes are named.
+        .target(
+            name: "BenchmarkSupport",
+            dependencies: [.product(name: "Benchmark", package: "benchmark")],
+            path: "Support/BenchmarkSupport"
+        ),
         // Binary and HTTP/1.1 framing: encoding and reassembling frames of 64 B to 1 MiB.
         suite("FramingBenchmarks", measuring: ["IPCCore", "IPCFraming"]),
         // Secure decoding per codec, of accepted and refused payloads.
         suite("SecureCodingBenchmarks", measuring: ["IPCCore", "IPCSecureCoding"]),
+        // Request/reply through the connection engine, both ends in one process.
+        suite("EngineBenchmarks", measuring: ["IPCCore", "UnixSocketTransport", "NotifyTransport"]),
     ],
     swiftLanguageModes: [.v6]
 )
@@ -32,7 +40,7 @@ let package = Package(
 func suite(_ name: String, measuring products: [String]) -> Target {
     .executableTarget(
         name: name,
-        dependencies: [.product(name: "Benchmark", package: "benchmark")] + products.map { .product(name: $0, package: "ipcbench") },
+        dependencies: [.product(name: "Benchmark", package: "benchmark"), "BenchmarkSupport"] + products.map { .product(name: $0, package: "ipcbench") },
         path: "Benchmarks/\(name)",
         plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
     )

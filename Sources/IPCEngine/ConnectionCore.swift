@@ -61,23 +61,39 @@ package final class ConnectionCore: Sendable {
         }
     }
 
-    /// The request/reply flow: register, send with `send` (which may suspend), wait for the
-    /// reply (suspended: the thread that reads the reply resumes the request).
+    /// Starts a request: checks that the connection is valid, registers the request and makes
+    /// its frame. Send the frame, then wait with ``reply(to:receiveTimeout:)``; if the send
+    /// fails, ``RequestTable/cancel(_:)`` the frame's correlation.
+    /// - Throws: the invalidation error.
+    package func startRequest(_ payload: [UInt8], msgid: UInt32) throws -> Frame {
+        try checkValid()
+        return Frame(kind: .request, msgid: msgid, correlation: try requests.register(), payload: payload)
+    }
+
+    /// Waits for the reply to `request`, whose frame was sent (suspended: the thread that reads
+    /// the reply resumes the request).
+    @inline(__always)
+    package func reply(to request: Frame, receiveTimeout: Duration) async throws -> [UInt8] {
+        try await requests.reply(to: request.correlation, timeout: receiveTimeout, strategy: options.waitStrategy)
+    }
+
+    /// The request/reply flow for a send that may suspend: ``startRequest(_:msgid:)``, `send`,
+    /// ``reply(to:receiveTimeout:)``. A connection whose send usually does not suspend calls
+    /// the steps itself, so that the common case makes no async call for the send.
     package func request(
         _ payload: [UInt8],
         msgid: UInt32,
         receiveTimeout: Duration,
         send: (Frame) async throws -> Void
     ) async throws -> [UInt8] {
-        try checkValid()
-        let correlation = try requests.register()
+        let frame = try startRequest(payload, msgid: msgid)
         do {
-            try await send(Frame(kind: .request, msgid: msgid, correlation: correlation, payload: payload))
+            try await send(frame)
         } catch {
-            requests.cancel(correlation)
+            requests.cancel(frame.correlation)
             throw error
         }
-        return try await requests.reply(to: correlation, timeout: receiveTimeout, strategy: options.waitStrategy)
+        return try await reply(to: frame, receiveTimeout: receiveTimeout)
     }
 
     /// What ``dispatch(_:reply:whenFull:)`` does with a message for ``messages`` while that
@@ -224,7 +240,14 @@ extension FrameConnection {
     }
 
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try sendFrame($0, timeout: sendTimeout) }
+        let frame = try core.startRequest(payload, msgid: msgid)
+        do {
+            try sendFrame(frame, timeout: sendTimeout)
+        } catch {
+            core.requests.cancel(frame.correlation)
+            throw error
+        }
+        return try await core.reply(to: frame, receiveTimeout: receiveTimeout)
     }
 
     /// The connection's reply sender (``replySender(timeout:)``), made once; for the thread

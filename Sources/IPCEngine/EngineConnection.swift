@@ -160,13 +160,24 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
 
     /// Sends a one-way message, suspending while the peer's buffer is full.
     public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
-        try await sendFrameSuspending(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+        // The common case writes at once, with no async call: each one costs the task two
+        // executor checks (swift_task_switch) here.
+        if let rest = try startSending(Frame(kind: .message, msgid: msgid, payload: payload)) {
+            try await finishSending(rest, timeout: timeout)
+        }
     }
 
     public var preferredTaskExecutor: (any TaskExecutor)? { eventLoop }
 
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try await sendFrameSuspending($0, timeout: sendTimeout) }
+        let frame = try core.startRequest(payload, msgid: msgid)
+        do {
+            if let rest = try startSending(frame) { try await finishSending(rest, timeout: sendTimeout) }
+        } catch {
+            core.requests.cancel(frame.correlation)
+            throw error
+        }
+        return try await core.reply(to: frame, receiveTimeout: receiveTimeout)
     }
 
     // MARK: Invalidation
@@ -515,15 +526,31 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         }.get()
     }
 
-    /// The suspending send behind ``request(_:msgid:sendTimeout:receiveTimeout:)`` and the
-    /// `async` ``send(_:msgid:timeout:)``.
-    private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
+    /// A frame ``startSending(_:)`` could not write whole at once: `written` bytes of it went
+    /// (`nil`: none, and the connection's writer is not held).
+    private struct UnfinishedWrite {
+        let frame: Frame
+        let total: Int
+        let written: Int?
+    }
+
+    /// Writes `frame` whole now if it can; otherwise returns what ``finishSending(_:timeout:)``
+    /// must finish.
+    @inline(__always)
+    private func startSending(_ frame: Frame) throws -> UnfinishedWrite? {
         let total = try checkWritable(frame)
         let first = try writeAtOnce(frame, total: total)
-        if first == total { return }
+        return first == total ? nil : UnfinishedWrite(frame: frame, total: total, written: first)
+    }
+
+    /// Finishes a frame ``startSending(_:)`` began, suspending until the loop has written it:
+    /// the suspending part of ``request(_:msgid:sendTimeout:receiveTimeout:)`` and of the
+    /// `async` ``send(_:msgid:timeout:)``.
+    private func finishSending(_ rest: UnfinishedWrite, timeout: Duration) async throws {
+        let (frame, total) = (rest.frame, rest.total)
         let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
-        let writing = first != nil
-        let written = first ?? 0
+        let writing = rest.written != nil
+        let written = rest.written ?? 0
         // The loop writes the rest (or all of it, behind what is queued); wait without a thread.
         let holder = Mutex<PendingWrite?>(nil)
         try await withTaskCancellationHandler {

@@ -43,8 +43,8 @@ extension EventHandler {
 /// Work on this thread must not block: handlers, accept filters and message handlers that run
 /// here delay every connection of the process.
 public final class EventLoop: TaskExecutor, @unchecked Sendable {
-    // @unchecked: every mutable field is behind `state` (a Mutex) or an Atomic; the event buffer
-    // is a local of the loop thread.
+    // @unchecked: every mutable field is behind `state` (a Mutex) or an Atomic, except
+    // `draining`, which only the loop's thread touches; the event buffer is a local of it.
 
     private enum Job {
         case closure(@Sendable () -> Void)
@@ -71,8 +71,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         var jobs = Deque<Job>()
         var timers = Heap<Timer>()
         var timerSequence: UInt64 = 0
-        var registrations: [UInt64: Registration] = [:]
-        var nextToken: UInt64 = 1
+        var registrations = TokenTable<Registration>()
         /// The registrations the spinning loop polls itself, while they wait for something
         /// readable.
         var polled: [PolledRegistration] = []
@@ -100,6 +99,8 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     private let poller: Poller
     private let state = Mutex(State())
+    /// The jobs being run, taken from `state` in one swap; touched on the loop's thread only.
+    private var draining = Deque<Job>()
     /// The loop is about to block, or blocks, in the poller: a job from another thread must wake it.
     private let sleeping = Atomic<Bool>(false)
     /// The loop thread's identity, once it runs.
@@ -218,9 +219,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses.
     package func register(_ fd: CInt, interest: Poller.Interest, waitStrategy: WaitStrategy = .blocking, handler: any EventHandler) throws -> UInt64 {
         let token = state.withLock { state in
-            let token = state.nextToken
-            state.nextToken += 1
-            state.registrations[token] = Registration(fd: fd, handler: handler, interest: interest, spinNanoseconds: waitStrategy.spinNanoseconds)
+            let token = state.registrations.insert(Registration(fd: fd, handler: handler, interest: interest, spinNanoseconds: waitStrategy.spinNanoseconds))
             if waitStrategy.spins, handler.pollsWhileSpinning, interest.contains(.readable) {
                 state.polled.append(PolledRegistration(token: token, handler: handler))
             }
@@ -234,7 +233,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         } catch {
             // Nothing may poll a channel its owner is about to close.
             state.withLock { state in
-                state.registrations.removeValue(forKey: token)
+                state.registrations.remove(token)
                 state.polled.removeAll { $0.token == token }
                 if waitStrategy.spins { updateSpin(state) }
             }
@@ -265,7 +264,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// the descriptor.
     package func deregister(_ token: UInt64) {
         guard let registration = state.withLock({ state -> Registration? in
-            let registration = state.registrations.removeValue(forKey: token)
+            let registration = state.registrations.remove(token)
             if registration?.handler.pollsWhileSpinning == true { state.polled.removeAll { $0.token == token } }
             return registration
         }) else { return }
@@ -362,17 +361,19 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     private func runJobs() {
         guard hasJobs() else { return }
-        var jobs = state.withLock { state -> Deque<Job> in
-            defer { state.jobs = Deque() }
-            return state.jobs
-        }
-        pendingJobs.subtract(jobs.count, ordering: .sequentiallyConsistent)
-        while let job = jobs.popFirst() {
+        // The queue is swapped with the drained one, which keeps its storage: no allocation
+        // per round for the job that resumes a request.
+        state.withLock { swap(&$0.jobs, &draining) }
+        let count = draining.count
+        pendingJobs.subtract(count, ordering: .sequentiallyConsistent)
+        while let job = draining.popFirst() {
             switch job {
             case .closure(let work): work()
             case .task(let task): task.runSynchronously(on: asUnownedTaskExecutor())
             }
         }
+        // Storage grown by a burst is not kept for good.
+        if count > 1024 { draining = Deque() }
     }
 
     /// Runs the timers that are due; returns the next deadline.

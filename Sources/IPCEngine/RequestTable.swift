@@ -21,15 +21,37 @@ package final class RequestTable: Sendable {
         case finished(Result<[UInt8], IPCError>)
     }
 
+    /// One request: its slot, and once it is waited for, its receive deadline. One dictionary,
+    /// so that a request costs four lookups by correlation from register to reply.
+    private struct Entry {
+        var slot: Slot
+        /// Monotonic nanoseconds, and the timeout it came from (for the error's message).
+        var deadline: (at: UInt64, timeout: Duration)?
+    }
+
     private struct State {
         var nextCorrelation: UInt64 = 1
-        var slots: [UInt64: Slot] = [:]
-        /// Receive deadlines of the requests being waited for, in monotonic nanoseconds.
-        var deadlines: [UInt64: (deadline: UInt64, timeout: Duration)] = [:]
+        var entries: [UInt64: Entry] = [:]
         /// The earliest wake-up armed with the scheduler, if any.
         var armedWake: UInt64?
         /// Set once the connection is invalid: every later request fails at once with it.
         var closedWith: IPCError?
+
+        /// Removes the request's entry and returns its continuation if one waits; if it waits
+        /// without one yet, keeps `result` for it instead. `nil`: no such request waits.
+        mutating func finish(_ correlation: UInt64, with result: Result<[UInt8], IPCError>) -> UnsafeContinuation<[UInt8], any Error>?? {
+            guard let index = entries.index(forKey: correlation) else { return nil }
+            switch entries.values[index].slot {
+            case .waiting(let continuation?):
+                entries.remove(at: index)
+                return .some(continuation)
+            case .waiting(nil):
+                entries.values[index].slot = .finished(result)
+                return .some(nil)
+            case .finished:
+                return nil
+            }
+        }
     }
 
     private let state = Mutex(State())
@@ -40,7 +62,7 @@ package final class RequestTable: Sendable {
     }
 
     /// The number of requests still waiting for a reply.
-    package var pendingCount: Int { state.withLock { $0.slots.count } }
+    package var pendingCount: Int { state.withLock { $0.entries.count } }
 
     /// Reserves a correlation id for a request about to be sent.
     /// - Throws: the invalidation error if the connection is already invalid.
@@ -50,23 +72,21 @@ package final class RequestTable: Sendable {
             let correlation = state.nextCorrelation
             state.nextCorrelation &+= 1
             if state.nextCorrelation == 0 { state.nextCorrelation = 1 }
-            state.slots[correlation] = .waiting(nil)
+            state.entries[correlation] = Entry(slot: .waiting(nil))
             return correlation
         }
     }
 
     /// Forgets a request whose send failed.
     package func cancel(_ correlation: UInt64) {
-        state.withLock { state in
-            state.slots[correlation] = nil
-            state.deadlines[correlation] = nil
-        }
+        _ = state.withLock { $0.entries.removeValue(forKey: correlation) }
     }
 
     /// Waits for the reply to a registered request. Under a spinning `strategy` the calling
     /// thread first polls for the reply (the receive path completes it) without suspending.
     /// - Throws: ``IPCError/Code/receiveTimeout`` after `timeout`; the invalidation error if
     ///   the connection becomes invalid first; `CancellationError` if the task is cancelled.
+    @inline(__always)
     package func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
         // Never spin on the loop's own thread: the loop reads the reply once this task suspends.
         if !loop.inEventLoop, let finished = SpinWait.poll(strategy, { takeFinished(correlation) }) {
@@ -74,8 +94,8 @@ package final class RequestTable: Sendable {
         }
         let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         let arm: Bool = state.withLock { state in
-            guard state.slots[correlation] != nil else { return false }
-            state.deadlines[correlation] = (deadline, timeout)
+            guard let index = state.entries.index(forKey: correlation) else { return false }
+            state.entries.values[index].deadline = (deadline, timeout)
             guard state.armedWake.map({ deadline < $0 }) ?? true else { return false }
             state.armedWake = deadline
             return true
@@ -84,23 +104,22 @@ package final class RequestTable: Sendable {
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
                 let finished: Result<[UInt8], any Error>? = state.withLock { state in
-                    switch state.slots[correlation] {
+                    guard let index = state.entries.index(forKey: correlation) else {
+                        return .failure(IPCError(code: .receiveTimeout, message: "request \(correlation) is no longer pending"))
+                    }
+                    switch state.entries.values[index].slot {
                     case .finished(let result):
-                        state.slots[correlation] = nil
-                        state.deadlines[correlation] = nil
+                        state.entries.remove(at: index)
                         return result.mapError { $0 }
                     case .waiting:
                         // Cancelled before the continuation was stored: the cancellation handler
                         // found nothing to resume, so the request ends here.
                         if Task.isCancelled {
-                            state.slots[correlation] = nil
-                            state.deadlines[correlation] = nil
+                            state.entries.remove(at: index)
                             return .failure(CancellationError())
                         }
-                        state.slots[correlation] = .waiting(continuation)
+                        state.entries.values[index].slot = .waiting(continuation)
                         return nil
-                    case nil:
-                        return .failure(IPCError(code: .receiveTimeout, message: "request \(correlation) is no longer pending"))
                     }
                 }
                 if let finished { continuation.resume(with: finished) }
@@ -115,18 +134,20 @@ package final class RequestTable: Sendable {
     /// The outcome of a request that has one, which is then forgotten.
     package func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
         state.withLock { state in
-            guard case .finished(let result) = state.slots[correlation] else { return nil }
-            state.slots[correlation] = nil
-            state.deadlines[correlation] = nil
+            guard let index = state.entries.index(forKey: correlation),
+                case .finished(let result) = state.entries.values[index].slot
+            else { return nil }
+            state.entries.remove(at: index)
             return result
         }
     }
 
     private func takeContinuation(_ correlation: UInt64) -> UnsafeContinuation<[UInt8], any Error>? {
         state.withLock { state in
-            guard case .waiting(let continuation?) = state.slots[correlation] else { return nil }
-            state.slots[correlation] = nil
-            state.deadlines[correlation] = nil
+            guard let index = state.entries.index(forKey: correlation),
+                case .waiting(let continuation?) = state.entries.values[index].slot
+            else { return nil }
+            state.entries.remove(at: index)
             return continuation
         }
     }
@@ -142,11 +163,16 @@ package final class RequestTable: Sendable {
         let now = monotonicNanoseconds()
         var expired: [(UInt64, Duration)] = []
         let next: UInt64? = state.withLock { state in
-            for (correlation, entry) in state.deadlines where entry.deadline <= now {
-                expired.append((correlation, entry.timeout))
+            var next: UInt64?
+            for (correlation, entry) in state.entries {
+                guard let deadline = entry.deadline else { continue }
+                if deadline.at <= now {
+                    expired.append((correlation, deadline.timeout))
+                } else {
+                    next = min(next ?? .max, deadline.at)
+                }
             }
-            for (correlation, _) in expired { state.deadlines[correlation] = nil }
-            let next = state.deadlines.values.map(\.deadline).min()
+            for (correlation, _) in expired { state.entries[correlation]?.deadline = nil }
             // Keep an earlier wake that is still armed; otherwise this call arms the next one.
             if let armed = state.armedWake, armed > now, let next, armed <= next { return nil }
             state.armedWake = next
@@ -162,20 +188,7 @@ package final class RequestTable: Sendable {
     /// reply after a timeout, or a reply the peer made up), which the caller may ignore.
     @discardableResult
     package func complete(_ correlation: UInt64, with result: Result<[UInt8], IPCError>) -> Bool {
-        let continuation: UnsafeContinuation<[UInt8], any Error>?? = state.withLock { state in
-            switch state.slots[correlation] {
-            case .waiting(let continuation?):
-                state.slots[correlation] = nil
-                state.deadlines[correlation] = nil
-                return .some(continuation)
-            case .waiting(nil):
-                state.slots[correlation] = .finished(result)
-                return .some(nil)
-            case .finished, nil:
-                return nil
-            }
-        }
-        guard let continuation else { return false }
+        guard let continuation = state.withLock({ $0.finish(correlation, with: result) }) else { return false }
         continuation?.resume(with: result)
         return true
     }
@@ -184,17 +197,11 @@ package final class RequestTable: Sendable {
     package func close(with error: IPCError) {
         let waiting: [UnsafeContinuation<[UInt8], any Error>] = state.withLock { state in
             state.closedWith = error
-            state.deadlines.removeAll()
             var continuations: [UnsafeContinuation<[UInt8], any Error>] = []
-            for (correlation, slot) in state.slots {
-                switch slot {
-                case .waiting(let continuation?):
+            for correlation in Array(state.entries.keys) {
+                state.entries[correlation]?.deadline = nil
+                if case let continuation?? = state.finish(correlation, with: .failure(error)) {
                     continuations.append(continuation)
-                    state.slots[correlation] = nil
-                case .waiting(nil):
-                    state.slots[correlation] = .finished(.failure(error))
-                case .finished:
-                    break
                 }
             }
             return continuations

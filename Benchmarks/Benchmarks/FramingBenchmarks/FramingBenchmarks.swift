@@ -1,4 +1,5 @@
 import Benchmark
+import BenchmarkSupport
 import IPCCore
 import IPCFraming
 
@@ -15,18 +16,8 @@ import IPCFraming
 ///   (`nextFrame(lending:)`, the path of a `BorrowingMessageHandler`): no allocation a frame,
 ///   which the thresholds hold at 0.
 let benchmarks: @Sendable () -> Void = {
-    Benchmark.defaultConfiguration = .init(
-        metrics: [.wallClock, .throughput, .mallocCountTotal],
-        timeUnits: .nanoseconds,
-        // Fixed units, so the Markdown tables read the same from run to run (and parse).
-        units: [.mallocCountTotal: .count, .throughput: .count],
-        warmupIterations: 10,
-        maxDuration: .seconds(1),
-        maxIterations: 100_000,
-        // Only allocation counts are held to a threshold: they are exact, while times on a
-        // shared two-CPU machine move by more than any useful tolerance.
-        thresholds: [.mallocCountTotal: .init(absolute: [.p90: 0])]
-    )
+    // No allocation to spare: the thresholds hold each path's count exactly.
+    Benchmark.defaultConfiguration = suiteConfiguration(tolerance: 0)
     let maximumPayload = 1 << 20
 
     for framing in Framing.measuredByDefault {
@@ -80,10 +71,4 @@ let benchmarks: @Sendable () -> Void = {
             }
         }
     }
-}
-
-/// Names hold no space or slash: package-benchmark 1.38.1 writes a threshold file under the
-/// name with those replaced by underscores, but looks it up under the name as it is.
-func sizeLabel(_ bytes: Int) -> String {
-    bytes >= 1 << 20 ? "\(bytes >> 20)MiB" : bytes >= 1024 ? "\(bytes >> 10)KiB" : "\(bytes)B"
 }

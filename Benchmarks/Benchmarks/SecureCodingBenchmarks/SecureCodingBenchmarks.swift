@@ -1,4 +1,5 @@
 import Benchmark
+import BenchmarkSupport
 import IPCCore
 import IPCSecureCoding
 
@@ -8,26 +9,11 @@ import IPCSecureCoding
 /// a receiver pays to say no). Time and allocations per message. The size in a benchmark's name
 /// is the order's size as JSON; the property list and the keyed archive of the same order are
 /// larger.
-/// The suite's configuration, with room of `tolerance` allocations either way in the threshold
-/// check (an absolute tolerance alone: package-benchmark fails a check that exceeds either kind).
-func configuration(tolerance: Int) -> Benchmark.Configuration {
-    .init(
-        metrics: [.wallClock, .throughput, .mallocCountTotal],
-        timeUnits: .nanoseconds,
-        // Fixed units, so the Markdown tables read the same from run to run (and parse).
-        units: [.mallocCountTotal: .count, .throughput: .count],
-        warmupIterations: 10,
-        maxDuration: .seconds(1),
-        maxIterations: 100_000,
-        thresholds: [.mallocCountTotal: .init(absolute: [.p90: tolerance])]
-    )
-}
-
 let benchmarks: @Sendable () -> Void = {
     // Allocation counts only, with a little room for this package's own codec; from run to run
     // Foundation's decoders allocate up to four objects more or fewer for the same bytes (a
     // refused 64 KiB JSON order: 30 in one CI run, 34 in the next two), so theirs get more.
-    Benchmark.defaultConfiguration = configuration(tolerance: 3)
+    Benchmark.defaultConfiguration = suiteConfiguration(tolerance: 3)
     let codecs: [any PayloadCodec] = [.json, .propertyList, .keyedArchive, .binaryCodable]
     let accepting = AllowList.orders
     let refusing = AllowList()
@@ -36,7 +22,7 @@ let benchmarks: @Sendable () -> Void = {
         for approximateSize in [256, 4096, 65536] {
             let order = Order.sample(approximateSize: approximateSize)
             let payload = codec.name == "keyedArchive" ? try! codec.encode(OrderObject(order)) : try! codec.encode(order)
-            let codecConfiguration = configuration(tolerance: codec.name == "binaryCodable" ? 3 : 6)
+            let codecConfiguration = suiteConfiguration(tolerance: codec.name == "binaryCodable" ? 3 : 6)
             Benchmark("DecodeAccepted.\(codec.name).\(sizeLabel(approximateSize))", configuration: codecConfiguration) { benchmark in
                 blackHole(try codec.decode(payload, allowing: accepting))
             }
@@ -50,10 +36,4 @@ let benchmarks: @Sendable () -> Void = {
             }
         }
     }
-}
-
-/// Names hold no space or slash: package-benchmark 1.38.1 writes a threshold file under the
-/// name with those replaced by underscores, but looks it up under the name as it is.
-func sizeLabel(_ bytes: Int) -> String {
-    bytes >= 1024 ? "\(bytes >> 10)KiB" : "\(bytes)B"
 }

@@ -277,7 +277,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
                 return true
             }
             if waitingForRoom {
-                dispatch(.wait)
+                _ = dispatch(.wait)
                 return true
             }
             guard dispatch(.keep) else { return true }

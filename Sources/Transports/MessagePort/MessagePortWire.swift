@@ -156,7 +156,9 @@ struct FragmentWriter {
         let chunk = messageSize - PortFragmentHeader.length
         var fragment = header
         fragment.totalLength = UInt32(payload.count)
-        try withUnsafeTemporaryAllocation(byteCount: messageSize, alignment: 8) { buffer in
+        // Only as large as the largest fragment: a small message's buffer (up to 1 KiB) is then
+        // on the stack, where a queue-sized one would be a heap allocation per message.
+        try withUnsafeTemporaryAllocation(byteCount: min(messageSize, PortFragmentHeader.length + payload.count), alignment: 8) { buffer in
             try payload.withUnsafeBytes { bytes in
                 var offset = 0
                 repeat {
