@@ -107,8 +107,10 @@ struct EngineConnectionTests {
         try #require(failed >= cancelled, "the request failed \(Double(cancelled - failed) / 1e6) ms before it was cancelled")
         let elapsed = Double(failed - cancelled) / 1e6
         // The goal is 10 ms; the bound is generous for a shared machine (the receive timeout
-        // it must not wait for is 600 s).
-        #expect(elapsed < 100, "cancellation took \(elapsed) ms")
+        // it must not wait for is 600 s). Debug builds here take 1–65 ms with the suite's other
+        // tests running beside this one (before and after a02229c alike), and once took 666 ms
+        // with the whole test run starved on this two-CPU VM.
+        #expect(elapsed < 2000, "cancellation took \(elapsed) ms")
         print("engine: a cancelled request failed \(String(format: "%.3f", elapsed)) ms after cancel()")
         // The late reply is discarded; the connection serves the next request.
         peer.send(Frame(kind: .reply, msgid: 1, correlation: request.correlation, payload: [7]))
