@@ -86,26 +86,57 @@ static bool waits_through_epoll(nf_mechanism mechanism) {
     return mechanism == NF_UNIX_STREAM_EPOLL || mechanism == NF_MQUEUE_EPOLL;
 }
 
-int nf_epoll_wait_readable(nf_channel *channel, int fd, bool edge) {
-    if (channel->epoll_fd < 0) {
-        channel->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-        if (channel->epoll_fd < 0) return -1;
-        struct epoll_event event = {.events = EPOLLIN | (edge ? EPOLLET : 0), .data = {.fd = fd}};
-        if (epoll_ctl(channel->epoll_fd, EPOLL_CTL_ADD, fd, &event) != 0) {
-            nf_close_fd(&channel->epoll_fd);
-            return -1;
-        }
+/// The epoll instance every wait goes through, watching `fd` for input: made at the first wait.
+static int epoll_watching(nf_channel *channel, int fd, bool edge) {
+    if (channel->epoll_fd >= 0) return 0;
+    channel->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (channel->epoll_fd < 0) return -1;
+    struct epoll_event event = {.events = EPOLLIN | (edge ? EPOLLET : 0), .data = {.fd = fd}};
+    if (epoll_ctl(channel->epoll_fd, EPOLL_CTL_ADD, fd, &event) != 0) {
+        nf_close_fd(&channel->epoll_fd);
+        return -1;
     }
+    return 0;
+}
+
+/// One epoll_wait that returns an event (the initiator checks every NF_LIVENESS_PERIOD_SECONDS
+/// that the responder is alive): its events.
+static int epoll_wait_once(nf_channel *channel, uint32_t *events) {
     for (;;) {
         struct epoll_event event;
         int count = NF_RETRY(epoll_wait(channel->epoll_fd, &event, 1, channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
-        if (count > 0) return 0;
+        if (count > 0) {
+            *events = event.events;
+            return 0;
+        }
         if (count < 0) return -1;
         if (!nf_process_alive(channel->responder_pid)) {
             errno = ECONNRESET;
             return -1;
         }
     }
+}
+
+int nf_epoll_wait_readable(nf_channel *channel, int fd, bool edge) {
+    uint32_t events;
+    if (epoll_watching(channel, fd, edge) != 0) return -1;
+    return epoll_wait_once(channel, &events);
+}
+
+int nf_epoll_wait_writable(nf_channel *channel, int fd) {
+    if (epoll_watching(channel, fd, false) != 0) return -1;
+    struct epoll_event interest = {.events = EPOLLIN | EPOLLOUT, .data = {.fd = fd}};
+    if (epoll_ctl(channel->epoll_fd, EPOLL_CTL_MOD, fd, &interest) != 0) return -1;
+    uint32_t events = 0;
+    int status = 0;
+    // Input alone (the other end's acknowledgement, read later) is not what this waits for; an
+    // error or hang-up is, and the next write reports it.
+    while (status == 0 && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) status = epoll_wait_once(channel, &events);
+    int saved = errno;
+    interest.events = EPOLLIN;
+    if (epoll_ctl(channel->epoll_fd, EPOLL_CTL_MOD, fd, &interest) != 0 && status == 0) return -1;
+    errno = saved;
+    return status;
 }
 
 /// Receives one message; for the epoll variants of the stream and queue, after epoll says the
@@ -268,7 +299,9 @@ static uint64_t monotonic_nanoseconds(void) {
 
 int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds) {
     const struct nf_operations *operations = operations_for(channel->mechanism);
-    bool buffered = operations->buffered && !waits_through_epoll(channel->mechanism) && !waits_by_polling(channel->mechanism);
+    // A stream through epoll: the socket's (written and drained as an event loop does); the
+    // queue's sender would block, so it has none.
+    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && !waits_by_polling(channel->mechanism);
     if (channel->responder || !buffered || length > channel->max_payload || count > UINT32_MAX) {
         errno = channel->responder ? EINVAL : !buffered ? ENOTSUP : EMSGSIZE;
         return -1;
@@ -337,14 +370,18 @@ void nf_close_fd(int *fd) {
     *fd = -1;
 }
 
-int nf_write_all(int fd, struct iovec *vector, int count, bool socket) {
+int nf_write_all(int fd, struct iovec *vector, int count, bool socket, nf_channel *polling) {
     while (count > 0) {
         ssize_t written;
         if (socket) {
             struct msghdr message = {.msg_iov = vector, .msg_iovlen = (size_t)count};
-            written = NF_RETRY(sendmsg(fd, &message, MSG_NOSIGNAL));
+            written = NF_RETRY(sendmsg(fd, &message, MSG_NOSIGNAL | (polling != NULL ? MSG_DONTWAIT : 0)));
         } else {
             written = NF_RETRY(writev(fd, vector, count));
+        }
+        if (written < 0 && polling != NULL && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (nf_epoll_wait_writable(polling, fd) != 0) return -1;
+            continue;
         }
         if (written < 0) return -1;
         // Skip what was written: whole entries, then part of the next.

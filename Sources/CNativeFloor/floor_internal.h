@@ -143,11 +143,18 @@ bool nf_still_spinning(uint32_t *polls, uint64_t *end);
 /// NF_LIVENESS_PERIOD_SECONDS to check the responder is alive (ECONNRESET if not).
 int nf_epoll_wait_readable(nf_channel *channel, int fd, bool edge);
 
+/// Waits until `fd` has room to write, as an event loop waits after a write the kernel took
+/// only part of: EPOLLOUT added to the interest, epoll_wait, EPOLLOUT removed again. On the
+/// channel's epoll instance (made if needed), with the initiator's liveness checks.
+int nf_epoll_wait_writable(nf_channel *channel, int fd);
+
 /// Sets channel->names[index] to "<directory>/floor-<responder pid>.<leaf>".
 int nf_set_path(nf_channel *channel, int index, const char *leaf);
 
-/// Writes every byte of the vector (a socket write never raises SIGPIPE).
-int nf_write_all(int fd, struct iovec *vector, int count, bool socket);
+/// Writes every byte of the vector (a socket write never raises SIGPIPE). With `polling`, a
+/// socket is written without blocking, and when it is full the write waits for room with
+/// nf_epoll_wait_writable on that channel.
+int nf_write_all(int fd, struct iovec *vector, int count, bool socket, nf_channel *polling);
 
 /// Reads one message from a stream, or from a file at offset 0 when `file` is set. For a stream,
 /// end of input before the first byte reads as NF_GOODBYE; anywhere else it is EPROTO.

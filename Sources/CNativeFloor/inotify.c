@@ -78,7 +78,7 @@ static int inotify_send(nf_channel *channel, uint32_t length, const void *payloa
     if (fd < 0) return -1;
     uint32_t header = length;
     struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, NF_IS_CONTROL(length) ? 0 : length}};
-    int result = nf_write_all(fd, vector, 2, false);
+    int result = nf_write_all(fd, vector, 2, false, NULL);
     // The close is the signal: it raises IN_CLOSE_WRITE at the reader.
     nf_close_fd(&fd);
     return result;

@@ -16,7 +16,9 @@
 static int stream_send(nf_channel *channel, uint32_t length, const void *payload, bool socket) {
     uint32_t header = length;
     struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, NF_IS_CONTROL(length) ? 0 : length}};
-    return nf_write_all(channel->out_fd, vector, 2, socket);
+    // unix-stream+epoll writes as an event loop does: without blocking, and after a partial
+    // write it waits for room with epoll.
+    return nf_write_all(channel->out_fd, vector, 2, socket, channel->mechanism == NF_UNIX_STREAM_EPOLL ? channel : NULL);
 }
 
 static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
@@ -24,13 +26,19 @@ static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, 
 }
 
 /// A stream's messages, read as the bytes they are (headers included) in reads of up to 1 MiB:
-/// what a receiver that only drains the stream costs.
+/// what a receiver that only drains the stream costs. unix-stream+epoll waits in epoll_wait
+/// before each read, as an event loop does.
 static int stream_sink(nf_channel *channel, size_t count, size_t length) {
+    bool polling = channel->mechanism == NF_UNIX_STREAM_EPOLL;
     size_t remaining = count * (NF_HEADER_LENGTH + length);
     size_t capacity = 1 << 20;
     unsigned char *buffer = malloc(capacity);
     if (buffer == NULL) return -1;
     while (remaining > 0) {
+        if (polling && nf_epoll_wait_readable(channel, channel->in_fd, false) != 0) {
+            free(buffer);
+            return -1;
+        }
         ssize_t received = NF_RETRY(read(channel->in_fd, buffer, remaining < capacity ? remaining : capacity));
         if (received <= 0) {
             if (received == 0) errno = EPROTO;

@@ -88,11 +88,13 @@ final class FloorInitiator: @unchecked Sendable {
 
 extension FloorMechanism {
     /// Whether the kernel buffers this mechanism's messages, so that one-way throughput means
-    /// something (a sender can run ahead of its receiver).
+    /// something (a sender can run ahead of its receiver). `unix-stream+epoll` streams as an
+    /// event loop does (writes that do not block, epoll_wait before each read); `mqueue+epoll`
+    /// has no stream: its sender would block.
     public var streams: Bool {
         switch self {
-        case .unixStream, .mqueue, .pipe: true
-        case .futex, .inotify, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: false
+        case .unixStream, .mqueue, .pipe, .unixStreamEpoll: true
+        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: false
         }
     }
 

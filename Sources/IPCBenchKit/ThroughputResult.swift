@@ -46,6 +46,14 @@ public struct ThroughputResult: Codable, Sendable {
         guard let mechanism = FloorMechanism(transport: transport) else { return nil }
         return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && $0.waitStrategy == "blocking" }
     }
+
+    /// The floor stream that does the kernel work this blocking measurement does (its
+    /// mechanism's ``FloorMechanism/sameWork``: for unix-socket, writes that do not block and an
+    /// `epoll_wait` before each read), same placement and payload; `nil` where there is none.
+    public func sameWorkFloor(in results: [ThroughputResult]) -> ThroughputResult? {
+        guard waitStrategy == "blocking", let mechanism = FloorMechanism(transport: transport)?.sameWork else { return nil }
+        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
+    }
 }
 
 /// Collects the repetitions of one throughput measurement.

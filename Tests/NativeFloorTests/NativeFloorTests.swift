@@ -81,6 +81,24 @@ struct NativeFloorTests {
         #expect(try await session.echo([9, 8, 7]) == [9, 8, 7])
     }
 
+    /// The sender of a stream spends most of it waiting for room in the socket (blocked in the
+    /// write, or in epoll_wait for EPOLLOUT): the peer killed then is an error at once, not a hang.
+    @Test("a stream to a peer killed mid-stream fails", arguments: [FloorMechanism.unixStream, .unixStreamEpoll])
+    func peerDeathMidStream(mechanism: FloorMechanism) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
+        defer { session.close() }
+        _ = try await session.echo([1])
+        // 100 GiB: far more than the 300 ms before the kill can carry.
+        let streaming = Task { try await session.streamTime(payloadSize: 1 << 20, count: 100_000) }
+        try await Task.sleep(for: .milliseconds(300))
+        kill(session.peerPID, SIGKILL)
+        let error = await #expect(throws: IPCError.self) {
+            _ = try await withDeadline(seconds: 20, "\(mechanism) stream to a killed peer") { try await streaming.value }
+        }
+        #expect(error?.code == .peerInvalidated, "\(mechanism): \(String(describing: error))")
+    }
+
     @Test("refuses a payload over the session's maximum")
     func oversizedPayload() async throws {
         let group = try TestGroup()

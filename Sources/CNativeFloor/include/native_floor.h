@@ -49,8 +49,10 @@ typedef enum nf_mechanism {
     NF_INOTIFY = 3,
     /// A pair of FIFOs: the classic pipe round trip, for reference.
     NF_PIPE = 4,
-    /// NF_UNIX_STREAM, with every wait for a message an epoll_wait on the socket before the read:
-    /// the kernel work of an event-driven transport (one poller for all connections).
+    /// NF_UNIX_STREAM, with every wait for a message an epoll_wait on the socket before the read,
+    /// and writes that do not block (a full socket is waited on with epoll, EPOLLOUT added to the
+    /// interest for the wait): the kernel work of an event-driven transport (one poller for all
+    /// connections).
     NF_UNIX_STREAM_EPOLL = 5,
     /// NF_MQUEUE, with every wait an epoll_wait on the queue before the receive.
     NF_MQUEUE_EPOLL = 6,
@@ -108,8 +110,9 @@ int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t 
 /// returns once the responder has read them all (it acknowledges the last): one-way throughput.
 /// `*nanoseconds` gets the time from the first send to the acknowledgement (CLOCK_MONOTONIC),
 /// after a handshake that is not timed.
-/// Only for mechanisms whose kernel buffers messages and that wait without epoll (unix-stream,
-/// mqueue, pipe); ENOTSUP for the others, EMSGSIZE above max_payload, ECONNRESET if the responder went away.
+/// Only for mechanisms whose kernel buffers messages and that do not spin (unix-stream,
+/// unix-stream+epoll, mqueue, pipe; mqueue+epoll's sender would block, so it has none);
+/// ENOTSUP for the others, EMSGSIZE above max_payload, ECONNRESET if the responder went away.
 int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds);
 
 /// Unlinks the channel's names. Safe to call while another thread is in nf_responder_serve
