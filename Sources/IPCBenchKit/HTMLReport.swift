@@ -100,7 +100,8 @@ public enum HTMLReport {
     private static func throughputCharts(_ rows: [(label: String, result: ThroughputResult)]) -> String {
         guard !rows.isEmpty else { return "" }
         func name(_ row: (label: String, result: ThroughputResult)) -> String {
-            row.label + [row.result.transport, row.result.framing?.rawValue, row.result.waitStrategy == "blocking" ? nil : "spinning"].compactMap { $0 }.joined(separator: " ")
+            row.label + [row.result.transport, row.result.framing?.rawValue, row.result.waitStrategy == "blocking" ? nil : "spinning", row.result.onGlobalExecutor ? "global executor" : nil]
+                .compactMap { $0 }.joined(separator: " ")
         }
         var html = ""
         for placement in Placement.allCases {

@@ -35,7 +35,7 @@ public enum ReportRenderer {
             }
             let cpu = result.localCPUPerMessage.flatMap { local in result.peerCPUPerMessage.map { UInt64(local + $0) } }
             return [
-                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitStrategy, formatBytes(result.payloadBytes),
+                result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitDescription, formatBytes(result.payloadBytes),
                 String(format: "%.0f", result.messagesPerSecond), String(format: "%.1f", result.bytesPerSecond / 1e6),
                 share(result.floor(in: results)), share(result.sameWorkFloor(in: results)),
                 cpu.map(formatMicroseconds) ?? "-",
@@ -166,7 +166,7 @@ public enum ReportRenderer {
         """
         text += markdownTable(latencyColumns, latencyRows(results.latency), leftAligned: 5)
         if let throughput = results.throughput, !throughput.isEmpty {
-            text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. `÷ same-work floor` is the share of the rate of a C floor that streams as an event loop does (`unix-stream+epoll`: writes that do not block, a full socket waited on with `epoll_wait` with EPOLLOUT added for the wait, and an `epoll_wait` before each read): what the transport's own code costs, apart from the event-driven design's kernel work. CPU/msg is both processes' CPU time per message; cs/msg their context switches per message (voluntary and involuntary, all threads). allocs/msg is the heap allocations per message on the receiver's receive path (`ipcbench peer` counts them on the thread that runs its handler, which takes each payload in place where the transport lends it; `-` for a floor).\n\n"
+            text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). As the round trips are, they are sent from a task on the connection's executor, and for comparison (binary framing) from a task on Swift's global executor (`blocking, global executor`). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. `÷ same-work floor` is the share of the rate of a C floor that streams as an event loop does (`unix-stream+epoll`: writes that do not block, a full socket waited on with `epoll_wait` with EPOLLOUT added for the wait, and an `epoll_wait` before each read): what the transport's own code costs, apart from the event-driven design's kernel work. CPU/msg is both processes' CPU time per message; cs/msg their context switches per message (voluntary and involuntary, all threads). allocs/msg is the heap allocations per message on the receiver's receive path (`ipcbench peer` counts them on the thread that runs its handler, which takes each payload in place where the transport lends it; `-` for a floor).\n\n"
             text += markdownTable(throughputColumns, throughputRows(throughput), leftAligned: 5)
         }
         if !results.inProcess.isEmpty {

@@ -28,11 +28,26 @@ public struct ThroughputResult: Codable, Sendable {
     public var peerAllocationsPerMessage: Double? = nil
     /// `true` for a reference system's row (``LatencyResult/reference``), absent otherwise.
     public var reference: Bool? = nil
+    /// The executor the sending task ran on, as ``LatencyResult/executor``: `preferred` (the
+    /// connection's), `global` (Swift's global executor, for comparison), absent for a
+    /// connection without one, for floors and references, and in results written before
+    /// streams were measured on both.
+    public var executor: String? = nil
 
-    /// A stable name: `throughput/<transport>[/<framing>]/<placement>[/spin-then-block]/<bytes>`.
+    /// Whether the messages were sent from the global executor although the transport offers its own.
+    public var onGlobalExecutor: Bool { executor == LatencyResult.globalExecutor }
+
+    /// The wait strategy, and the executor when it is not the preferred one: the report's
+    /// `wait` column.
+    public var waitDescription: String {
+        waitStrategy + (onGlobalExecutor ? ", global executor" : "")
+    }
+
+    /// A stable name:
+    /// `throughput/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor]/<bytes>`.
     public var name: String {
         (["throughput", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
-            + (waitStrategy == "blocking" ? [] : [waitStrategy]) + [String(payloadBytes)]).joined(separator: "/")
+            + (waitStrategy == "blocking" ? [] : [waitStrategy]) + (onGlobalExecutor ? ["global-executor"] : []) + [String(payloadBytes)]).joined(separator: "/")
     }
 
     /// Both processes' context switches per message.
@@ -78,7 +93,7 @@ struct ThroughputAccumulator {
         }
     }
 
-    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, payloadBytes: Int) -> ThroughputResult {
+    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, executor: String? = nil, payloadBytes: Int) -> ThroughputResult {
         let median = rates.isEmpty ? 0 : rates.sorted()[rates.count / 2]
         let perMessage = cpu.perOperation(messages)
         let switches = cpu.switchesPerOperation(messages)
@@ -88,7 +103,8 @@ struct ThroughputAccumulator {
             repetitionMessagesPerSecond: rates, messagesPerSecond: median, bytesPerSecond: median * Double(payloadBytes),
             localCPUPerMessage: perMessage.local, peerCPUPerMessage: perMessage.peer,
             localContextSwitchesPerMessage: switches.local, peerContextSwitchesPerMessage: switches.peer,
-            peerAllocationsPerMessage: allocations.flatMap { $0.messages > 0 ? Double($0.count) / Double($0.messages) : nil }
+            peerAllocationsPerMessage: allocations.flatMap { $0.messages > 0 ? Double($0.count) / Double($0.messages) : nil },
+            executor: executor
         )
     }
 }

@@ -48,17 +48,20 @@ struct CommandLineTests {
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
         #expect(results.inProcess.isEmpty)
-        // One-way throughput for the transport, its floor and its event-driven floor; with one
-        // core, nothing spins.
+        // One-way throughput for the transport sent from both executors, its floor and its
+        // event-driven floor; with one core, nothing spins.
         let throughput = try #require(results.throughput)
-        #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"])
+        #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"])
+        #expect(throughput.map(\.executor) == ["preferred", "preferred", "global", "global", nil, nil, nil, nil])
+        #expect(Set(throughput.map(\.name)).count == throughput.count)
+        #expect(throughput.filter(\.onGlobalExecutor).allSatisfy { $0.name.contains("/global-executor/") && $0.waitDescription == "blocking, global executor" })
         let streamRow = try #require(throughput.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
         #expect(streamRow.floor(in: throughput)?.transport == "floor:unix-stream")
         #expect(streamRow.sameWorkFloor(in: throughput)?.transport == "floor:unix-stream+epoll")
         #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
         #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
         // A benchmark entry per latency and throughput row and per repetition of each.
-        #expect(results.benchmarks.count == 14 * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.count == 16 * (LatencyResult.repetitions + 1))
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
