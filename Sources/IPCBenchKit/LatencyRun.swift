@@ -358,11 +358,11 @@ public struct LatencyRunner: Sendable {
         let sinkReports = SinkReports(connection.messages)
         let executor = connection.preferredTaskExecutor
         // A one-way stream sent from a task on `executor` (nil: Swift's global executor). Which
-        // one is faster depends on the size: same-core, a stream of 64 B messages sent from the
-        // connection's loop is about a quarter slower than one sent from the global executor
-        // (the receiver preempts the loop's thread more often), and one of 64 KiB or 1 MiB about
-        // a tenth faster (a full socket suspends the sender without waking a pool thread when
-        // room comes). Both are measured.
+        // one is faster depends on the size: same core, a stream of 64 B messages sent from the
+        // connection's loop is slower than one sent from the global executor (the receiver
+        // preempts the loop's thread more often), and one of 64 KiB faster (a full socket
+        // suspends the sender without waking a pool thread when room comes). Both are measured;
+        // docs/ENGINE.md, "Throughput", has the figures.
         func stream(preferring executor: (any TaskExecutor)?) -> (Int, Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?) {
             { size, count in
                 let payload = [UInt8](repeating: 0x5A, count: size)
