@@ -130,7 +130,7 @@ let package = Package(
         .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
-            dependencies: ["IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
+            dependencies: ["CIPCShims", "IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
         ),
         .testTarget(
             name: "MessagePortTransportTests",

@@ -296,10 +296,13 @@ static void install_sigbus_handler(void) {
     sigaction(SIGBUS, &action, &previous_sigbus);
 }
 
+// sigsetjmp without saving the signal mask (which costs a system call each time): the handler is
+// installed with SA_NODEFER and an empty sa_mask, so the fault changes no mask and the jump back
+// has none to restore.
 int ipc_guarded_load_u64(const uint64_t *address, uint64_t *value) {
     pthread_once(&sigbus_once, install_sigbus_handler);
     sigjmp_buf target;
-    if (sigsetjmp(target, 1) != 0) return -1;
+    if (sigsetjmp(target, 0) != 0) return -1;
     guarded_access = &target;
     *value = __atomic_load_n(address, __ATOMIC_ACQUIRE);
     guarded_access = NULL;
@@ -309,9 +312,19 @@ int ipc_guarded_load_u64(const uint64_t *address, uint64_t *value) {
 int ipc_guarded_store_u64(uint64_t *address, uint64_t value) {
     pthread_once(&sigbus_once, install_sigbus_handler);
     sigjmp_buf target;
-    if (sigsetjmp(target, 1) != 0) return -1;
+    if (sigsetjmp(target, 0) != 0) return -1;
     guarded_access = &target;
     __atomic_store_n(address, value, __ATOMIC_RELEASE);
+    guarded_access = NULL;
+    return 0;
+}
+
+int ipc_guarded_copy(void *destination, const void *source, size_t count) {
+    pthread_once(&sigbus_once, install_sigbus_handler);
+    sigjmp_buf target;
+    if (sigsetjmp(target, 0) != 0) return -1;
+    guarded_access = &target;
+    memcpy(destination, source, count);
     guarded_access = NULL;
     return 0;
 }

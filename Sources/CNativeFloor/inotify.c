@@ -119,14 +119,21 @@ const struct nf_operations nf_inotify_operations = {
 
 // journal: a file per direction kept the way the file-presenter transport keeps its journals. A
 // 64-byte header holds a sequence number and the end of the record; the record follows it. The
-// writer takes the file's exclusive open-file-description lock, writes the record with pwrite
-// (the write raises IN_MODIFY at the reader), stores the end and the next sequence number
-// through a shared mapping of the header (which raises nothing), and unlocks. The reader sleeps
-// in read(2) on inotify until IN_MODIFY, takes the shared lock, reads the sequence number and
-// the end, reads the record, and unlocks. Each record overwrites the last one (in a ping-pong
-// the reader has always taken it), so the file does not grow.
+// writer takes the file's exclusive open-file-description lock, copies the record into a shared
+// mapping of the file (which raises no inotify event), stores the end and the next sequence
+// number through the same mapping, unlocks, and then writes one byte of the header's reserved
+// area, whose IN_MODIFY wakes the reader with the lock already free. A record longer than the
+// mapped window is written with pwritev instead, under the lock, and that write is the wake-up
+// (the reader then waits for the lock). The reader sleeps in read(2) on inotify until
+// IN_MODIFY, takes the shared lock, reads the sequence number and the end, reads the record with
+// pread, and unlocks. Each record overwrites the last one (in a ping-pong the reader has always
+// taken it), so the file does not grow.
 
 #define JOURNAL_HEADER 64
+/// Records up to this long are copied through the mapping; each file is this long past its header.
+#define JOURNAL_WINDOW (64 * 1024 + NF_HEADER_LENGTH)
+/// The header byte whose write wakes the reader (in the header's unused part).
+#define JOURNAL_WAKE_OFFSET (JOURNAL_HEADER - 1)
 
 struct journal_header {
     _Atomic uint64_t sequence;
@@ -138,35 +145,38 @@ static int lock_journal(int fd, short type) {
     return NF_RETRY(fcntl(fd, F_OFD_SETLKW, &lock));
 }
 
-/// Opens the file this end writes (kept open, with its header mapped) and maps the header of the
-/// one it reads.
+/// Opens the file this end writes (kept open, mapped with its record window) and maps the header
+/// of the one it reads.
 static int journal_prepare(nf_channel *channel) {
     channel->out_fd = open(channel->names[written_name(channel)], O_RDWR | O_CLOEXEC);
     if (channel->out_fd < 0) return -1;
+    const off_t length = JOURNAL_HEADER + JOURNAL_WINDOW;
     struct stat status;
     if (fstat(channel->file_fd, &status) != 0) return -1;
-    if (status.st_size < JOURNAL_HEADER && ftruncate(channel->file_fd, JOURNAL_HEADER) != 0) return -1;
+    if (status.st_size < length && ftruncate(channel->file_fd, length) != 0) return -1;
     if (fstat(channel->out_fd, &status) != 0) return -1;
-    if (status.st_size < JOURNAL_HEADER && ftruncate(channel->out_fd, JOURNAL_HEADER) != 0) return -1;
-    // Two pages reserved, then each header mapped over one: [0] the header this end reads,
-    // [1] the one it writes. One range, so nf_close unmaps both.
+    if (status.st_size < length && ftruncate(channel->out_fd, length) != 0) return -1;
+    // One page, then the written file's header and window, reserved as one range (so nf_close
+    // unmaps all of it), each mapped over its part: the header this end reads, then the file it
+    // writes.
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    channel->mapping = mmap(NULL, 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    channel->mapping_length = page + (size_t)length;
+    channel->mapping = mmap(NULL, channel->mapping_length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (channel->mapping == MAP_FAILED) {
         channel->mapping = NULL;
         return -1;
     }
-    channel->mapping_length = 2 * page;
     char *base = channel->mapping;
     if (mmap(base, JOURNAL_HEADER, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, channel->file_fd, 0) == MAP_FAILED) return -1;
-    if (mmap(base + page, JOURNAL_HEADER, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, channel->out_fd, 0) == MAP_FAILED) return -1;
+    if (mmap(base + page, (size_t)length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, channel->out_fd, 0) == MAP_FAILED) return -1;
     return 0;
 }
 
 static struct journal_header *incoming_header(const nf_channel *channel) { return (struct journal_header *)channel->mapping; }
-static struct journal_header *outgoing_header(const nf_channel *channel) {
-    return (struct journal_header *)((char *)channel->mapping + channel->mapping_length / 2);
+static char *outgoing_file(const nf_channel *channel) {
+    return (char *)channel->mapping + channel->mapping_length - (JOURNAL_HEADER + JOURNAL_WINDOW);
 }
+static struct journal_header *outgoing_header(const nf_channel *channel) { return (struct journal_header *)outgoing_file(channel); }
 
 static int journal_create(nf_channel *channel) {
     return create_files(channel, IN_MODIFY) == 0 ? journal_prepare(channel) : -1;
@@ -180,9 +190,17 @@ static int journal_send(nf_channel *channel, uint32_t length, const void *payloa
     if (lock_journal(channel->out_fd, F_WRLCK) != 0) return -1;
     uint32_t header = length;
     size_t payload_length = NF_IS_CONTROL(length) ? 0 : length;
-    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, payload_length}};
-    ssize_t written = NF_RETRY(pwritev(channel->out_fd, vector, 2, JOURNAL_HEADER));
-    int result = written == (ssize_t)(NF_HEADER_LENGTH + payload_length) ? 0 : -1;
+    bool mapped = NF_HEADER_LENGTH + payload_length <= JOURNAL_WINDOW;
+    int result = 0;
+    if (mapped) {
+        char *record = outgoing_file(channel) + JOURNAL_HEADER;
+        memcpy(record, &header, NF_HEADER_LENGTH);
+        if (payload_length > 0) memcpy(record + NF_HEADER_LENGTH, payload, payload_length);
+    } else {
+        struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, payload_length}};
+        ssize_t written = NF_RETRY(pwritev(channel->out_fd, vector, 2, JOURNAL_HEADER));
+        result = written == (ssize_t)(NF_HEADER_LENGTH + payload_length) ? 0 : -1;
+    }
     if (result == 0) {
         struct journal_header *out = outgoing_header(channel);
         atomic_store_explicit(&out->end, JOURNAL_HEADER + NF_HEADER_LENGTH + payload_length, memory_order_relaxed);
@@ -190,6 +208,11 @@ static int journal_send(nf_channel *channel, uint32_t length, const void *payloa
     }
     int error = errno;
     lock_journal(channel->out_fd, F_UNLCK);
+    if (result == 0 && mapped) {
+        // The wake-up, with the lock free: the reader does not wake to wait for this writer.
+        static const char zero = 0;
+        if (NF_RETRY(pwrite(channel->out_fd, &zero, 1, JOURNAL_WAKE_OFFSET)) != 1) return -1;
+    }
     errno = error;
     return result;
 }

@@ -1,5 +1,8 @@
+import CIPCShims
 @testable import FilePresenterTransport
 import Foundation
+import Glibc
+import Synchronization
 import IPCCore
 import IPCTestSupport
 import Testing
@@ -181,5 +184,104 @@ struct JournalTests {
         // One record larger than the whole capacity still goes into a journal within the threshold.
         try appender.append(sender, frame: frame(1, size: 2 * capacity), timeout: .seconds(1))
         #expect(try readAll(reader) == [frame(1, size: 2 * capacity)])
+    }
+
+    @Test("a record that fits the mapped window wakes the reader once, with the record committed and the lock free, even when the reader preempts the writer")
+    func wakesAfterCommit() async throws {
+        let group = try TestGroup()
+        let (path, _, appender) = try makeJournal(group)
+        let watch = inotify_init1(CInt(IN_CLOEXEC))
+        try #require(watch >= 0)
+        defer { close(watch) }
+        try #require(inotify_add_watch(watch, path, UInt32(IN_MODIFY)) >= 0)
+        let probe = try CoordinatedFile(path: path, create: false)
+        let appends = 200
+        let length = RecordHeader.length + 20 + 64
+        // Both threads on one CPU: the woken reader then runs before the writer goes on, as a
+        // journal's reader does against a writer on its CPU, and sees what the writer had done
+        // when the wake-up came.
+        let wakes = Mutex<[(events: Int, lockFree: Bool, end: Int)]>([])
+        let observed = DispatchSemaphore(value: 0)
+        let writerDone = DispatchSemaphore(value: 0)
+        let observer = Thread {
+            var cpu: CInt = 0
+            _ = ipc_set_affinity(0, &cpu, 1)
+            for _ in 0..<appends {
+                var poller = pollfd(fd: watch, events: Int16(POLLIN), revents: 0)
+                guard poll(&poller, 1, 10_000) == 1 else { break }
+                let lockFree = (try? probe.tryLock(exclusive: false)) == true
+                if lockFree { probe.unlock() }
+                var header = [UInt8](repeating: 0, count: JournalHeader.length)
+                let got = pread(probe.descriptor, &header, header.count, 0)
+                let end = got == header.count ? Int(header[16..<24].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }) : -1
+                var events = [UInt8](repeating: 0, count: 4096)
+                let read = Glibc.read(watch, &events, events.count)
+                wakes.withLock { $0.append((read / MemoryLayout<inotify_event>.size, lockFree, end)) }
+                observed.signal()
+            }
+        }
+        let writer = Thread {
+            var cpu: CInt = 0
+            _ = ipc_set_affinity(0, &cpu, 1)
+            for index in 0..<appends {
+                guard (try? appender.append(sender, frame: frame(index, size: 64), timeout: .seconds(10))) != nil,
+                    observed.wait(timeout: .now() + 10) == .success
+                else { break }
+            }
+            writerDone.signal()
+        }
+        observer.start()
+        writer.start()
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                _ = writerDone.wait(timeout: .now() + 60)
+                continuation.resume()
+            }
+        }
+        let seen = wakes.withLock { $0 }
+        #expect(seen.count == appends)
+        for (index, wake) in seen.enumerated() {
+            #expect(wake.events == 1, "append \(index): \(wake.events) events")
+            #expect(wake.lockFree, "append \(index): the writer held the lock when the reader woke")
+            #expect(wake.end == JournalHeader.length + (index + 1) * length, "append \(index): the committed end was \(wake.end) when the reader woke")
+        }
+    }
+
+    @Test("a journal its reader does not keep at the mapped length (as a reader may that follows only the rules before it) still gets every record whole")
+    func shortJournal() async throws {
+        let group = try TestGroup()
+        let path = group.directory.path + "/short.inbox"
+        // Only the header, as Journal.create made it before it kept the file long.
+        let file = try CoordinatedFile(path: path)
+        try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(1)) { access in
+            try access.write(JournalHeader(ownerPID: getpid(), capacity: capacity).bytes, at: 0)
+        }
+        let reader = JournalReader(try JournalFile(file, timeout: .seconds(1)), maximumPayloadLength: 1 << 20)
+        let appender = JournalAppender(try JournalFile(CoordinatedFile(path: path, create: false), timeout: .seconds(1)))
+        // Sizes that end records in the middle of a page, on its boundary and across it.
+        let sizes = [0, 1, 64, 4000, 4096 - 24 - 32, 5000, 12_000, 64]
+        for (index, size) in sizes.enumerated() {
+            try appender.append(sender, frame: frame(index, size: size), timeout: .seconds(1))
+        }
+        #expect(try readAll(reader) == sizes.enumerated().map { frame($0, size: $1) })
+        let fileLength = try #require(FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
+        #expect(try committedEnd(path) <= fileLength)
+    }
+
+    @Test("a journal cut shorter than its reader keeps it, under the writer's mapping, makes the next read a typed error, never a crash")
+    func journalCutUnderTheWindow() async throws {
+        let group = try TestGroup()
+        let (path, reader, appender) = try makeJournal(group)
+        try appender.append(sender, frame: frame(0, size: 64), timeout: .seconds(1))
+        #expect(try readAll(reader) == [frame(0, size: 64)])
+        // Cut inside the page the next record goes to: a copy there does not fault, and the
+        // part past the new end is not in the file, so the committed end is past it.
+        let end = try committedEnd(path)
+        #expect(truncate(path, off_t(end + 10)) == 0)
+        try appender.append(sender, frame: frame(1, size: 64), timeout: .seconds(1))
+        await expectIPCError(.truncatedFrame) { _ = try readAll(reader) }
+        // Cut to nothing: the writer's copy faults, and the fault is caught.
+        #expect(truncate(path, 0) == 0)
+        await expectIPCError(.truncatedFrame) { try appender.append(sender, frame: frame(2, size: 64), timeout: .seconds(1)) }
     }
 }

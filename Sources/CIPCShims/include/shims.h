@@ -131,5 +131,8 @@ int ipc_set_nonblocking(int fd);
 /// would have). Return 0, or -1 if the page is gone (the file was truncated under the mapping).
 int ipc_guarded_load_u64(const uint64_t *address, uint64_t *value);
 int ipc_guarded_store_u64(uint64_t *address, uint64_t value);
+/// Copies count bytes into such a mapping: 0, or -1 if a page of it is gone (part of the copy may
+/// have been made).
+int ipc_guarded_copy(void *destination, const void *source, size_t count);
 
 #endif

@@ -26,6 +26,8 @@ import IPCFraming
 struct JournalHeader: Equatable {
     static let length = 24
     static let committedEndOffset = 16
+    /// The header byte a writer writes (always zero) to wake the reader (WIRE-FORMAT.md, section 7).
+    static let wakeOffset = 7
     static let magic: [UInt8] = [0x49, 0x50, 0x46, 0x4A]
     static let version: UInt8 = 2
 

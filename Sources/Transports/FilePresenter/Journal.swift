@@ -19,6 +19,9 @@ enum Journal {
         let file = CoordinatedFile(descriptor: descriptor, path: path)
         try FileCoordinator.journal().coordinate(writingItem: file, timeout: .seconds(1)) { access in
             try access.write(JournalHeader(ownerPID: getpid(), capacity: capacity).bytes, at: 0)
+            // As long as compaction keeps it (sparse: no blocks until written), so that writers
+            // can append through their mapping of it (``JournalFile/writeMapped(_:at:)``).
+            try access.truncate(to: JournalFile.mappedLength(capacity: capacity))
         }
         _ = unlink(path)
         guard linkat(AT_FDCWD, "/proc/self/fd/\(descriptor)", AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0 else {
@@ -35,32 +38,80 @@ enum Journal {
     }
 }
 
-/// An open journal: the file, and its header mapped into memory.
+/// An open journal: the file, and its header and first records mapped into memory.
 ///
 /// The committed end is read and moved through the mapping, holding the file's lock. That takes
-/// no system call and makes no inotify event, so the reader is woken once per record, by the
-/// record's own write (after which it waits for the lock, so it sees the record committed).
+/// no system call and makes no inotify event. A writer also copies a record that fits the mapped
+/// window into it (``writeMapped(_:at:)``), which makes no event either, and after unlocking
+/// rings the reader (``ringReader()``): the reader is woken once per record, with the lock
+/// already free. A record written with a system call instead wakes the reader with the write,
+/// before the commit, and the reader then waits for the lock (WIRE-FORMAT.md, section 7).
 final class JournalFile: @unchecked Sendable {
-    // @unchecked: the mapped header is read and moved only while holding the file's lock.
+    // @unchecked: the mapped header and records are read and written only while holding the
+    // file's lock; `mappedWritesFailed` is atomic.
     let file: CoordinatedFile
     /// The header as it was when the journal was opened (its owner and capacity do not change).
     let header: JournalHeader
     private let mapping: UnsafeMutableRawPointer
+    private let mappedLength: Int
+    /// A copy into the mapping faulted once (the file is shorter than the window: its reader
+    /// does not keep it that long, or someone cut it): records are written with pwrite from then on.
+    private let mappedWritesFailed = Atomic<Bool>(false)
+    /// The file's length when last looked at. A journal's reader keeps it at least
+    /// ``mappedLength(capacity:)`` long once it is (WIRE-FORMAT.md, section 7), so it is looked
+    /// at again only while it is shorter than a record's end: a copy past the file's end in its
+    /// last page would not fault, and would be lost.
+    private let knownFileLength = Atomic<Int>(0)
+
+    /// How much of a journal is mapped: its header and the records before the compaction
+    /// threshold, which is as long as its reader keeps the file (WIRE-FORMAT.md, section 7).
+    static func mappedLength(capacity: Int) -> Int {
+        JournalHeader.length + JournalHeader.compactionThreshold(capacity: capacity)
+    }
 
     /// - Throws: ``IPCError/Code/malformedFrame`` if the file is not a journal;
     ///   ``IPCError/Code/coordinationTimeout``; ``IPCError/Code/transportFailure``.
     init(_ file: CoordinatedFile, timeout: Duration) throws {
         header = try FileCoordinator.journal().coordinate(readingItem: file, timeout: timeout, byAccessor: Journal.readHeader)
-        let address = mmap(nil, JournalHeader.length, PROT_READ | PROT_WRITE, MAP_SHARED, file.descriptor, 0)
+        let length = Self.mappedLength(capacity: header.capacity)
+        let address = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_SHARED, file.descriptor, 0)
         guard let address, address != UnsafeMutableRawPointer(bitPattern: -1) else {
             throw IPCError.syscall("mmap", Errno(rawValue: errno), context: file.path)
         }
         self.file = file
         mapping = address
+        mappedLength = length
     }
 
     deinit {
-        munmap(mapping, JournalHeader.length)
+        munmap(mapping, mappedLength)
+    }
+
+    /// Copies a record to `offset` through the mapping, holding the file's exclusive lock.
+    /// - Returns: whether it did: `false` (having changed nothing a reader may read, which is
+    ///   all at or past the committed end) if the record does not fit the window, the file ends
+    ///   before the record would, or a copy faulted before (someone cut the file shorter than
+    ///   its reader keeps it); write it with a system call then.
+    func writeMapped(_ bytes: [UInt8], at offset: Int) -> Bool {
+        guard offset >= JournalHeader.length, bytes.count <= mappedLength - offset, !mappedWritesFailed.load(ordering: .relaxed) else { return false }
+        if offset + bytes.count > knownFileLength.load(ordering: .relaxed) {
+            var status = stat()
+            guard fstat(file.descriptor, &status) == 0 else { return false }
+            knownFileLength.store(Int(status.st_size), ordering: .relaxed)
+            guard offset + bytes.count <= Int(status.st_size) else { return false }
+        }
+        let copied = bytes.withUnsafeBytes { ipc_guarded_copy(mapping + offset, $0.baseAddress!, $0.count) == 0 }
+        if !copied { mappedWritesFailed.store(true, ordering: .relaxed) }
+        return copied
+    }
+
+    /// Wakes the journal's reader after a record written with ``writeMapped(_:at:)`` was
+    /// committed and the lock released: one byte of the header that is always zero, written
+    /// again (its write makes the `IN_MODIFY` the reader waits for).
+    func ringReader() throws {
+        var zero: UInt8 = 0
+        let written = pwrite(file.descriptor, &zero, 1, off_t(JournalHeader.wakeOffset))
+        guard written == 1 else { throw IPCError.syscall("pwrite", Errno(rawValue: errno), context: file.path) }
     }
 
     private var committedEndField: UnsafeMutablePointer<UInt64> {
@@ -183,15 +234,23 @@ struct JournalAppender: Sendable {
                 return .locked
             }
         }
-        defer { file.unlock() }
-        let access = FileAccess(file: file, isWriting: true)
-        let end = try journal.committedEnd()
-        guard journal.header.admits(prepared.length, committedEnd: end) else { return .full }
-        try access.write(prepared.head, at: end)
-        if let payload = prepared.payload {
-            try access.write(payload, at: end + prepared.head.count)
+        var mapped = false
+        do {
+            defer { file.unlock() }
+            let access = FileAccess(file: file, isWriting: true)
+            let end = try journal.committedEnd()
+            guard journal.header.admits(prepared.length, committedEnd: end) else { return .full }
+            mapped = prepared.payload == nil && journal.writeMapped(prepared.head, at: end)
+            if !mapped {
+                try access.write(prepared.head, at: end)
+                if let payload = prepared.payload {
+                    try access.write(payload, at: end + prepared.head.count)
+                }
+            }
+            try journal.commit(end + prepared.length)
         }
-        try journal.commit(end + prepared.length)
+        // After the unlock, so that the reader does not wake to wait for this writer.
+        if mapped { try journal.ringReader() }
         return nil
     }
 }
