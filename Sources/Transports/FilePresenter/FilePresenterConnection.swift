@@ -183,7 +183,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         let (appender, record) = try prepare(frame)
         let giveUp = deadline(after: timeout)
         for attempt in 0..<Self.yieldsBeforeSuspending {
-            guard try invalidatingOnCorruption({ try appender.tryAppend(record) }) != nil else { return }
+            guard try invalidatingOnCorruption({ try appender.tryAppend(record, unrung: readerUnreachable) }) != nil else { return }
             if attempt + 1 < Self.yieldsBeforeSuspending { sched_yield() }
         }
         let cancelled = Atomic<Bool>(false)
@@ -215,7 +215,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     private func appendWaiting(_ appender: JournalAppender, _ record: JournalAppender.Prepared, until giveUp: UInt64, cancelled: () -> Bool) throws {
         do {
             try invalidatingOnCorruption {
-                try appender.append(record, timeout: remaining(until: giveUp)) { cancelled() || !core.latch.isValid }
+                try appender.append(record, timeout: remaining(until: giveUp), cancelled: { cancelled() || !core.latch.isValid }, unrung: readerUnreachable)
             }
         } catch is CancellationError {
             try core.checkValid()
@@ -231,6 +231,12 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
         let appender = try appender()
         return (appender, try appender.prepare(RecordHeader(kind: .frame, sender: sender), frame: frame))
+    }
+
+    /// A record was committed but its reader could not be woken for it: the connection ends,
+    /// and the peer, seeing that end on the rendezvous socket, reads what was committed first.
+    private func readerUnreachable(_ error: IPCError) {
+        invalidate(InvalidationReason(.transportFailure, error: error))
     }
 
     /// Runs `body`, an append; if it finds the peer's journal forged, corrupted or truncated,

@@ -108,10 +108,16 @@ final class JournalFile: @unchecked Sendable {
     /// Wakes the journal's reader after a record written with ``writeMapped(_:at:)`` was
     /// committed and the lock released: one byte of the header that is always zero, written
     /// again (its write makes the `IN_MODIFY` the reader waits for).
-    func ringReader() throws {
+    /// - Returns: `nil`, or why the byte could not be written (the record is committed, and the
+    ///   reader reads it when it next wakes).
+    func ringReader() -> IPCError? {
         var zero: UInt8 = 0
-        let written = pwrite(file.descriptor, &zero, 1, off_t(JournalHeader.wakeOffset))
-        guard written == 1 else { throw IPCError.syscall("pwrite", Errno(rawValue: errno), context: file.path) }
+        do {
+            _ = try syscallRetryingInterrupts { pwrite(file.descriptor, &zero, 1, off_t(JournalHeader.wakeOffset)) }
+            return nil
+        } catch {
+            return IPCError.syscall("pwrite", error, context: file.path)
+        }
     }
 
     private var committedEndField: UnsafeMutablePointer<UInt64> {
@@ -189,17 +195,20 @@ struct JournalAppender: Sendable {
     ///   `CancellationError` once `cancelled()` is true; ``IPCError/Code/malformedFrame`` if
     ///   the file is not a journal; ``IPCError/Code/transportFailure``.
     func append(_ record: RecordHeader, frame: Frame? = nil, timeout: Duration, cancelled: () -> Bool = { false }) throws {
-        try append(prepare(record, frame: frame), timeout: timeout, cancelled: cancelled)
+        try append(prepare(record, frame: frame), timeout: timeout, cancelled: cancelled, unrung: { _ in })
     }
 
     /// ``append(_:frame:timeout:cancelled:)`` of a prepared record.
-    func append(_ prepared: Prepared, timeout: Duration, cancelled: () -> Bool = { false }) throws {
+    /// - Parameter unrung: called, after the record was committed, if the reader could not be
+    ///   woken for it (``JournalFile/ringReader()``): the caller ends its connection, whose end
+    ///   the peer sees on the rendezvous socket, and then reads what was committed.
+    func append(_ prepared: Prepared, timeout: Duration, cancelled: () -> Bool = { false }, unrung: (IPCError) -> Void) throws {
         let giveUp = deadline(after: timeout)
         var backoff = Backoff()
         while true {
             if cancelled() { throw CancellationError() }
             // The lock is waited for in slices, so that a cancellation is seen within one.
-            let obstacle = try attempt(prepared, lockTimeout: min(remaining(until: giveUp), .milliseconds(20)))
+            let obstacle = try attempt(prepared, lockTimeout: min(remaining(until: giveUp), .milliseconds(20)), unrung: unrung)
             guard let obstacle else { return }
             guard monotonicNanoseconds() < giveUp else {
                 switch obstacle {
@@ -216,14 +225,14 @@ struct JournalAppender: Sendable {
     /// Appends `prepared` if the lock is free and the journal has room now; never waits.
     /// - Returns: `nil` once appended, else what is in the way.
     /// - Throws: as ``append(_:timeout:cancelled:)`` does, but never `sendTimeout`.
-    func tryAppend(_ prepared: Prepared) throws -> Obstacle? {
-        try attempt(prepared, lockTimeout: .zero)
+    func tryAppend(_ prepared: Prepared, unrung: (IPCError) -> Void) throws -> Obstacle? {
+        try attempt(prepared, lockTimeout: .zero, unrung: unrung)
     }
 
     /// One append under the file's exclusive lock, which is waited for up to `lockTimeout`
     /// (not at all for zero: a busy lock then costs one try, with no error made). The journal's
     /// reader asks no presenter, so the lock is all a coordinated write of it takes.
-    private func attempt(_ prepared: Prepared, lockTimeout: Duration) throws -> Obstacle? {
+    private func attempt(_ prepared: Prepared, lockTimeout: Duration, unrung: (IPCError) -> Void) throws -> Obstacle? {
         let file = journal.file
         if lockTimeout == .zero {
             guard try file.tryLock(exclusive: true) else { return .locked }
@@ -250,7 +259,7 @@ struct JournalAppender: Sendable {
             try journal.commit(end + prepared.length)
         }
         // After the unlock, so that the reader does not wake to wait for this writer.
-        if mapped { try journal.ringReader() }
+        if mapped, let error = journal.ringReader() { unrung(error) }
         return nil
     }
 }
