@@ -48,7 +48,7 @@ enum Journal {
 /// before the commit, and the reader then waits for the lock (WIRE-FORMAT.md, section 7).
 final class JournalFile: @unchecked Sendable {
     // @unchecked: the mapped header and records are read and written only while holding the
-    // file's lock; `mappedWritesFailed` is atomic.
+    // file's lock; `mappedWritesFailed` and `knownFileLength` are atomics.
     let file: CoordinatedFile
     /// The header as it was when the journal was opened (its owner and capacity do not change).
     let header: JournalHeader
