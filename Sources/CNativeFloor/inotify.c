@@ -130,7 +130,8 @@ const struct nf_operations nf_inotify_operations = {
 // taken it), so the file does not grow.
 
 #define JOURNAL_HEADER 64
-/// Records up to this long are copied through the mapping; each file is this long past its header.
+/// Records up to this long (payloads up to 64 KiB, where the transport draws the line too) are
+/// copied through the mapping; each file is this long past its header.
 #define JOURNAL_WINDOW (64 * 1024 + NF_HEADER_LENGTH)
 /// The header byte whose write wakes the reader (in the header's unused part).
 #define JOURNAL_WAKE_OFFSET (JOURNAL_HEADER - 1)

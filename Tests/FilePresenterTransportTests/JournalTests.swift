@@ -19,9 +19,9 @@ struct JournalTests {
         Frame(kind: .message, msgid: UInt32(index), payload: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: size))
     }
 
-    private func makeJournal(_ group: borrowing TestGroup) throws -> (path: String, reader: JournalReader, appender: JournalAppender) {
+    private func makeJournal(_ group: borrowing TestGroup, capacity: Int? = nil) throws -> (path: String, reader: JournalReader, appender: JournalAppender) {
         let path = group.directory.path + "/j.inbox"
-        let reader = JournalReader(try Journal.create(at: path, in: group.directory, capacity: capacity), maximumPayloadLength: 1 << 20)
+        let reader = JournalReader(try Journal.create(at: path, in: group.directory, capacity: capacity ?? self.capacity), maximumPayloadLength: 1 << 20)
         return (path, reader, JournalAppender(try JournalFile(CoordinatedFile(path: path, create: false), timeout: .seconds(1))))
     }
 
@@ -186,17 +186,22 @@ struct JournalTests {
         #expect(try readAll(reader) == [frame(1, size: 2 * capacity)])
     }
 
-    @Test("a record that fits the mapped window wakes the reader once, with the record committed and the lock free, even when the reader preempts the writer")
-    func wakesAfterCommit() async throws {
+    /// 64 B records (gathered behind their headers), and records whose payload is above the
+    /// gather limit and below the mapped limit (head and payload copied apart), in a journal
+    /// whose window (half its capacity, up to 1 MiB) holds them all.
+    @Test(
+        "a record that fits the mapped window wakes the reader once, with the record committed and the lock free, even when the reader preempts the writer",
+        arguments: [(size: 64, appends: 200), (size: 20_000, appends: 40)]
+    )
+    func wakesAfterCommit(size: Int, appends: Int) async throws {
         let group = try TestGroup()
-        let (path, _, appender) = try makeJournal(group)
+        let (path, _, appender) = try makeJournal(group, capacity: 4 << 20)
         let watch = inotify_init1(CInt(IN_CLOEXEC))
         try #require(watch >= 0)
         defer { close(watch) }
         try #require(inotify_add_watch(watch, path, UInt32(IN_MODIFY)) >= 0)
         let probe = try CoordinatedFile(path: path, create: false)
-        let appends = 200
-        let length = RecordHeader.length + 20 + 64
+        let length = RecordHeader.length + 20 + size
         // Both threads on one CPU: the woken reader then runs before the writer goes on, as a
         // journal's reader does against a writer on its CPU, and sees what the writer had done
         // when the wake-up came.
@@ -224,7 +229,7 @@ struct JournalTests {
             var cpu: CInt = 0
             _ = ipc_set_affinity(0, &cpu, 1)
             for index in 0..<appends {
-                guard (try? appender.append(sender, frame: frame(index, size: 64), timeout: .seconds(10))) != nil,
+                guard (try? appender.append(sender, frame: frame(index, size: size), timeout: .seconds(10))) != nil,
                     observed.wait(timeout: .now() + 10) == .success
                 else { break }
             }

@@ -20,7 +20,7 @@ enum Journal {
         try FileCoordinator.journal().coordinate(writingItem: file, timeout: .seconds(1)) { access in
             try access.write(JournalHeader(ownerPID: getpid(), capacity: capacity).bytes, at: 0)
             // As long as compaction keeps it (sparse: no blocks until written), so that writers
-            // can append through their mapping of it (``JournalFile/writeMapped(_:at:)``).
+            // can append through their mapping of it (``JournalFile/writeMapped(_:_:at:)``).
             try access.truncate(to: JournalFile.mappedLength(capacity: capacity))
         }
         _ = unlink(path)
@@ -42,7 +42,7 @@ enum Journal {
 ///
 /// The committed end is read and moved through the mapping, holding the file's lock. That takes
 /// no system call and makes no inotify event. A writer also copies a record that fits the mapped
-/// window into it (``writeMapped(_:at:)``), which makes no event either, and after unlocking
+/// window into it (``writeMapped(_:_:at:)``), which makes no event either, and after unlocking
 /// rings the reader (``ringReader()``): the reader is woken once per record, with the lock
 /// already free. A record written with a system call instead wakes the reader with the write,
 /// before the commit, and the reader then waits for the lock (WIRE-FORMAT.md, section 7).
@@ -87,25 +87,30 @@ final class JournalFile: @unchecked Sendable {
         munmap(mapping, mappedLength)
     }
 
-    /// Copies a record to `offset` through the mapping, holding the file's exclusive lock.
+    /// Copies a record (`head`, then `payload`) to `offset` through the mapping, holding the
+    /// file's exclusive lock.
     /// - Returns: whether it did: `false` (having changed nothing a reader may read, which is
     ///   all at or past the committed end) if the record does not fit the window, the file ends
     ///   before the record would, or a copy faulted before (someone cut the file shorter than
     ///   its reader keeps it); write it with a system call then.
-    func writeMapped(_ bytes: [UInt8], at offset: Int) -> Bool {
-        guard offset >= JournalHeader.length, bytes.count <= mappedLength - offset, !mappedWritesFailed.load(ordering: .relaxed) else { return false }
-        if offset + bytes.count > knownFileLength.load(ordering: .relaxed) {
+    func writeMapped(_ head: [UInt8], _ payload: [UInt8]?, at offset: Int) -> Bool {
+        let length = head.count + (payload?.count ?? 0)
+        guard offset >= JournalHeader.length, length <= mappedLength - offset, !mappedWritesFailed.load(ordering: .relaxed) else { return false }
+        if offset + length > knownFileLength.load(ordering: .relaxed) {
             var status = stat()
             guard fstat(file.descriptor, &status) == 0 else { return false }
             knownFileLength.store(Int(status.st_size), ordering: .relaxed)
-            guard offset + bytes.count <= Int(status.st_size) else { return false }
+            guard offset + length <= Int(status.st_size) else { return false }
         }
-        let copied = bytes.withUnsafeBytes { ipc_guarded_copy(mapping + offset, $0.baseAddress!, $0.count) == 0 }
+        var copied = head.withUnsafeBytes { ipc_guarded_copy(mapping + offset, $0.baseAddress!, $0.count) == 0 }
+        if copied, let payload, !payload.isEmpty {
+            copied = payload.withUnsafeBytes { ipc_guarded_copy(mapping + offset + head.count, $0.baseAddress!, $0.count) == 0 }
+        }
         if !copied { mappedWritesFailed.store(true, ordering: .relaxed) }
         return copied
     }
 
-    /// Wakes the journal's reader after a record written with ``writeMapped(_:at:)`` was
+    /// Wakes the journal's reader after a record written with ``writeMapped(_:_:at:)`` was
     /// committed and the lock released: one byte of the header that is always zero, written
     /// again (its write makes the `IN_MODIFY` the reader waits for).
     /// - Returns: `nil`, or why the byte could not be written (the record is committed, and the
@@ -155,6 +160,10 @@ struct JournalAppender: Sendable {
     let journal: JournalFile
     /// Payloads up to this size are copied behind their headers and written in one call.
     private static let gatherLimit = 16 * 1024
+    /// Records whose payload is up to this size are copied through the journal's mapping, when
+    /// they fit it (``JournalFile/writeMapped(_:_:at:)``); larger ones are written with system
+    /// calls. `floor:journal` draws the line at the same payload size.
+    static let mappedPayloadLimit = 64 * 1024
 
     init(_ journal: JournalFile) {
         self.journal = journal
@@ -166,6 +175,8 @@ struct JournalAppender: Sendable {
         fileprivate let head: [UInt8]
         fileprivate let payload: [UInt8]?
         fileprivate var length: Int { head.count + (payload?.count ?? 0) }
+        /// Whether it goes through the journal's mapping, if it fits there.
+        fileprivate let mappable: Bool
     }
 
     /// Why ``tryAppend(_:)`` did not append.
@@ -180,13 +191,14 @@ struct JournalAppender: Sendable {
     /// - Throws: ``IPCError/Code/payloadTooLarge`` for a payload no record can carry.
     func prepare(_ record: RecordHeader, frame: Frame? = nil) throws -> Prepared {
         var head = record.bytes
-        guard let frame else { return Prepared(head: head, payload: nil) }
+        guard let frame else { return Prepared(head: head, payload: nil, mappable: true) }
         try BinaryFrameEncoder(maximumPayloadLength: Int(UInt32.max)).encodeHeader(FrameHeader(frame), into: &head)
+        let mappable = frame.payload.count <= Self.mappedPayloadLimit
         if frame.payload.count <= Self.gatherLimit {
             head += frame.payload
-            return Prepared(head: head, payload: nil)
+            return Prepared(head: head, payload: nil, mappable: mappable)
         }
-        return Prepared(head: head, payload: frame.payload)
+        return Prepared(head: head, payload: frame.payload, mappable: mappable)
     }
 
     /// Appends one record, waiting for the file's lock and for room in the journal.
@@ -249,7 +261,7 @@ struct JournalAppender: Sendable {
             let access = FileAccess(file: file, isWriting: true)
             let end = try journal.committedEnd()
             guard journal.header.admits(prepared.length, committedEnd: end) else { return .full }
-            mapped = prepared.payload == nil && journal.writeMapped(prepared.head, at: end)
+            mapped = prepared.mappable && journal.writeMapped(prepared.head, prepared.payload, at: end)
             if !mapped {
                 try access.write(prepared.head, at: end)
                 if let payload = prepared.payload {
