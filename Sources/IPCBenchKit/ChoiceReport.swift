@@ -55,8 +55,8 @@ public struct ChoiceReport: Sendable {
     /// The comparison for each placement of `results` that has at least one reference row;
     /// empty when the run measured no reference system.
     public static func sections(_ results: RunResults) -> [ChoiceReport] {
-        let latency = results.latency.filter { !$0.spins && !$0.onGlobalExecutor && !$0.transport.hasPrefix("floor:") }
-        let throughput = (results.throughput ?? []).filter { $0.waitStrategy == "blocking" && !$0.onGlobalExecutor && !$0.transport.hasPrefix("floor:") }
+        let latency = results.latency.filter { !$0.spins && !$0.onGlobalExecutor && !$0.onLoopHandler && !$0.transport.hasPrefix("floor:") }
+        let throughput = (results.throughput ?? []).filter { $0.waitStrategy == "blocking" && !$0.onGlobalExecutor && !$0.onLoopHandler && !$0.transport.hasPrefix("floor:") }
         guard latency.contains(where: { ReferenceSystem.isReference($0.transport) }) else { return [] }
         return Placement.allCases.compactMap { placement in
             let here = latency.filter { $0.placement == placement }

@@ -93,14 +93,14 @@ public enum HTMLReport {
     }
 
     private static func seriesName(_ result: LatencyResult) -> String {
-        [result.transport, result.framing?.rawValue, result.spins ? "spinning" : nil, result.onGlobalExecutor ? "global executor" : nil].compactMap { $0 }.joined(separator: " ")
+        [result.transport, result.framing?.rawValue, result.spins ? "spinning" : nil, result.onGlobalExecutor ? "global executor" : nil, result.onLoopHandler ? "on-loop handler" : nil].compactMap { $0 }.joined(separator: " ")
     }
 
     /// One-way throughput by payload size, per placement, in MB/s of payload.
     private static func throughputCharts(_ rows: [(label: String, result: ThroughputResult)]) -> String {
         guard !rows.isEmpty else { return "" }
         func name(_ row: (label: String, result: ThroughputResult)) -> String {
-            row.label + [row.result.transport, row.result.framing?.rawValue, row.result.waitStrategy == "blocking" ? nil : "spinning", row.result.onGlobalExecutor ? "global executor" : nil]
+            row.label + [row.result.transport, row.result.framing?.rawValue, row.result.waitStrategy == "blocking" ? nil : "spinning", row.result.onGlobalExecutor ? "global executor" : nil, row.result.onLoopHandler ? "on-loop handler" : nil]
                 .compactMap { $0 }.joined(separator: " ")
         }
         var html = ""

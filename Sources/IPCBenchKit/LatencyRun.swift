@@ -28,6 +28,11 @@ public struct LatencyPlan: Sendable {
     /// default, resumed on Swift's global executor: blocking, binary framing, for the transports
     /// that have a preferred executor.
     public var includeGlobalExecutor: Bool
+    /// Besides the main rows, whose peer serves with the async request handler (tasks off its
+    /// loop, what users are told to use), also measure the on-loop fast path
+    /// (``IPCCore/ConnectionOptions/onLoopRequestHandler``) against a peer of its own: blocking,
+    /// binary framing (``LatencyResult/handler``).
+    public var includeOnLoopHandler: Bool
     /// Reference systems (D-Bus, ZeroMQ, gRPC, SwiftNIO) to measure beside the transports, in
     /// the first blocking phase's sweeps (see ``ReferenceSystem``).
     public var references: [ReferenceSystem]
@@ -42,8 +47,10 @@ public struct LatencyPlan: Sendable {
         waitStrategies: [WaitStrategy] = [.blocking, .spinThenBlock()],
         includeThroughput: Bool = true,
         includeGlobalExecutor: Bool = true,
+        includeOnLoopHandler: Bool = true,
         references: [ReferenceSystem] = []
     ) {
+        self.includeOnLoopHandler = includeOnLoopHandler
         self.references = references
         self.transports = transports
         self.framings = framings
@@ -123,6 +130,8 @@ public struct LatencyRunner: Sendable {
         let waitStrategy: WaitStrategy
         /// Which executor the requests' task runs on (``LatencyResult/executor``).
         let executor: String?
+        /// How the peer answers (``LatencyResult/handler``); `nil` for floors and references.
+        let handler: String?
         let peerPID: Int32
         /// Makes `count` round trips of `size` bytes; returns each one's time in nanoseconds.
         let roundTrips: (_ size: Int, _ count: Int) async throws -> [UInt64]
@@ -143,7 +152,7 @@ public struct LatencyRunner: Sendable {
         /// client): it is then measured no more, and none of its rows is reported.
         var failure: SkippedReference?
 
-        init(name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, peerPID: Int32,
+        init(name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, handler: String? = nil, peerPID: Int32,
              roundTrips: @escaping (Int, Int) async throws -> [UInt64],
              stream: ((Int, Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?))?, close: @escaping () -> Void,
              reference: ReferenceSession? = nil) {
@@ -153,6 +162,7 @@ public struct LatencyRunner: Sendable {
             self.placement = placement
             self.waitStrategy = waitStrategy
             self.executor = executor
+            self.handler = handler
             self.peerPID = peerPID
             self.roundTrips = roundTrips
             self.stream = stream
@@ -160,7 +170,8 @@ public struct LatencyRunner: Sendable {
         }
 
         var label: String {
-            [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil, executor == LatencyResult.globalExecutor ? "global executor" : nil]
+            [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil, executor == LatencyResult.globalExecutor ? "global executor" : nil,
+             handler == LatencyResult.onLoopHandler ? "on-loop handler" : nil]
                 .compactMap { $0 }.joined(separator: " ")
         }
     }
@@ -207,7 +218,7 @@ public struct LatencyRunner: Sendable {
             plan.payloadSizes.compactMap { size -> ThroughputResult? in
                 guard var row = session.throughput[size]?.result(
                     transport: session.name, framing: session.framing, placement: session.placement,
-                    waitStrategy: session.waitStrategy.name, executor: session.executor, payloadBytes: size
+                    waitStrategy: session.waitStrategy.name, executor: session.executor, handler: session.handler, payloadBytes: size
                 ) else { return nil }
                 if session.reference != nil { row.reference = true }
                 return row
@@ -234,6 +245,9 @@ public struct LatencyRunner: Sendable {
                     sessions.append(session.main)
                     if plan.includeGlobalExecutor, !strategy.spins, framing ?? .binary == .binary, let global = session.global {
                         sessions.append(global)
+                    }
+                    if plan.includeOnLoopHandler, !strategy.spins, framing ?? .binary == .binary {
+                        sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: .onLoop, group: group).main)
                     }
                 }
             }
@@ -342,11 +356,18 @@ public struct LatencyRunner: Sendable {
     /// A session over a new peer and connection; for a connection with a preferred executor,
     /// also a second session over the same connection whose requests run on the global
     /// executor (measured in blocks of its own, so the two never overlap).
-    private func transportSession(_ name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy, group: GroupDirectory) throws -> (main: Session, global: Session?) {
+    /// `serving`: how the peer answers; the main rows' peer serves with the async request
+    /// handler (``ConformancePeer/Configuration/Serving/task``).
+    private func transportSession(
+        _ name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy, serving: ConformancePeer.Serving = .task, group: GroupDirectory
+    ) throws -> (main: Session, global: Session?) {
         let transport = try TransportCatalog.transport(named: name, framing: framing ?? .binary)
-        let variant = [name, framing?.rawValue, waitStrategy.spins ? "spin" : nil].compactMap { $0 }.joined(separator: "-")
+        let variant = [name, framing?.rawValue, waitStrategy.spins ? "spin" : nil, serving == .task ? nil : serving.rawValue].compactMap { $0 }.joined(separator: "-")
         let endpoint = try Endpoint(group: group, name: "\(group.identifier).bench-\(variant)-\(placement)")
-        let peer = try PeerProcess(transport: name, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer, waitStrategy: waitStrategy)
+        let handler = serving == .onLoop ? LatencyResult.onLoopHandler : LatencyResult.taskHandler
+        let peer = try PeerProcess(
+            transport: name, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer, waitStrategy: waitStrategy, serving: serving
+        )
         let connection: any MessageConnection
         do {
             connection = try transport.connect(to: endpoint, options: .defaults { $0.waitStrategy = waitStrategy })
@@ -354,7 +375,8 @@ public struct LatencyRunner: Sendable {
             peer.stop()
             throw error
         }
-        let label = [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil].compactMap { $0 }.joined(separator: " ")
+        let label = [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil, serving == .task ? nil : "\(serving.rawValue) handler"]
+            .compactMap { $0 }.joined(separator: " ")
         let sinkReports = SinkReports(connection.messages)
         let executor = connection.preferredTaskExecutor
         // A one-way stream sent from a task on `executor` (nil: Swift's global executor). Which
@@ -384,7 +406,7 @@ public struct LatencyRunner: Sendable {
         }
         let global = executor.map { _ in
             Session(
-                name: name, framing: framing, placement: placement, waitStrategy: waitStrategy, executor: LatencyResult.globalExecutor, peerPID: peer.pid,
+                name: name, framing: framing, placement: placement, waitStrategy: waitStrategy, executor: LatencyResult.globalExecutor, handler: handler, peerPID: peer.pid,
                 roundTrips: { size, count in
                     try await withTaskExecutorPreference(nil) {
                         try await timedEchoRoundTrips(connection, size: size, count: count, label: label + " global executor")
@@ -395,7 +417,7 @@ public struct LatencyRunner: Sendable {
         }
         let main = Session(
             name: name, framing: framing, placement: placement, waitStrategy: waitStrategy,
-            executor: executor == nil ? nil : LatencyResult.preferredExecutor, peerPID: peer.pid,
+            executor: executor == nil ? nil : LatencyResult.preferredExecutor, handler: handler, peerPID: peer.pid,
             roundTrips: { size, count in
                 // The hop-free path: the task runs on the loop that reads its replies.
                 try await withTaskExecutorPreference(executor) {
@@ -464,7 +486,7 @@ public struct LatencyRunner: Sendable {
     private func result(_ session: Session, size: Int) -> LatencyResult {
         (session.measurements[size] ?? LatencyAccumulator()).result(
             transport: session.name, framing: session.framing, placement: session.placement, waitStrategy: session.waitStrategy,
-            executor: session.executor, payloadBytes: size,
+            executor: session.executor, handler: session.handler, payloadBytes: size,
             warmup: max(2, plan.warmup(forPayload: size) / LatencyResult.repetitions) * LatencyResult.repetitions
         )
     }

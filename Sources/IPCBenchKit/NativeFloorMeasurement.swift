@@ -120,7 +120,7 @@ struct LatencyAccumulator {
         cpu.add(from: cpuBefore, to: cpuAfter)
     }
 
-    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, payloadBytes: Int, warmup: Int) -> LatencyResult {
+    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy = .blocking, executor: String? = nil, handler: String? = nil, payloadBytes: Int, warmup: Int) -> LatencyResult {
         let perRoundTrip = cpu.perOperation(samples)
         let switches = cpu.switchesPerOperation(samples)
         return LatencyResult(
@@ -129,6 +129,7 @@ struct LatencyAccumulator {
             placement: placement,
             waitStrategy: waitStrategy.name,
             executor: executor,
+            handler: handler,
             payloadBytes: payloadBytes,
             warmup: warmup,
             samples: samples,

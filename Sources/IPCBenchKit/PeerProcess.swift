@@ -64,6 +64,7 @@ public final class PeerProcess: Sendable {
         burst: (count: Int, size: Int)? = nil,
         waitStrategy: WaitStrategy = .blocking,
         stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout,
+        serving: ConformancePeer.Serving = .task,
         timeout: Duration = .seconds(20)
     ) throws {
         // The peer's own options are the conformance peer's, written by the one place that writes them.
@@ -72,7 +73,7 @@ public final class PeerProcess: Sendable {
         }
         let configuration = ConformancePeer.Configuration(
             endpoint: endpoint, role: peerRole, burstCount: burst?.count ?? 0, burstSize: burst?.size ?? 4,
-            waitStrategy: waitStrategy, stalledFrameTimeout: stalledFrameTimeout
+            waitStrategy: waitStrategy, stalledFrameTimeout: stalledFrameTimeout, serving: serving
         )
         var arguments = ["peer", "--transport", transport, "--framing", framing.rawValue] + configuration.arguments
         if let cpu { arguments += ["--cpu", String(cpu)] }

@@ -37,6 +37,10 @@ public struct PeerService: Sendable {
     public var waitStrategy: WaitStrategy
     /// How long the peer's connections let a frame stall half-read (`nil`: forever).
     public var stalledFrameTimeout: Duration?
+    /// How requests are answered (``ConformancePeer/Configuration/serving``).
+    public var serving: ConformancePeer.Serving
+    /// How many requests of one connection are handled at once.
+    public var maximumConcurrentRequests: Int
     /// The calling thread's identity and heap allocations so far, reported with the
     /// one-way throughput counts (``ConformancePeer/Sink``).
     public var allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))?
@@ -50,8 +54,12 @@ public struct PeerService: Sendable {
         grandchild: ConformancePeer.Grandchild? = nil,
         waitStrategy: WaitStrategy = .blocking,
         stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout,
+        serving: ConformancePeer.Serving = .task,
+        maximumConcurrentRequests: Int = 1,
         allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil
     ) {
+        self.serving = serving
+        self.maximumConcurrentRequests = maximumConcurrentRequests
         self.stalledFrameTimeout = stalledFrameTimeout
         self.allocationCount = allocationCount
         self.transport = transport
@@ -78,7 +86,9 @@ public struct PeerService: Sendable {
                 burstSize: burstSize,
                 grandchild: grandchild,
                 waitStrategy: waitStrategy,
-                stalledFrameTimeout: stalledFrameTimeout
+                stalledFrameTimeout: stalledFrameTimeout,
+                serving: serving,
+                maximumConcurrentRequests: maximumConcurrentRequests
             )
             try await ConformancePeer(transport: transport, configuration: configuration, allocationCount: allocationCount).run()
         case .coordinator:

@@ -201,6 +201,11 @@ public struct LatencyResult: Codable, Sendable {
     /// hop-free path, or ``globalExecutor``, what a task gets by default. `nil` for the others
     /// and in files from before it was recorded.
     public var executor: String? = nil
+    /// How the peer answered the requests: ``taskHandler`` (the async request handler, tasks off
+    /// the peer's loop: the main rows, what users are told to use) or ``onLoopHandler`` (the
+    /// synchronous fast path on the loop). `nil` for floors and references, and in files from
+    /// before it was recorded, whose peers all served on the loop.
+    public var handler: String? = nil
     public var payloadBytes: Int
     public var warmup: Int
     public var samples: Int
@@ -266,19 +271,28 @@ public struct LatencyResult: Codable, Sendable {
     /// ``executor`` when the harness's task ran on Swift's global executor.
     public static let globalExecutor = "global"
 
+    /// ``handler`` when the peer served with the async request handler.
+    public static let taskHandler = "task"
+    /// ``handler`` when the peer served with the on-loop fast path.
+    public static let onLoopHandler = "on-loop"
+
     /// Whether the requests ran on the global executor although the transport offers its own.
     public var onGlobalExecutor: Bool { executor == Self.globalExecutor }
 
-    /// The wait strategy, and the executor when it is not the preferred one: the report's
-    /// `wait` column.
+    /// Whether the peer served with the on-loop fast path.
+    public var onLoopHandler: Bool { handler == Self.onLoopHandler }
+
+    /// The wait strategy, and the executor and handler when they are not the main ones: the
+    /// report's `wait` column.
     public var waitDescription: String {
-        (waitStrategy ?? "blocking") + (onGlobalExecutor ? ", global executor" : "")
+        (waitStrategy ?? "blocking") + (onGlobalExecutor ? ", global executor" : "") + (onLoopHandler ? ", on-loop handler" : "")
     }
 
     /// A stable name for this measurement:
-    /// `latency/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor]/<bytes>`.
+    /// `latency/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/on-loop-handler]/<bytes>`.
     public var name: String {
         (["latency", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
-            + (spins ? [waitStrategy ?? ""] : []) + (onGlobalExecutor ? ["global-executor"] : []) + [String(payloadBytes)]).joined(separator: "/")
+            + (spins ? [waitStrategy ?? ""] : []) + (onGlobalExecutor ? ["global-executor"] : [])
+            + (onLoopHandler ? ["on-loop-handler"] : []) + [String(payloadBytes)]).joined(separator: "/")
     }
 }

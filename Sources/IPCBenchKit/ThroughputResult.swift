@@ -33,21 +33,27 @@ public struct ThroughputResult: Codable, Sendable {
     /// connection without one, for floors and references, and in results written before
     /// streams were measured on both.
     public var executor: String? = nil
+    /// How the receiving peer served, as ``LatencyResult/handler``.
+    public var handler: String? = nil
 
     /// Whether the messages were sent from the global executor although the transport offers its own.
     public var onGlobalExecutor: Bool { executor == LatencyResult.globalExecutor }
 
-    /// The wait strategy, and the executor when it is not the preferred one: the report's
-    /// `wait` column.
+    /// Whether the peer served with the on-loop fast path (``LatencyResult/handler``).
+    public var onLoopHandler: Bool { handler == LatencyResult.onLoopHandler }
+
+    /// The wait strategy, and the executor and handler when they are not the main ones: the
+    /// report's `wait` column.
     public var waitDescription: String {
-        waitStrategy + (onGlobalExecutor ? ", global executor" : "")
+        waitStrategy + (onGlobalExecutor ? ", global executor" : "") + (onLoopHandler ? ", on-loop handler" : "")
     }
 
     /// A stable name:
-    /// `throughput/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor]/<bytes>`.
+    /// `throughput/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/on-loop-handler]/<bytes>`.
     public var name: String {
         (["throughput", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
-            + (waitStrategy == "blocking" ? [] : [waitStrategy]) + (onGlobalExecutor ? ["global-executor"] : []) + [String(payloadBytes)]).joined(separator: "/")
+            + (waitStrategy == "blocking" ? [] : [waitStrategy]) + (onGlobalExecutor ? ["global-executor"] : [])
+            + (onLoopHandler ? ["on-loop-handler"] : []) + [String(payloadBytes)]).joined(separator: "/")
     }
 
     /// Both processes' context switches per message.
@@ -93,7 +99,7 @@ struct ThroughputAccumulator {
         }
     }
 
-    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, executor: String? = nil, payloadBytes: Int) -> ThroughputResult {
+    func result(transport: String, framing: Framing?, placement: Placement, waitStrategy: String, executor: String? = nil, handler: String? = nil, payloadBytes: Int) -> ThroughputResult {
         let median = rates.isEmpty ? 0 : rates.sorted()[rates.count / 2]
         let perMessage = cpu.perOperation(messages)
         let switches = cpu.switchesPerOperation(messages)
@@ -104,7 +110,8 @@ struct ThroughputAccumulator {
             localCPUPerMessage: perMessage.local, peerCPUPerMessage: perMessage.peer,
             localContextSwitchesPerMessage: switches.local, peerContextSwitchesPerMessage: switches.peer,
             peerAllocationsPerMessage: allocations.flatMap { $0.messages > 0 ? Double($0.count) / Double($0.messages) : nil },
-            executor: executor
+            executor: executor,
+            handler: handler
         )
     }
 }

@@ -65,10 +65,15 @@ final class CaseContext: Sendable {
     // MARK: Peers
 
     /// Starts a peer and returns at once, before it is ready.
-    func startPeer(_ role: ConformancePeer.Role, at endpoint: Endpoint, burst: (count: Int, size: Int)? = nil, grandchild: ConformancePeer.Grandchild? = nil) throws -> PeerHandle {
-        let configuration = ConformancePeer.Configuration(
+    /// `configure` adjusts the rest of the peer's configuration (how it serves).
+    func startPeer(
+        _ role: ConformancePeer.Role, at endpoint: Endpoint, burst: (count: Int, size: Int)? = nil, grandchild: ConformancePeer.Grandchild? = nil,
+        configure: (inout ConformancePeer.Configuration) -> Void = { _ in }
+    ) throws -> PeerHandle {
+        var configuration = ConformancePeer.Configuration(
             endpoint: endpoint, role: role, burstCount: burst?.count ?? 0, burstSize: burst?.size ?? 4, grandchild: grandchild
         )
+        configure(&configuration)
         let peer = PeerHandle(try subject.peers.launch(configuration))
         state.withLock { state in
             state.peers.append(peer)
@@ -78,8 +83,11 @@ final class CaseContext: Sendable {
     }
 
     /// Starts a peer and waits until it listens or is connected.
-    func launchPeer(_ role: ConformancePeer.Role, at endpoint: Endpoint, burst: (count: Int, size: Int)? = nil, grandchild: ConformancePeer.Grandchild? = nil) async throws -> PeerHandle {
-        let peer = try startPeer(role, at: endpoint, burst: burst, grandchild: grandchild)
+    func launchPeer(
+        _ role: ConformancePeer.Role, at endpoint: Endpoint, burst: (count: Int, size: Int)? = nil, grandchild: ConformancePeer.Grandchild? = nil,
+        configure: (inout ConformancePeer.Configuration) -> Void = { _ in }
+    ) async throws -> PeerHandle {
+        let peer = try startPeer(role, at: endpoint, burst: burst, grandchild: grandchild, configure: configure)
         try await peer.waitUntilReady()
         return peer
     }

@@ -172,7 +172,7 @@ enum DeliveryCases {
         let count = 600
         let offered = Mutex<[(msgid: UInt32, intact: Bool)]>([])
         var options = context.connectionOptions
-        options.makeBorrowingMessageHandler = {
+        options.makeOnLoopBorrowingMessageHandler = {
             { msgid, payload, _ in
                 let intact = payload.withUnsafeBytes { $0.elementsEqual(ConformancePeer.burstPayload(Int(msgid), size: size)) }
                 offered.withLock { $0.append((msgid, intact)) }

@@ -48,6 +48,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
     case notifications = 8
     case fileCoordination = 9
     case wormhole = 10
+    case serving = 11
 
     public var description: String {
         switch self {
@@ -61,6 +62,7 @@ public enum ConformanceArea: Int, Sendable, CaseIterable, Codable, CustomStringC
         case .notifications: "Named notifications"
         case .fileCoordination: "File coordination"
         case .wormhole: "Wormhole mailbox"
+        case .serving: "Serving"
         }
     }
 }

@@ -23,10 +23,26 @@ extension ConformancePeer {
         case spawnLeakingDescriptors = "spawn-leaking-descriptors"
     }
 
+    /// How a peer answers requests.
+    public enum Serving: String, Sendable, Hashable, CaseIterable {
+        /// ``ConnectionOptions/requestHandler`` on Swift's global executor: the way to serve.
+        case task
+        /// ``ConnectionOptions/requestHandler`` started on the loop's executor
+        /// (``RequestHandlerExecutor/eventLoop``).
+        case taskOnLoop = "task-on-loop"
+        /// The fast path, ``ConnectionOptions/onLoopRequestHandler``: answers echoes and failures
+        /// only (``ConformancePeer/onLoopRequestHandler``).
+        case onLoop = "on-loop"
+        /// The way not to serve, for showing that the serving cases (area 11) can fail: the
+        /// on-loop fast path with a handler that blocks the loop's thread in a stall and a
+        /// delayed echo, as a synchronous handler that sleeps would.
+        case blockingOnLoop = "blocking-on-loop"
+    }
+
     /// What a peer process does, and the command-line arguments that say it:
     /// `--group DIR --endpoint NAME --role server|client [--burst-count N --burst-size BYTES]
     /// [--grandchild spawn|fork|spawn-leaking-descriptors] [--spin-microseconds N]
-    /// [--stalled-frame-seconds N]`.
+    /// [--stalled-frame-seconds N] [--serve task|task-on-loop|on-loop] [--request-concurrency N]`.
     public struct Configuration: Sendable, Hashable {
         public var endpoint: Endpoint
         public var role: Role
@@ -42,11 +58,18 @@ extension ConformancePeer {
         /// (``ConnectionOptions/stalledFrameTimeout``; `nil`: forever). `--stalled-frame-seconds`,
         /// 0 for forever.
         public var stalledFrameTimeout: Duration?
+        /// How requests are answered. `--serve`.
+        public var serving: Serving
+        /// How many requests of one connection are handled at once
+        /// (``ConnectionOptions/maximumConcurrentRequests``). `--request-concurrency`.
+        public var maximumConcurrentRequests: Int
 
         public init(
             endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil, waitStrategy: WaitStrategy = .blocking,
-            stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout
+            stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout, serving: Serving = .task, maximumConcurrentRequests: Int = 1
         ) {
+            self.serving = serving
+            self.maximumConcurrentRequests = maximumConcurrentRequests
             self.endpoint = endpoint
             self.role = role
             self.burstCount = burstCount
@@ -65,6 +88,8 @@ extension ConformancePeer {
             if stalledFrameTimeout != ConnectionOptions.defaults.stalledFrameTimeout {
                 arguments += ["--stalled-frame-seconds", String(stalledFrameTimeout?.components.seconds ?? 0)]
             }
+            if serving != .task { arguments += ["--serve", serving.rawValue] }
+            if maximumConcurrentRequests != 1 { arguments += ["--request-concurrency", String(maximumConcurrentRequests)] }
             return arguments
         }
 
@@ -75,7 +100,7 @@ extension ConformancePeer {
             var values: [String: String] = [:]
             var iterator = arguments.makeIterator()
             while let option = iterator.next() {
-                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds"]
+                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds", "--serve", "--request-concurrency"]
                 guard known.contains(option), let value = iterator.next() else {
                     throw IPCError(code: .unsupportedOperation, message: "unexpected peer argument \(option.debugDescription); expected \(known.joined(separator: ", ")), each with a value")
                 }
@@ -99,7 +124,9 @@ extension ConformancePeer {
                 grandchild: try value("--grandchild", Grandchild.init(rawValue:)),
                 waitStrategy: WaitStrategy(spinNanoseconds: 1000 * (try value("--spin-microseconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } } ?? 0)),
                 stalledFrameTimeout: try value("--stalled-frame-seconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } }
-                    .map { $0 == 0 ? nil : .seconds($0) } ?? ConnectionOptions.defaults.stalledFrameTimeout
+                    .map { $0 == 0 ? nil : .seconds($0) } ?? ConnectionOptions.defaults.stalledFrameTimeout,
+                serving: try value("--serve", Serving.init(rawValue:)) ?? .task,
+                maximumConcurrentRequests: try value("--request-concurrency") { Int($0).flatMap { (1...1024).contains($0) ? $0 : nil } } ?? 1
             )
         }
     }

@@ -22,8 +22,10 @@ public struct ConformancePeer: Sendable {
     public enum Request {
         /// Reply with the request's payload.
         public static let echo: UInt32 = 1
-        /// Never reply: the request stays pending until the peer dies or the requester times out.
-        /// The peer's receive path stays parked in it, so nothing else is read on that connection.
+        /// Never reply: the request stays pending until the peer dies, the connection ends (which
+        /// cancels the handler: see ``cancelledHandlers``) or the requester times out. With the
+        /// serial default, the connection's later requests wait behind it; its one-way messages,
+        /// other connections and new clients are served as usual.
         public static let stall: UInt32 = 2
         /// Fail the request (the requester gets ``IPCError/Code/transportFailure``).
         public static let fail: UInt32 = 3
@@ -33,7 +35,14 @@ public struct ConformancePeer: Sendable {
         public static let delayedEcho: UInt32 = 4
         /// The longest delay a delayed echo waits.
         public static let maximumDelayMilliseconds: UInt32 = 60_000
+        /// Reply with the number of this peer's request handlers (``stall``s and
+        /// ``delayedEcho``s) whose task was cancelled before they were done, because their
+        /// connection ended: 8 bytes, big-endian. A peer serving on the loop counts none.
+        public static let cancelledHandlers: UInt32 = 5
     }
+
+    /// Handlers of this process cancelled before they were done (``Request/cancelledHandlers``).
+    private static let cancellations = Mutex<UInt64>(0)
 
     /// The msgids of one-way messages a peer does not echo: the receiving end of a one-way
     /// throughput measurement.
@@ -150,19 +159,60 @@ public struct ConformancePeer: Sendable {
         return payload
     }
 
-    /// The request handler a peer serves with.
+    /// The request handler a peer serves with (``Configuration/serving``: a task off the loop).
+    /// Its waits suspend: a stalled or delayed request holds up its own connection only.
     public static let requestHandler: RequestHandler = { msgid, payload in
         switch msgid {
         case Request.stall:
-            // Hold the request without answering; the receive path parks here until the process dies.
-            while true { sleep(3600) }
+            try await untilCancelled { while true { try await Task.sleep(for: .seconds(3600)) } }
+            return nil
         case Request.fail:
             throw IPCError(code: .unsupportedOperation, message: "request failed on purpose")
         case Request.delayedEcho:
             let requested = payload.prefix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
-            // usleep takes a 32-bit count of microseconds: about 71 minutes at most.
+            try await untilCancelled { try await Task.sleep(for: .milliseconds(min(requested, Request.maximumDelayMilliseconds))) }
+            return payload
+        case Request.cancelledHandlers:
+            return withUnsafeBytes(of: cancellations.withLock { $0 }.bigEndian, Array.init)
+        default:
+            return payload
+        }
+    }
+
+    /// ``Configuration/Serving/blockingOnLoop``: what not to do, for the broken-transport tests.
+    static let blockingOnLoopRequestHandler: OnLoopRequestHandler = { msgid, payload in
+        switch msgid {
+        case Request.stall:
+            while true { sleep(3600) }
+        case Request.delayedEcho:
+            let requested = payload.prefix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
             usleep(min(requested, Request.maximumDelayMilliseconds) * 1000)
             return payload
+        default:
+            return try onLoopRequestHandler(msgid, payload)
+        }
+    }
+
+    /// Runs `wait`, counting its cancellation (``Request/cancelledHandlers``).
+    private static func untilCancelled(_ wait: () async throws -> Void) async throws {
+        do {
+            try await wait()
+        } catch is CancellationError {
+            cancellations.withLock { $0 += 1 }
+            throw CancellationError()
+        }
+    }
+
+    /// The on-loop fast path a peer serves with when asked (``Configuration/Serving/onLoop``): it
+    /// answers echoes and failures at once, and refuses what would make the loop wait.
+    public static let onLoopRequestHandler: OnLoopRequestHandler = { msgid, payload in
+        switch msgid {
+        case Request.fail:
+            throw IPCError(code: .unsupportedOperation, message: "request failed on purpose")
+        case Request.stall, Request.delayedEcho:
+            throw IPCError(code: .unsupportedOperation, message: "a peer serving on the loop does not wait (msgid \(msgid)): it would stall every connection")
+        case Request.cancelledHandlers:
+            return withUnsafeBytes(of: UInt64(0).bigEndian, Array.init)
         default:
             return payload
         }
@@ -175,11 +225,20 @@ public struct ConformancePeer: Sendable {
         // A test instrument: it accepts whatever size a case sends (1 GiB), so that limits are
         // exercised on the side under test.
         let options = ConnectionOptions.defaults {
-            $0.requestHandler = Self.requestHandler
+            switch configuration.serving {
+            case .task, .taskOnLoop:
+                $0.requestHandler = Self.requestHandler
+                $0.requestHandlerExecutor = configuration.serving == .task ? .global : .eventLoop
+                $0.maximumConcurrentRequests = configuration.maximumConcurrentRequests
+            case .onLoop:
+                $0.onLoopRequestHandler = Self.onLoopRequestHandler
+            case .blockingOnLoop:
+                $0.onLoopRequestHandler = Self.blockingOnLoopRequestHandler
+            }
             $0.maximumPayloadLength = 1 << 30
             $0.waitStrategy = configuration.waitStrategy
             $0.stalledFrameTimeout = configuration.stalledFrameTimeout
-            $0.makeBorrowingMessageHandler = { [allocationCount] in Sink.makeHandler(allocationCount: allocationCount) }
+            $0.makeOnLoopBorrowingMessageHandler = { [allocationCount] in Sink.makeHandler(allocationCount: allocationCount) }
         }
         try await run(transport, options: options)
     }
@@ -214,9 +273,7 @@ public struct ConformancePeer: Sendable {
                     FileHandle.standardError.write(Data("peer: the burst stopped: \(error)\n".utf8))
                 }
             }
-            // Echo until the connection ends or standard input closes. Cancelling the echo
-            // rather than waiting for the connection to finish: a stalled request parks the
-            // receive path, and then the message stream would never finish.
+            // Echo until the connection ends or standard input closes.
             let echo = Task { await Self.echoMessages(on: connection) }
             Task.detached {
                 await Self.waitForStandardInputToClose()

@@ -18,7 +18,7 @@ public struct ConformanceSuite: Sendable {
 
     /// Every case, in id order.
     public static let catalog: [ConformanceCase] =
-        DeliveryCases.all + FramingCases.all + SecureDecodingCases.all + RequestReplyCases.all + LifecycleCases.all + PeerDeathCases.all + ServiceCases.all + NotificationCases.all + FileCoordinationCases.all + WormholeCases.all
+        DeliveryCases.all + FramingCases.all + SecureDecodingCases.all + RequestReplyCases.all + LifecycleCases.all + PeerDeathCases.all + ServiceCases.all + NotificationCases.all + FileCoordinationCases.all + WormholeCases.all + ServingCases.all
 
     /// The cases ``ConformanceOptions/cases`` selects.
     public var selectedCases: [ConformanceCase] {

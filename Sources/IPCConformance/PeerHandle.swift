@@ -32,8 +32,10 @@ final class PeerHandle: Sendable {
         return now
     }
 
-    /// Stops the peer, killing it if it has not exited 5 s after being asked to.
+    /// Stops the peer, killing it if it has not exited 5 s after being asked to. A suspended
+    /// peer is resumed first.
     func shutDown() async {
+        process.resume()
         let stopped = Mutex(false)
         Thread.detachNewThread { [process] in
             process.stop()

@@ -1,3 +1,4 @@
+import Foundation
 import IPCCore
 
 /// Starts peer processes for the suite: the caller's half of a subject.
@@ -28,6 +29,19 @@ public protocol ConformancePeerProcess: AnyObject, Sendable {
     /// Asks the peer to finish (it closes its connections) and waits for it to exit; after
     /// ``kill()``, only waits. Also ends a grandchild the peer started. Idempotent.
     func stop()
+}
+
+extension ConformancePeerProcess {
+    /// Stops the peer's process with SIGSTOP: alive, holding its connections, reading nothing
+    /// (a client that never reads).
+    public func suspend() {
+        _ = Foundation.kill(pid, SIGSTOP)
+    }
+
+    /// Lets a ``suspend()``ed peer run again (SIGCONT).
+    public func resume() {
+        _ = Foundation.kill(pid, SIGCONT)
+    }
 }
 
 extension ConformancePeer {

@@ -50,7 +50,7 @@ public struct FrameHeader: Sendable, Hashable {
 }
 
 /// The next frame from a receive path that can lend payloads in place (see
-/// ``ConnectionOptions/makeBorrowingMessageHandler``).
+/// ``ConnectionOptions/makeOnLoopBorrowingMessageHandler``).
 public enum ReassembledFrame: Sendable {
     /// A frame with a payload of its own.
     case owned(Frame)

@@ -14,26 +14,39 @@ public struct PeerCredentials: Sendable, Hashable, Codable, CustomStringConverti
     public var description: String { "pid \(pid) uid \(uid) gid \(gid)" }
 }
 
-/// Answers a request. Returning `nil` sends an empty successful reply; throwing sends a
-/// `.failure` frame whose payload describes the error, which the requester receives as
-/// ``IPCError/Code/transportFailure``.
+/// Answers a request: the way to serve. Returning `nil` sends an empty successful reply;
+/// throwing sends a `.failure` frame whose payload describes the error, which the requester
+/// receives as ``IPCError/Code/transportFailure``.
 ///
-/// The handler runs on the transport's receive path, before the next message is read: keep it
-/// short, or hand the work elsewhere and reply through ``ReceivedMessage/reply(_:)`` instead.
-public typealias RequestHandler = @Sendable (_ msgid: UInt32, _ payload: [UInt8]) throws -> [UInt8]?
+/// The handler runs as a task, off the transport's receive path (see
+/// ``ConnectionOptions/requestHandlerExecutor``): it may suspend, wait and take as long as it
+/// needs, and holds up only its own connection (XPC's connection queue). One connection's
+/// requests are handled one at a time, in arrival order, unless
+/// ``ConnectionOptions/maximumConcurrentRequests`` allows more; different connections are always
+/// handled independently. When the connection ends, the tasks of its running handlers are
+/// cancelled and their replies are not sent.
+public typealias RequestHandler = @Sendable (_ msgid: UInt32, _ payload: [UInt8]) async throws -> [UInt8]?
+
+/// The fast path: answers a request synchronously **on the receive path** (the event loop's
+/// thread, which serves every connection of the process) before the next message is read.
+/// Runs on the loop: must not block. A handler that waits, sleeps or takes a lock another
+/// thread holds stalls every connection of the process, and the loop's stall detector says so.
+/// Use ``RequestHandler`` unless the reply is computed at once from the request.
+public typealias OnLoopRequestHandler = @Sendable (_ msgid: UInt32, _ payload: [UInt8]) throws -> [UInt8]?
 
 /// Takes a one-way message on the receive path, in arrival order, before it would reach
 /// ``MessageConnection/messages``. Returns `true` if it consumed the message, `false` to let it
 /// through to ``MessageConnection/messages``. `send` sends a one-way message back on the same
 /// connection (from the receive path: keep it short, as for a ``RequestHandler``).
 ///
-/// Messages consumed here skip the hand-over to the task reading ``MessageConnection/messages``,
+/// Runs on the loop: must not block (it holds up every connection of the process). Messages
+/// consumed here skip the hand-over to the task reading ``MessageConnection/messages``,
 /// which costs a wake-up per message; the order between consumed messages and those let
 /// through is the order in which each path sees them, not one order across both.
 public typealias MessageHandler = @Sendable (_ message: ReceivedMessage, _ send: (_ payload: [UInt8], _ msgid: UInt32) throws -> Void) -> Bool
 
 /// Takes a one-way message's payload where the receive path read it, before any
-/// ``MessageHandler``: no copy, no allocation. `payload` is borrowed for the call only (a
+/// ``MessageHandler``: no copy, no allocation. Runs on the loop: must not block. `payload` is borrowed for the call only (a
 /// `RawSpan` cannot outlive it); copy what must be kept. Returns `true` if it consumed the
 /// message, `false` to let it through, as a `[UInt8]` of its own, to the ``MessageHandler`` and
 /// then to ``MessageConnection/messages``. `send` as for a ``MessageHandler``. Runs on the receive
@@ -82,22 +95,51 @@ public struct ReceivedMessage: Sendable {
     }
 }
 
+/// Where a ``RequestHandler``'s tasks run.
+public enum RequestHandlerExecutor: Sendable {
+    /// Swift's global concurrent executor (the default): the handler never runs on the loop's
+    /// thread, whatever it does. The reply is written from the handler's thread; reading the
+    /// request and running the handler are one thread hand-over apart.
+    case global
+    /// The executor of the event loop that read the request (the connection's
+    /// ``MessageConnection/preferredTaskExecutor``): no thread hand-over to start the handler,
+    /// and a reply computed at once goes out before the loop reads on. The handler's code
+    /// runs **on the loop** until it first suspends, and again each time it resumes there:
+    /// code that blocks instead of suspending stalls every connection. A transport without a
+    /// loop executor runs the task on the global executor.
+    case eventLoop
+    /// A task executor of the application's.
+    case custom(any TaskExecutor)
+}
+
 /// Options for either side of a connection.
 public struct ConnectionOptions: Sendable {
     /// Payloads above this length are refused by send and by the receiver's decoder (before the
     /// payload is buffered).
     public var maximumPayloadLength: Int
-    /// Answers requests on the receive path. When `nil`, requests are delivered through
+    /// Answers requests, as tasks off the receive path (``RequestHandler``). When this and
+    /// ``onLoopRequestHandler`` are `nil`, requests are delivered through
     /// ``MessageConnection/messages`` and answered with ``ReceivedMessage/reply(_:)``.
     public var requestHandler: RequestHandler?
+    /// How many requests of one connection ``requestHandler`` handles at once. `1` (the default)
+    /// handles them one at a time in arrival order, as an XPC connection's serial queue does; a
+    /// larger bound lets up to that many overlap (replies then come in the order they finish).
+    /// Requests beyond the bound wait, counted against ``messageBufferLimit``: a connection
+    /// whose waiting requests reach it stops being read, as for ``MessageConnection/messages``.
+    public var maximumConcurrentRequests = 1
+    /// Where ``requestHandler``'s tasks run. See ``RequestHandlerExecutor``.
+    public var requestHandlerExecutor: RequestHandlerExecutor = .global
+    /// The fast path (``OnLoopRequestHandler``): answers requests synchronously on the receive
+    /// path. Runs on the loop: must not block. Takes precedence over ``requestHandler``.
+    public var onLoopRequestHandler: OnLoopRequestHandler?
     /// Makes the ``MessageHandler`` of each connection (called once per connection, so that a
     /// handler can keep per-connection state in its closure). When `nil`, every one-way message
-    /// goes to ``MessageConnection/messages``.
-    public var makeMessageHandler: (@Sendable () -> MessageHandler)?
+    /// goes to ``MessageConnection/messages``. Runs on the loop: must not block.
+    public var makeOnLoopMessageHandler: (@Sendable () -> MessageHandler)?
     /// Makes the ``BorrowingMessageHandler`` of each connection (once per connection, as
-    /// ``makeMessageHandler``). It sees every one-way message first. When `nil`, payloads are
-    /// copied out of the receive buffer as they are decoded.
-    public var makeBorrowingMessageHandler: (@Sendable () -> BorrowingMessageHandler)?
+    /// ``makeOnLoopMessageHandler``). It sees every one-way message first. When `nil`, payloads are
+    /// copied out of the receive buffer as they are decoded. Runs on the loop: must not block.
+    public var makeOnLoopBorrowingMessageHandler: (@Sendable () -> BorrowingMessageHandler)?
     /// How much may wait in ``MessageConnection/messages`` for the application to take it.
     /// When a connection's buffer holds this much, its receive path stops reading until the
     /// application takes a message (the peer's sends then wait, and time out), so a fast

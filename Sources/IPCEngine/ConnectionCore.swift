@@ -13,19 +13,37 @@ package final class ConnectionCore: Sendable {
     package let replyRoute = ReplyRoute()
     package let messages: AsyncStream<ReceivedMessage>
     private let buffer: MessageBuffer
-    /// This connection's ``ConnectionOptions/makeMessageHandler`` product.
+    /// This connection's ``ConnectionOptions/makeOnLoopMessageHandler`` product.
     private let messageHandler: MessageHandler?
-    /// This connection's ``ConnectionOptions/makeBorrowingMessageHandler`` product.
+    /// This connection's ``ConnectionOptions/makeOnLoopBorrowingMessageHandler`` product.
     private let borrowingHandler: BorrowingMessageHandler?
+    /// Runs ``ConnectionOptions/requestHandler`` off the receive path, unless the fast path
+    /// (``ConnectionOptions/onLoopRequestHandler``) answers instead.
+    private let requestServer: RequestServer?
 
-    package init(options: ConnectionOptions, loop: EventLoop) {
+    /// - Parameter loopExecutor: the executor of the loop that reads for this connection, for
+    ///   ``RequestHandlerExecutor/eventLoop``; `nil` if the transport reads on a thread of its
+    ///   own (the handler's tasks then run on the global executor).
+    package init(options: ConnectionOptions, loop: EventLoop, loopExecutor: (any TaskExecutor)? = nil) {
         self.options = options
         requests = RequestTable(loop: loop)
         let buffer = MessageBuffer(limit: options.messageBufferLimit)
         self.buffer = buffer
         messages = AsyncStream(unfolding: { await buffer.next() })
-        messageHandler = options.makeMessageHandler?()
-        borrowingHandler = options.makeBorrowingMessageHandler?()
+        messageHandler = options.makeOnLoopMessageHandler?()
+        borrowingHandler = options.makeOnLoopBorrowingMessageHandler?()
+        if options.onLoopRequestHandler == nil, let handler = options.requestHandler {
+            let executor: (any TaskExecutor)? = switch options.requestHandlerExecutor {
+            case .global: nil
+            case .eventLoop: loopExecutor
+            case .custom(let executor): executor
+            }
+            requestServer = RequestServer(
+                handler: handler, concurrency: options.maximumConcurrentRequests, limit: options.messageBufferLimit, executor: executor
+            )
+        } else {
+            requestServer = nil
+        }
     }
 
     /// Whether one-way messages are offered in place first (``lend(_:_:replyNow:)``).
@@ -49,9 +67,12 @@ package final class ConnectionCore: Sendable {
     /// the application now. Exact for the one thread that dispatches: only it adds messages.
     package var dispatchWouldWait: Bool { buffer.pushWouldWait }
 
-    /// Runs `handler` once ``messages``' buffer has room (at once if it has).
+    /// Runs `handler` once ``messages``' buffer, and the queue of requests waiting for the
+    /// request handler, have room (at once if they have). Only the receive path adds to
+    /// either, and it waits for this: once both had room, both still have.
     package func whenMessagesHaveRoom(_ handler: @escaping @Sendable () -> Void) {
-        buffer.whenRoom(handler)
+        guard let requestServer else { return buffer.whenRoom(handler) }
+        requestServer.whenRoom { [buffer] in buffer.whenRoom(handler) }
     }
 
     /// - Throws: ``IPCError/Code/invalidated`` if the connection is no longer valid.
@@ -115,15 +136,24 @@ package final class ConnectionCore: Sendable {
         dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull)
     }
 
+    /// The reply sender of ``ConnectionOptions/requestHandler``'s tasks, for a connection
+    /// whose sends do not suspend: `send` on the task's thread.
+    package static func replySender(_ send: @escaping @Sendable (Frame) throws -> Void) -> @Sendable (Frame) async throws -> Void {
+        { frame in try send(frame) }
+    }
+
     /// ``dispatch(_:reply:whenFull:)`` with the two uses of a reply sender apart: `replyNow`
     /// answers on the calling thread (a request handler's reply, a message handler's send), and
     /// `responder` makes the sender a request delivered through ``messages`` keeps, only when one
     /// is. A connection can then answer its handlers through itself without a weak reference,
     /// whose side table would send every retain of the connection down the runtime's slow path.
     /// `offered`: the frame was already offered to the borrowing handler (which did not take it).
+    /// `taskResponder` makes the sender that ``ConnectionOptions/requestHandler``'s tasks reply
+    /// with (once per connection); by default, `responder`'s, called on the task's thread.
     @discardableResult
     package func dispatch(
-        _ frame: Frame, replyNow: (Frame) throws -> Void, responder: () -> @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait, offered: Bool = false
+        _ frame: Frame, replyNow: (Frame) throws -> Void, responder: () -> @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait, offered: Bool = false,
+        taskResponder: (() -> @Sendable (Frame) async throws -> Void)? = nil
     ) -> Bool {
         switch frame.kind {
         case .message:
@@ -138,7 +168,11 @@ package final class ConnectionCore: Sendable {
             }
             return buffer.push(message, waitForRoom: whenFull == .wait)
         case .request:
-            guard let handler = options.requestHandler else {
+            if let requestServer {
+                if let taskResponder { return requestServer.accept(frame, send: taskResponder, waitForRoom: whenFull == .wait) }
+                return requestServer.accept(frame, send: { Self.replySender(responder()) }, waitForRoom: whenFull == .wait)
+            }
+            guard let handler = options.onLoopRequestHandler else {
                 let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: responder())
                 return buffer.push(message, waitForRoom: whenFull == .wait)
             }
@@ -181,6 +215,7 @@ package final class ConnectionCore: Sendable {
         _ = latch.invalidate(reason)
         let final = latch.reason ?? reason
         release()
+        requestServer?.close()
         buffer.finish()
         requests.close(with: IPCError(code: .peerInvalidated, message: "the connection became invalid: \(final)"))
         latch.complete()

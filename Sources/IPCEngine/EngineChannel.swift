@@ -36,7 +36,7 @@ public protocol EngineChannel: AnyObject, Sendable {
     func nextFrame() throws -> Frame?
 
     /// ``nextFrame()``, lending the frame's payload in place first (for a
-    /// ``ConnectionOptions/makeBorrowingMessageHandler``): `lend` is given the header and the
+    /// ``ConnectionOptions/makeOnLoopBorrowingMessageHandler``): `lend` is given the header and the
     /// payload, valid during the call only, and returns whether it took the frame; a frame it
     /// took is ``ReassembledFrame/lent``, one it did not is returned with a payload of its own.
     /// The default lends the payload of ``nextFrame()``'s frame, from that frame's own array.

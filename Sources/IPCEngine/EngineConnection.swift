@@ -6,8 +6,9 @@ import Synchronization
 /// implementation of connection behaviour that every engine-based transport shares.
 ///
 /// **Receiving** happens on the loop's thread when the channel's descriptor is readable: frames
-/// are cut, replies complete their requests, requests go to the request handler (whose reply is
-/// written from the loop) or to ``messages``, one-way messages to the message handler or to
+/// are cut, replies complete their requests, requests go to the request handler (a task off the
+/// loop, whose reply suspends rather than blocks while the peer is full), to the on-loop fast
+/// path (whose reply is written from the loop) or to ``messages``, one-way messages to the message handler or to
 /// ``messages``. When ``messages`` holds ``ConnectionOptions/messageBufferLimit``, the loop
 /// stops watching this connection until the application takes one (the peer's sends then wait
 /// and time out; nothing is dropped). A peer that stops inside a frame for
@@ -75,6 +76,12 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// What a request delivered through ``messages`` replies with: weak, so that a request
     /// kept by the application does not keep the connection; made the first time one is.
     private lazy var responder: @Sendable (Frame) throws -> Void = replySender(timeout: replySendTimeout)
+    /// What ``ConnectionOptions/requestHandler``'s tasks reply with: a send that suspends
+    /// while the peer's buffer is full. Strong: the request server lets go of it when the
+    /// connection finishes. Made the first time a request is served (loop thread).
+    private lazy var taskResponder: @Sendable (Frame) async throws -> Void = { [self] frame in
+        if let rest = try startSending(frame) { try await finishSending(rest, timeout: replySendTimeout) }
+    }
 
     /// Serves `channel` on `loop` (the process's shared loop by default) from now on.
     /// - Parameter onInvalidated: runs once, during invalidation, before the invalidation
@@ -98,7 +105,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         self.channel = channel
         self.peer = peer
         self.eventLoop = serving
-        self.core = ConnectionCore(options: options, loop: serving)
+        self.core = ConnectionCore(options: options, loop: serving, loopExecutor: serving)
         self.onInvalidated = onInvalidated
         self.outboundLimit = options.messageBufferLimit.bytes
         self.doorbell = channel.readiness == .doorbell
@@ -268,7 +275,8 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
                     var full = false
                     if case .owned(let frame) = next {
                         full = core.dispatch(
-                            frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep, offered: true
+                            frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep, offered: true,
+                            taskResponder: { self.taskResponder }
                         )
                     }
                     if finished || !core.latch.isValid { return false }
@@ -281,7 +289,8 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
             }
             while let frame = try channel.nextFrame() {
                 let full = core.dispatch(
-                    frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep
+                    frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep,
+                    taskResponder: { self.taskResponder }
                 )
                 if finished || !core.latch.isValid { return false }
                 if full {

@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import DequeModule
 import HeapModule
 import IPCCore
@@ -21,9 +26,14 @@ package protocol EventHandler: AnyObject, Sendable {
     /// The loop is about to sleep: ask the peer to wake it (ring the doorbell) from now on.
     /// Returns whether something came meanwhile, so that the loop handles it instead of sleeping.
     func armBeforeSleep() -> Bool
+
+    /// What a stall report names when ``handleEvent(readable:writable:hangUp:)`` blocked the
+    /// loop (see ``EventLoop/stalls``). Asked only then. Default: the handler's type name.
+    var stallLabel: String { get }
 }
 
 extension EventHandler {
+    package var stallLabel: String { String(describing: type(of: self)) }
     package var pollsWhileSpinning: Bool { false }
     package func pollWhileSpinning() -> Bool { false }
     package func armBeforeSleep() -> Bool { false }
@@ -41,14 +51,24 @@ extension EventHandler {
 /// A task that does not prefer it is resumed on Swift's global executor, one hand-over more.
 ///
 /// Work on this thread must not block: handlers, accept filters and message handlers that run
-/// here delay every connection of the process.
+/// here delay every connection of the process. The loop times each callback it runs, and one
+/// that runs longer than its stall threshold is counted in ``stalls`` and reported on standard
+/// error, once per culprit.
 public final class EventLoop: TaskExecutor, @unchecked Sendable {
     // @unchecked: every mutable field is behind `state` (a Mutex) or an Atomic, except
-    // `draining`, which only the loop's thread touches; the event buffer is a local of it.
+    // `draining` and `reportedStalls`, which only the loop's thread touches; the event buffer is
+    // a local of it.
 
     private enum Job {
         case closure(@Sendable () -> Void)
         case task(UnownedJob)
+
+        var stallLabel: String {
+            switch self {
+            case .closure: "a closure queued on the event loop"
+            case .task: "a task on the event loop's executor"
+            }
+        }
     }
 
     private struct Timer: Comparable {
@@ -75,6 +95,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         /// The registrations the spinning loop polls itself, while they wait for something
         /// readable.
         var polled: [PolledRegistration] = []
+        var stalls = LoopStalls()
     }
 
     private final class PolledRegistration: @unchecked Sendable {
@@ -111,25 +132,48 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     private let pendingJobs = Atomic<Int>(0)
     /// A timer became the earliest since the loop last looked: it must re-arm.
     private let timersChanged = Atomic<Bool>(true)
+    /// A callback that runs longer than this is a stall.
+    private let stallNanoseconds: UInt64
+    /// Receives a stall's report, one line without its newline.
+    private let report: @Sendable (String) -> Void
+    /// The labels already reported; touched on the loop's thread only.
+    private var reportedStalls = Set<String>()
 
     private static let sharedLoop = Mutex<EventLoop?>(nil)
 
-    /// The process's event loop, made on first use.
+    /// The process's event loop, made on first use. Its stall threshold is
+    /// `IPCBENCH_LOOP_STALL_MS` (whole milliseconds, read when the loop is made), else 100 ms.
     /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses an epoll instance or
     ///   an eventfd (descriptor table full); the next call tries again.
     public static func shared() throws -> EventLoop {
         try sharedLoop.withLock { loop in
             if let loop { return loop }
-            let made = try EventLoop(name: "ipc-loop")
+            let threshold = stallThreshold(environment: getenv("IPCBENCH_LOOP_STALL_MS").map { String(cString: $0) })
+            let made = try EventLoop(name: "ipc-loop", stallThreshold: threshold)
             loop = made
             return made
         }
     }
 
+    /// The stall threshold `IPCBENCH_LOOP_STALL_MS` asks for: a positive whole number of
+    /// milliseconds; anything else (unset, not a number, zero) gives the default, 100 ms.
+    package static func stallThreshold(environment value: String?) -> Duration {
+        guard let value, let milliseconds = Int(value), milliseconds > 0 else { return .milliseconds(100) }
+        return .milliseconds(milliseconds)
+    }
+
     /// A loop of its own, with its thread started (tests; a process normally uses ``shared()``).
-    /// The thread runs for the rest of the process.
-    package init(name: String) throws {
+    /// The thread runs for the rest of the process. A callback that runs longer than
+    /// `stallThreshold` is a stall; `report` receives each culprit's first report (a line
+    /// without its newline; default: standard error).
+    package init(
+        name: String,
+        stallThreshold: Duration = .milliseconds(100),
+        report: @escaping @Sendable (String) -> Void = EventLoop.writeToStandardError
+    ) throws {
         poller = try Poller()
+        stallNanoseconds = stallThreshold.wholeNanoseconds
+        self.report = report
         try PosixThread.detach(name: name) { [self] in run() }
     }
 
@@ -173,7 +217,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     // MARK: Watching a descriptor (for transport authors)
 
-    /// A descriptor being watched with ``watchReadable(_:_:)``.
+    /// A descriptor being watched with ``watchReadable(_:label:_:)``.
     public struct ReadinessWatch: Sendable, Hashable {
         fileprivate let token: UInt64
     }
@@ -181,10 +225,15 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// Calls `handler` on the loop's thread whenever `descriptor` is readable (level-triggered:
     /// again and again while it stays readable), until ``cancel(_:)``. For what is not a
     /// connection, such as a listening socket: accept what is waiting in the handler, without
-    /// blocking. Cancel before closing the descriptor.
+    /// blocking. Cancel before closing the descriptor. `label` names the watch in a stall
+    /// report (``stalls``).
     /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses.
-    public func watchReadable(_ descriptor: FileDescriptor, _ handler: @escaping @Sendable () -> Void) throws -> ReadinessWatch {
-        ReadinessWatch(token: try register(descriptor.rawValue, interest: .readable, handler: ClosureHandler(handler)))
+    public func watchReadable(
+        _ descriptor: FileDescriptor,
+        label: String = "a readiness watch",
+        _ handler: @escaping @Sendable () -> Void
+    ) throws -> ReadinessWatch {
+        ReadinessWatch(token: try register(descriptor.rawValue, interest: .readable, handler: ClosureHandler(label: label, handler)))
     }
 
     /// Stops a watch; its handler does not run afterwards, unless it is running now (on the loop).
@@ -201,9 +250,11 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     }
 
     private final class ClosureHandler: EventHandler {
+        let stallLabel: String
         let handler: @Sendable () -> Void
 
-        init(_ handler: @escaping @Sendable () -> Void) {
+        init(label: String, _ handler: @escaping @Sendable () -> Void) {
+            stallLabel = label
             self.handler = handler
         }
 
@@ -292,9 +343,12 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         // Counts the loop's rounds, for telling the polled registrations that are talking now
         // from the idle ones.
         var round: UInt64 = 0
+        // The clock's reading after the last event handler of the round before, when there
+        // was one: the start of the first job's timing, which follows at once.
+        var handlersEnded: UInt64?
         while true {
             round &+= 1
-            runJobs()
+            runJobs(since: handlersEnded)
             // Timers are looked at only when the timer fired or a new earliest one came: no clock
             // read and no lock on the rounds between.
             if timerFired || timersChanged.exchange(false, ordering: .sequentiallyConsistent) {
@@ -348,10 +402,19 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                 timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: hasJobs() ? 0 : -1)
                 sleeping.store(false, ordering: .relaxed)
             }
+            // Each callback is timed with one clock read: the reading after it is the start of
+            // the next one's timing.
+            handlersEnded = nil
+            guard !events.isEmpty else { continue }
+            var started = monotonicNanoseconds()
             for event in events {
                 guard let handler = state.withLock({ $0.registrations[event.token]?.handler }) else { continue }
                 handler.handleEvent(readable: event.readable, writable: event.writable, hangUp: event.hangUp)
+                let ended = monotonicNanoseconds()
+                if ended &- started > stallNanoseconds { stalled(for: ended &- started, by: handler.stallLabel) }
+                started = ended
             }
+            handlersEnded = started
         }
     }
 
@@ -359,18 +422,23 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         pendingJobs.load(ordering: .sequentiallyConsistent) > 0
     }
 
-    private func runJobs() {
+    /// Runs the jobs queued; `handlersEnded` is a clock reading taken just before, if any.
+    private func runJobs(since handlersEnded: UInt64?) {
         guard hasJobs() else { return }
         // The queue is swapped with the drained one, which keeps its storage: no allocation
         // per round for the job that resumes a request.
         state.withLock { swap(&$0.jobs, &draining) }
         let count = draining.count
         pendingJobs.subtract(count, ordering: .sequentiallyConsistent)
+        var started = handlersEnded ?? monotonicNanoseconds()
         while let job = draining.popFirst() {
             switch job {
             case .closure(let work): work()
             case .task(let task): task.runSynchronously(on: asUnownedTaskExecutor())
             }
+            let ended = monotonicNanoseconds()
+            if ended &- started > stallNanoseconds { stalled(for: ended &- started, by: job.stallLabel) }
+            started = ended
         }
         // Storage grown by a burst is not kept for good.
         if count > 1024 { draining = Deque() }
@@ -378,14 +446,58 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     /// Runs the timers that are due; returns the next deadline.
     private func runTimers() -> UInt64? {
+        // The reading that decides which timer is due is also the end of the last action's
+        // timing: no clock read more.
+        var actionStarted: UInt64?
         while true {
             let now = monotonicNanoseconds()
+            if let actionStarted, now &- actionStarted > stallNanoseconds {
+                stalled(for: now &- actionStarted, by: "a timer on the event loop")
+            }
             let due: Timer? = state.withLock { state in
                 guard let first = state.timers.min, first.deadline <= now else { return nil }
                 return state.timers.removeMin()
             }
             guard let due else { return state.withLock { $0.timers.min?.deadline } }
+            actionStarted = now
             due.action()
         }
     }
+
+    // MARK: Stalls
+
+    /// The stalls seen so far: callbacks that held the loop's thread longer than its threshold.
+    public var stalls: LoopStalls { state.withLock { $0.stalls } }
+
+    /// Counts a stall, and reports it if `label` has not been reported before (loop thread).
+    @inline(never)
+    private func stalled(for nanoseconds: UInt64, by label: String) {
+        let milliseconds = Double(nanoseconds) / 1e6
+        let first = reportedStalls.insert(label).inserted
+        state.withLock { state in
+            state.stalls.count += 1
+            state.stalls.longestMilliseconds = max(state.stalls.longestMilliseconds, milliseconds)
+            if first { state.stalls.culprits.append(label) }
+        }
+        guard first else { return }
+        report("ipcbench: the event loop was blocked for \(nanoseconds / 1_000_000) ms by \(label); every connection of this process waited. Keep work on the loop short: serve with the async request handler, or move the work to a task.")
+    }
+
+    /// Writes `line` and a newline to standard error: a stall's default report.
+    package static func writeToStandardError(_ line: String) {
+        _ = try? FileDescriptor.standardError.writeAll((line + "\n").utf8)
+    }
+}
+
+/// The callbacks that blocked an event loop: each ran longer than the loop's stall threshold
+/// (100 ms unless `IPCBENCH_LOOP_STALL_MS` says otherwise), and every connection of the process
+/// waited meanwhile.
+public struct LoopStalls: Sendable, Codable, Equatable {
+    /// How many callbacks ran too long.
+    public var count: Int = 0
+    /// The longest of them, in milliseconds.
+    public var longestMilliseconds: Double = 0
+    /// What ran too long, each named once, in the order first seen: a connection's handler, a
+    /// readiness watch's label, or the kind of job or timer.
+    public var culprits: [String] = []
 }

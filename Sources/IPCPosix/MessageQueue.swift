@@ -136,6 +136,20 @@ public struct MessageQueue: Sendable {
         }
     }
 
+    /// Queues one message if the queue has room now, without waiting: whether it did.
+    /// - Throws: ``IPCError/Code/transportFailure`` for anything but a full queue.
+    public func sendIfRoom(_ bytes: UnsafeRawBufferPointer, priority: UInt32 = 0) throws -> Bool {
+        // A deadline in the past: the call returns at once when the queue is full.
+        var past = timespec(tv_sec: 0, tv_nsec: 0)
+        do {
+            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &past) }
+            return true
+        } catch {
+            if error == .timedOut { return false }
+            throw IPCError.syscall("mq_timedsend", error, context: name)
+        }
+    }
+
     /// Waits for one message and returns its length.
     public func receive(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         do {

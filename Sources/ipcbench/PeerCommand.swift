@@ -15,6 +15,19 @@ struct PeerCommand: AsyncParsableCommand {
         Serves the echo service on an endpoint (server role) or on a connection to one (client \
         role). Prints 'READY <pid>' once listening or connected, and exits when its standard \
         input closes.
+
+        Requests, by msgid: 1 echo (reply with the payload); 2 stall (never reply: holds its \
+        own connection only, until the connection ends, which cancels it); 3 fail (the \
+        requester gets transportFailure); 4 delayed echo (the payload's first 4 bytes, \
+        big-endian, are the delay in milliseconds, at most 60000); 5 the number of handlers \
+        cancelled so far (8 bytes, big-endian); any other msgid is echoed. One-way messages are \
+        echoed back with their msgid, except the throughput sink's (0xFFFFFF00 counted, \
+        0xFFFFFF01 answered with a report).
+
+        --serve chooses how requests are answered: 'task' (the default: the async request \
+        handler, as tasks on Swift's global executor), 'task-on-loop' (the async handler \
+        started on the event loop's executor) or 'on-loop' (the synchronous fast path on the \
+        loop, which answers echo and fail only).
         """
     )
 
@@ -54,7 +67,14 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Drop a connection whose frame stays half-read this long (seconds); 0 never drops one.")
     var stalledFrameSeconds: Int64 = ConnectionOptions.defaults.stalledFrameTimeout?.components.seconds ?? 0
 
+    @Option(help: "How requests are answered: task, task-on-loop or on-loop (see above).")
+    var serve: ConformancePeer.Serving = .task
+
+    @Option(help: "How many requests of one connection are handled at once (1: one at a time, in arrival order).")
+    var requestConcurrency: Int = 1
+
     func validate() throws {
+        guard (1...1024).contains(requestConcurrency) else { throw ValidationError("--request-concurrency takes 1 to 1024") }
         guard spinMicroseconds >= 0 else { throw ValidationError("--spin-microseconds cannot be negative") }
         guard stalledFrameSeconds >= 0 else { throw ValidationError("--stalled-frame-seconds cannot be negative") }
     }
@@ -74,6 +94,8 @@ struct PeerCommand: AsyncParsableCommand {
             grandchild: grandchild,
             waitStrategy: WaitStrategy(spinNanoseconds: spinMicroseconds * 1000),
             stalledFrameTimeout: stalledFrameSeconds == 0 ? nil : .seconds(stalledFrameSeconds),
+            serving: serve,
+            maximumConcurrentRequests: requestConcurrency,
             allocationCount: { (UInt64(pthread_self()), ipc_thread_allocation_count()) }
         )
         try await service.run()
@@ -82,3 +104,4 @@ struct PeerCommand: AsyncParsableCommand {
 
 extension PeerRole: ExpressibleByArgument {}
 extension ConformancePeer.Grandchild: ExpressibleByArgument {}
+extension ConformancePeer.Serving: ExpressibleByArgument {}

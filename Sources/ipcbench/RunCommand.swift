@@ -58,6 +58,12 @@ struct RunCommand: AsyncParsableCommand {
     ))
     var skipGlobalExecutor = false
 
+    @Flag(help: ArgumentHelp(
+        "Skip the on-loop handler rows.",
+        discussion: "The main rows' peer answers with the async request handler, as tasks off its event loop (what users are told to serve with). By default the run also measures, against a peer of its own, the on-loop fast path (a synchronous handler on the loop): blocking, binary framing."
+    ))
+    var skipOnLoopHandler = false
+
     @Option(help: "Spin time of the spin-then-block wait strategy, in microseconds; 0 measures blocking waits only.")
     var spinMicroseconds: Int64 = 50
 
@@ -136,6 +142,7 @@ struct RunCommand: AsyncParsableCommand {
             waitStrategies: spinMicroseconds > 0 ? [.blocking, WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)] : [.blocking],
             includeThroughput: !skipThroughput,
             includeGlobalExecutor: !skipGlobalExecutor,
+            includeOnLoopHandler: !skipOnLoopHandler,
             references: inProcessOnly ? [] : discovered.systems
         )
         let progress = ProgressReporter(enabled: !noProgress)

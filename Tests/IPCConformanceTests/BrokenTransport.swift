@@ -45,6 +45,8 @@ enum Violation: String, Sendable, CaseIterable {
     case keepsDeadConnections
     /// The listener closes when any client dies.
     case serverQuitsOnClientDeath
+    /// The suspending send waits for room on a thread of its own, one per waiting send.
+    case waitsOnAThreadPerSend
 }
 
 /// A real transport that breaks one rule (``Violation``), for showing that the suite notices.
@@ -70,7 +72,7 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
     func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> Listener {
         var options = options
         if violation == .acceptsHostileLengths { options.maximumPayloadLength = Int(Int32.max) }
-        if violation == .ignoresBorrowingHandler { options.makeBorrowingMessageHandler = nil }
+        if violation == .ignoresBorrowingHandler { options.makeOnLoopBorrowingMessageHandler = nil }
         if violation == .refusesStaleEndpoints, FileManager.default.fileExists(atPath: endpoint.path(suffix: ".sock")) {
             throw IPCError(code: .endpointInUse, message: "a socket file is in the way")
         }
@@ -85,7 +87,7 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
     func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> Connection {
         var options = options
         if violation == .ignoresItsMaximum { options.maximumPayloadLength = base.capabilities.maximumPayloadLength }
-        if violation == .connectsWithoutBorrowingHandler { options.makeBorrowingMessageHandler = nil }
+        if violation == .connectsWithoutBorrowingHandler { options.makeOnLoopBorrowingMessageHandler = nil }
         do {
             return BrokenConnection(try base.connect(to: endpoint, options: options), violation: violation)
         } catch let error as IPCError where violation == .wrongEndpointNotFoundCode && error.code == .endpointNotFound {
@@ -191,6 +193,17 @@ final class BrokenConnection: MessageConnection, Sendable {
             try base.send(payload, msgid: msgid, timeout: timeout)
         } catch let error as IPCError where violation == .sendTimeoutAsFailure && error.code == .sendTimeout {
             throw IPCError(code: .transportFailure, message: error.message)
+        }
+    }
+
+    func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+        guard violation == .waitsOnAThreadPerSend else {
+            return try await base.send(payload, msgid: msgid, timeout: timeout)
+        }
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            Thread.detachNewThread { [base] in
+                continuation.resume(with: Result { try base.send(payload, msgid: msgid, timeout: timeout) })
+            }
         }
     }
 

@@ -46,6 +46,7 @@ struct BrokenTransportTests {
         Expectation(violation: .claimsProcessWatch, failingCases: ["6.5.2"]),
         Expectation(violation: .keepsDeadConnections, failingCases: ["6.6"]),
         Expectation(violation: .serverQuitsOnClientDeath, failingCases: ["6.6"]),
+        Expectation(violation: .waitsOnAThreadPerSend, failingCases: ["11.6"]),
     ]
 
     @Test(arguments: expectations)
@@ -104,6 +105,26 @@ struct BrokenTransportTests {
         #expect(report.result("6.5.1")?.grade == .failed, "\(String(describing: report.result("6.5.1")))")
     }
 
+    @Test("peers whose handler blocks the loop (a synchronous handler that sleeps) fail the serving cases it breaks, and pass serial order")
+    func blockingHandlerIsCaught() async throws {
+        var subject = try TransportCatalog.conformanceSubject(named: "unix-socket")
+        subject.peers = ServingPeers(base: subject.peers) { $0.serving = .blockingOnLoop }
+        let report = await ConformanceSuite(subject: subject, options: ConformanceOptions(cases: ["11.1", "11.2", "11.3", "11.4", "11.5"])).run()
+        for id in ["11.1", "11.2", "11.4", "11.5"] {
+            #expect(report.result(id)?.grade == .failed, "\(id): \(String(describing: report.result(id)))")
+        }
+        // One request at a time on the loop keeps arrival order, wrongly or not.
+        #expect(report.result("11.3")?.grade == .passed, "\(String(describing: report.result("11.3")))")
+    }
+
+    @Test("peers that handle one connection's requests all at once, by default, fail serial order (11.3)")
+    func unboundedConcurrencyIsCaught() async throws {
+        var subject = try TransportCatalog.conformanceSubject(named: "unix-socket")
+        subject.peers = ServingPeers(base: subject.peers) { $0.maximumConcurrentRequests = 64 }
+        let report = await ConformanceSuite(subject: subject, options: ConformanceOptions(cases: ["11.3"])).run()
+        #expect(report.result("11.3")?.grade == .failed, "\(String(describing: report.result("11.3")))")
+    }
+
     private func run(codec: BrokenCodec, cases: [String]) async throws -> ConformanceReport {
         var subject = try TransportCatalog.conformanceSubject(named: "unix-socket")
         subject.payloadCodecs = [codec]
@@ -119,6 +140,19 @@ struct LeakingPeers: ConformancePeerLauncher {
     func launch(_ configuration: ConformancePeer.Configuration) throws -> any ConformancePeerProcess {
         var configuration = configuration
         if configuration.grandchild == .spawn { configuration.grandchild = .spawnLeakingDescriptors }
+        return try base.launch(configuration)
+    }
+}
+
+/// Starts peers that serve otherwise than they are asked to (``ConformancePeer/Configuration/serving``,
+/// ``ConformancePeer/Configuration/maximumConcurrentRequests``).
+struct ServingPeers: ConformancePeerLauncher {
+    let base: any ConformancePeerLauncher
+    let change: @Sendable (inout ConformancePeer.Configuration) -> Void
+
+    func launch(_ configuration: ConformancePeer.Configuration) throws -> any ConformancePeerProcess {
+        var configuration = configuration
+        change(&configuration)
         return try base.launch(configuration)
     }
 }

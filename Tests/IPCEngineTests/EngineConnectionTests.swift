@@ -289,7 +289,7 @@ struct EngineConnectionTests {
     func oneWayBetweenRequests() async throws {
         let arrived = AsyncStream<UInt64>.makeStream()
         let options = ConnectionOptions.defaults { options in
-            options.makeMessageHandler = {
+            options.makeOnLoopMessageHandler = {
                 { _, _ in
                     arrived.continuation.yield(monotonicNanoseconds())
                     return true
@@ -318,7 +318,7 @@ struct EngineConnectionTests {
     func borrowingHandler(channelLends: Bool) async throws {
         let offered = Mutex<[(msgid: UInt32, payload: [UInt8])]>([])
         let options = ConnectionOptions.defaults { options in
-            options.makeBorrowingMessageHandler = {
+            options.makeOnLoopBorrowingMessageHandler = {
                 { msgid, payload, send in
                     offered.withLock { $0.append((msgid, payload.withUnsafeBytes { Array($0) })) }
                     if msgid == 100 { try? send([42], 101) }
@@ -326,7 +326,7 @@ struct EngineConnectionTests {
                 }
             }
             // Sees only what the borrowing handler declined.
-            options.makeMessageHandler = {
+            options.makeOnLoopMessageHandler = {
                 { message, _ in message.msgid % 3 == 0 }
             }
         }

@@ -34,7 +34,7 @@ struct UnixSocketDeliveryTests {
         // Each connection's handler keeps its own list of what it consumed.
         let lists = LockedValue<[[UInt32]]>([])
         let options = ConnectionOptions.defaults {
-            $0.makeMessageHandler = {
+            $0.makeOnLoopMessageHandler = {
                 let index = lists.withLock { lists in
                     lists.append([])
                     return lists.count - 1

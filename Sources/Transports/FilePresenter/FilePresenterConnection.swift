@@ -161,9 +161,14 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         try appendWaiting(appender, record, until: deadline(after: timeout)) { false }
     }
 
-    /// Sends a one-way message without holding the calling thread while it waits: if the
-    /// peer's journal is locked or full, the task is suspended and the wait goes on on a thread
-    /// of this connection's (``sendFrameSuspending(_:timeout:)``).
+    /// Sends a one-way message without holding a thread while it waits: if the peer's journal
+    /// is locked or full, the task sleeps between tries (``sendFrameSuspending(_:timeout:)``).
+    /// What ``ConnectionOptions/requestHandler``'s tasks reply with: the suspending send.
+    /// Strong: the request server lets go of it when the connection finishes.
+    private lazy var taskResponder: @Sendable (Frame) async throws -> Void = { [self] frame in
+        try await sendFrameSuspending(frame, timeout: replySendTimeout)
+    }
+
     public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         try await sendFrameSuspending(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
     }
@@ -172,43 +177,37 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         try await core.request(payload, msgid: msgid, receiveTimeout: receiveTimeout) { try await sendFrameSuspending($0, timeout: sendTimeout) }
     }
 
-    /// Appends at once if the journal's lock is free and it has room (trying again after a few
-    /// yields, since holders keep the lock for microseconds); otherwise suspends the task while
-    /// a thread of its own waits, so that a cooperative thread is never held for a journal that
-    /// is locked or full (a task that would empty it may need that thread). Cancelling the task
-    /// ends the wait with `CancellationError`, the record unsent; the connection's end ends it
-    /// with ``IPCError/Code/invalidated``.
+    /// Appends at once if the journal's lock is free and it has room (the usual case);
+    /// otherwise tries again after suspending the task for a little longer each time (yields,
+    /// then 10 µs doubling to 1 ms, as a thread's wait would), so that no thread is held for a
+    /// journal that is locked or full, however many sends wait. An append is whole or not at
+    /// all, so cancelling the task ends the wait with `CancellationError`, the record unsent;
+    /// the connection's end ends it with ``IPCError/Code/invalidated``.
     private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
         try Task.checkCancellation()
         let (appender, record) = try prepare(frame)
         let giveUp = deadline(after: timeout)
-        for attempt in 0..<Self.yieldsBeforeSuspending {
-            guard try invalidatingOnCorruption({ try appender.tryAppend(record, unrung: readerUnreachable) }) != nil else { return }
-            if attempt + 1 < Self.yieldsBeforeSuspending { sched_yield() }
-        }
-        let cancelled = Atomic<Bool>(false)
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                do {
-                    // A thread per waiting send: sends wait independently (one's timeout or
-                    // cancellation never waits behind another's), and only when the journal
-                    // is locked or full, which takes its reader far longer than a thread's start.
-                    try PosixThread.detach(name: "ipc-presenter-send") { [self] in
-                        continuation.resume(with: Result {
-                            try appendWaiting(appender, record, until: giveUp) { cancelled.load(ordering: .relaxed) }
-                        })
-                    }
-                } catch {
-                    continuation.resume(throwing: error)
-                }
+        var attempt = 0
+        while true {
+            guard let obstacle = try invalidatingOnCorruption({ try appender.tryAppend(record, unrung: readerUnreachable) }) else { return }
+            try core.checkValid()
+            guard monotonicNanoseconds() < giveUp else {
+                throw IPCError(code: .sendTimeout, message: obstacle == .full
+                    ? "the peer's journal stayed full for \(timeout): its reader is not reading"
+                    : "the peer's journal stayed locked for \(timeout)")
             }
-        } onCancel: {
-            cancelled.store(true, ordering: .relaxed)
+            if attempt < Self.yieldsBeforeSleeping {
+                await Task.yield()
+            } else {
+                try await Task.sleep(for: .microseconds(min(1000, 10 << min(attempt - Self.yieldsBeforeSleeping, 7))))
+            }
+            attempt += 1
+            try Task.checkCancellation()
         }
     }
 
-    /// Tries before a suspending send hands its wait to a thread.
-    private static let yieldsBeforeSuspending = 8
+    /// Tries a suspending send makes, yielding between them, before it sleeps between tries.
+    private static let yieldsBeforeSleeping = 8
 
     /// Appends, waiting until `giveUp` for the lock and for room, unless `cancelled()` becomes
     /// true (`CancellationError`) or the connection ends (``IPCError/Code/invalidated``) first.
@@ -272,7 +271,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             // A one-way message offered in place and declined is not offered again; one the
             // reader did not offer (its sender was not this connection yet) is offered now.
             let dispatch = { (whenFull: ConnectionCore.WhenFull) in
-                self.core.dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull, offered: offered)
+                self.core.dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull, offered: offered, taskResponder: { self.taskResponder })
             }
             // A server connection's records are read by the listener's thread, which serves
             // every client: it cannot wait for one application, so a full buffer ends this one.

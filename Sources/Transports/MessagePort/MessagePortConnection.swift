@@ -24,8 +24,13 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
     private let writer: FragmentWriter
     /// The id this side puts in the `sender` field: the client's assigned id, or 0 on the server.
     private let senderID: UInt32
-    /// Held for each message's fragments; `true` once the outbound queue is closed.
-    private let sendState = Mutex(false)
+    /// Whose turn it is to write a message's fragments to the outbound queue.
+    private let turn: SendTurn
+    /// What ``ConnectionOptions/requestHandler``'s tasks reply with: the suspending send. Strong:
+    /// the request server lets go of it when the connection finishes.
+    private lazy var taskResponder: @Sendable (Frame) async throws -> Void = { [self] frame in
+        try await sendFrameSuspending(frame, timeout: replySendTimeout)
+    }
     private let replySendTimeout: Duration = .seconds(5)
     private let role: Role
     private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
@@ -50,13 +55,14 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
 
     init(peer: PeerCredentials?, outbound: MessageQueue, messageSize: Int, senderID: UInt32, role: Role, options: ConnectionOptions, loop: EventLoop) {
         self.peer = peer
-        self.core = ConnectionCore(options: options, loop: loop)
+        self.core = ConnectionCore(options: options, loop: loop, loopExecutor: loop)
         self.loop = loop
         self.writer = FragmentWriter(queue: outbound, messageSize: messageSize)
         self.senderID = senderID
         self.role = role
         self.assembler = FragmentAssembler(maximumPayloadLength: options.maximumPayloadLength)
         self.readBuffer = .allocate(byteCount: messageSize, alignment: 8)
+        self.turn = SendTurn(deferredLimit: options.messageBufferLimit.bytes)
     }
 
     deinit {
@@ -195,26 +201,158 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
         case handled, bufferFull, malformed
     }
 
+    /// Sends a frame and returns once the queue has all of it. On a thread of the caller's
+    /// own it waits there (for its turn, then for room); on the loop's thread it never waits: a
+    /// frame the queue cannot take now is kept, in order, and sent by a task (``SendTurn``), and
+    /// if that task cannot send it by its deadline, the connection ends (nobody waits to be told).
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
+        let header = try prepare(frame)
+        if loop.inEventLoop { return try sendFromLoop(frame, header, timeout: timeout) }
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
+        guard turn.take(until: deadline) else {
+            try core.checkValid()
+            if turn.isClosed { throw IPCError(code: .invalidated, message: "the connection is closed") }
+            throw IPCError(code: .sendTimeout, message: "other sends held the queue until the send timeout")
+        }
+        defer { turn.give() }
+        var sent = 0
+        do {
+            try writer.send(header, frame.payload, deadline: MessageQueue.realtimeDeadline(after: .nanoseconds(deadline &- min(deadline, monotonicNanoseconds()))), sent: &sent)
+        } catch let error as IPCError {
+            tornIf(sent > 0, error)
+            throw error
+        }
+    }
+
+    /// Sends a one-way message, suspending (no thread held) while the queue is full.
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+        try await sendFrameSuspending(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
+
+    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+        let frame = try core.startRequest(payload, msgid: msgid)
+        do {
+            try await sendFrameSuspending(frame, timeout: sendTimeout)
+        } catch {
+            core.requests.cancel(frame.correlation)
+            throw error
+        }
+        return try await core.reply(to: frame, receiveTimeout: receiveTimeout)
+    }
+
+    /// The suspending send: takes the turn (at once in the usual case, else suspended in line)
+    /// and sends what the queue takes; for the rest, the task waits on the loop for room.
+    /// Cancelling the task fails a send none of whose fragments went; one begun is finished.
+    private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
+        try Task.checkCancellation()
+        let header = try prepare(frame)
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
+        if !turn.tryTake() {
+            guard await turn.take() else { throw IPCError(code: .invalidated, message: "the connection is closed") }
+        }
+        try await sendHoldingTurn(header, frame.payload, sent: 0, deadline: deadline)
+    }
+
+    /// With the turn held: sends the fragments from number `sent` on, waiting on the loop for
+    /// room while the queue is full, and gives the turn back.
+    private func sendHoldingTurn(_ header: PortFragmentHeader, _ payload: [UInt8], sent: Int, deadline: UInt64) async throws {
+        var sent = sent
+        while true {
+            do {
+                if try writer.sendAvailable(header, payload, sent: &sent) { return turn.give() }
+            } catch let error as IPCError {
+                turn.give()
+                tornIf(sent > 0, error)
+                throw error
+            }
+            let outcome: EventLoop.WritableOutcome
+            do {
+                outcome = try await loop.waitUntilWritable(writer.queue.descriptor, deadline: deadline) { turn.holderWaits(abort: $0) }
+            } catch {
+                turn.give()
+                tornIf(sent > 0, error as? IPCError ?? IPCError(code: .transportFailure, message: "\(error)"))
+                throw error
+            }
+            switch outcome {
+            case .writable:
+                continue
+            case .deadlinePassed:
+                turn.give()
+                let error = IPCError(code: .sendTimeout, message: "message queue \(writer.queue.name) stayed full until the send timeout; \(sent) fragments of the message sent")
+                tornIf(sent > 0, error)
+                throw error
+            case .cancelled:
+                if turn.isClosed {
+                    turn.give()
+                    throw IPCError(code: .invalidated, message: "the connection closed while the send waited for room")
+                }
+                guard sent > 0 else {
+                    turn.give()
+                    throw CancellationError()
+                }
+                // Begun: finished by a task nobody cancels, or the stream would be torn.
+                let rest = sent
+                try await Task { try await self.sendHoldingTurn(header, payload, sent: rest, deadline: deadline) }.value
+                return
+            }
+        }
+    }
+
+    /// A send from the loop's thread (a handler's reply, a message handler's send): never waits.
+    private func sendFromLoop(_ frame: Frame, _ header: PortFragmentHeader, timeout: Duration) throws {
+        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
+        if turn.tryTake() {
+            var sent = 0
+            let done: Bool
+            do {
+                done = try writer.sendAvailable(header, frame.payload, sent: &sent)
+            } catch let error as IPCError {
+                turn.give()
+                tornIf(sent > 0, error)
+                throw error
+            }
+            if done { return turn.give() }
+            if sent > 0 {
+                // Begun: a task finishes it with the turn held, or ends the connection.
+                Task { [self] in
+                    do { try await sendHoldingTurn(header, frame.payload, sent: sent, deadline: deadline) } catch { endUnsent(error) }
+                }
+                return
+            }
+            turn.give()
+        }
+        guard try turn.keep(frame, deadline: deadline) else { return }
+        Task { [self] in
+            while await turn.take() {
+                guard let (kept, keptDeadline) = turn.nextKept() else { return turn.give() }
+                do {
+                    try await sendHoldingTurn(try prepare(kept), kept.payload, sent: 0, deadline: keptDeadline)
+                } catch {
+                    endUnsent(error)
+                    return
+                }
+            }
+        }
+    }
+
+    /// A frame sent from the loop's thread could not be sent by its deadline: nobody waits to be
+    /// told, so the connection ends rather than lose it unseen.
+    private func endUnsent(_ error: any Error) {
+        invalidate(InvalidationReason(.transportFailure, error: error as? IPCError ?? IPCError(code: .transportFailure, message: "\(error)")))
+    }
+
+    /// Part of a message is in the queue when a send fails: the receiver would wait for the rest.
+    private func tornIf(_ torn: Bool, _ error: IPCError) {
+        if torn { invalidate(InvalidationReason(.transportFailure, error: error)) }
+    }
+
+    /// Checks that `frame` can be sent now, and makes its first fragment's header.
+    private func prepare(_ frame: Frame) throws -> PortFragmentHeader {
         try core.checkValid()
         guard frame.payload.count <= core.options.maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(frame.payload.count) bytes is above the maximum of \(core.options.maximumPayloadLength)")
         }
-        let header = PortFragmentHeader(kind: PortMessageKind(frame.kind)!, msgid: frame.msgid, correlation: frame.correlation, sender: senderID)
-        let deadline = MessageQueue.realtimeDeadline(after: timeout)
-        var sent = 0
-        do {
-            try sendState.withLock { closed in
-                if closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
-                try writer.send(header, frame.payload, deadline: deadline, sent: &sent)
-            }
-        } catch let error as IPCError {
-            if sent > 0 {
-                // Part of a message is in the queue: the receiver would wait for the rest.
-                invalidate(InvalidationReason(.transportFailure, error: error))
-            }
-            throw error
-        }
+        return PortFragmentHeader(kind: PortMessageKind(frame.kind)!, msgid: frame.msgid, correlation: frame.correlation, sender: senderID)
     }
 
     /// The server's view of a client: its fragments are read by the listener's thread.
@@ -248,7 +386,8 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
                 if let frame = try assembler.add(header, bytes) {
                     let full = core.dispatch(
                         frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) },
-                        responder: { cachedReplySender(timeout: replySendTimeout) }, whenFull: isServer ? .keep : whenFull, offered: offered
+                        responder: { cachedReplySender(timeout: replySendTimeout) }, whenFull: isServer ? .keep : whenFull, offered: offered,
+                        taskResponder: { self.taskResponder }
                     )
                     if full, isServer {
                         invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
@@ -271,12 +410,12 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
             // a peer whose connection was ended here for a protocol error or a failure would
             // otherwise wait for replies that never come.
             let peerEnded = [.peerClosed, .peerDied].contains(core.latch.reason?.kind)
-            sendState.withLock { closed in
+            // Once nobody writes: now, or when the sender holding the turn gives it back.
+            turn.close { [writer, senderID] in
                 if !peerEnded {
-                    // Without waiting on a full queue.
-                    try? writer.sendControl(PortFragmentHeader(kind: .goodbye, sender: senderID), deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50)))
+                    // Without waiting on a full queue: a peer that does not read will not read this.
+                    try? writer.sendControl(PortFragmentHeader(kind: .goodbye, sender: senderID), deadline: MessageQueue.realtimeDeadline(after: .zero))
                 }
-                closed = true
                 writer.queue.close()
             }
             switch role {

@@ -299,8 +299,10 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         else { return }
         if let acceptFilter, !acceptFilter(credentials) {
             // Told, so that its connect fails at once with accessDenied; it never gets an id.
+            // Without waiting (this is the loop's thread): a client whose queue is full at its
+            // hello is not told, and its connect times out.
             try? FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                .sendControl(PortFragmentHeader(kind: .refused), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+                .sendControl(PortFragmentHeader(kind: .refused), deadline: MessageQueue.realtimeDeadline(after: .zero))
             replyQueue.close()
             return
         }
@@ -326,8 +328,11 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         )
         state.withLock { $0.clients[id] = connection }
         do {
+            // Without waiting (this is the loop's thread, which serves every client): a reply
+            // queue already full at the hello ends the connection, and the client's connect
+            // times out.
             try FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .seconds(1)))
+                .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .zero))
             try connection.watchPeer(pid: pid)
         } catch {
             connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))

@@ -153,14 +153,33 @@ struct FragmentWriter {
     /// Sends one whole message. `sent` counts the fragments the kernel took, so a caller can tell
     /// a clean failure from a torn message.
     func send(_ header: PortFragmentHeader, _ payload: [UInt8], deadline: timespec, sent: inout Int) throws {
+        _ = try put(header, payload, sent: &sent) { fragment in
+            try queue.send(fragment, deadline: deadline)
+            return true
+        }
+    }
+
+    /// Sends the message's fragments from number `sent` on, as many as the queue takes now,
+    /// without waiting: whether the whole message is sent. `sent` counts the fragments sent.
+    func sendAvailable(_ header: PortFragmentHeader, _ payload: [UInt8], sent: inout Int) throws -> Bool {
+        try put(header, payload, sent: &sent) { try queue.sendIfRoom($0) }
+    }
+
+    /// Builds the fragments from number `sent` on and gives each to `enqueue`, until it takes
+    /// one no more (returns `false`): whether every fragment was taken.
+    private func put(
+        _ header: PortFragmentHeader, _ payload: [UInt8], sent: inout Int, _ enqueue: (UnsafeRawBufferPointer) throws -> Bool
+    ) throws -> Bool {
         let chunk = messageSize - PortFragmentHeader.length
         var fragment = header
         fragment.totalLength = UInt32(payload.count)
+        var sentNow = sent
+        defer { sent = sentNow }
         // Only as large as the largest fragment: a small message's buffer (up to 1 KiB) is then
         // on the stack, where a queue-sized one would be a heap allocation per message.
-        try withUnsafeTemporaryAllocation(byteCount: min(messageSize, PortFragmentHeader.length + payload.count), alignment: 8) { buffer in
+        return try withUnsafeTemporaryAllocation(byteCount: min(messageSize, PortFragmentHeader.length + payload.count), alignment: 8) { buffer in
             try payload.withUnsafeBytes { bytes in
-                var offset = 0
+                var offset = sentNow * chunk
                 repeat {
                     let count = min(chunk, bytes.count - offset)
                     fragment.offset = UInt32(offset)
@@ -169,10 +188,11 @@ struct FragmentWriter {
                         UnsafeMutableRawBufferPointer(rebasing: buffer[PortFragmentHeader.length...])
                             .copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + count)]))
                     }
-                    try queue.send(UnsafeRawBufferPointer(rebasing: buffer[..<(PortFragmentHeader.length + count)]), deadline: deadline)
-                    sent += 1
+                    guard try enqueue(UnsafeRawBufferPointer(rebasing: buffer[..<(PortFragmentHeader.length + count)])) else { return false }
+                    sentNow += 1
                     offset += count
                 } while offset < bytes.count
+                return true
             }
         }
     }

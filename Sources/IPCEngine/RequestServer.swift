@@ -1,0 +1,139 @@
+import DequeModule
+import IPCCore
+
+/// Runs one connection's ``RequestHandler`` as tasks off the receive path, as an XPC connection
+/// runs its handlers on its own queue: a slow or stuck handler holds up its own connection
+/// (and, with the serial default, only that connection's later requests), never another one.
+///
+/// Up to ``ConnectionOptions/maximumConcurrentRequests`` requests are handled at once; one
+/// task serves them one after another while more wait, so a serial connection makes one task
+/// per burst, not one per request. Requests beyond the bound wait here, counted against
+/// ``ConnectionOptions/messageBufferLimit``: once that much waits, ``accept(_:send:waitForRoom:)``
+/// says so and the receive path stops reading the connection until a handler takes one
+/// (``whenRoom(_:)``), so a peer that sends faster than its handlers answer cannot make the
+/// process grow without bound. ``close()`` cancels the running tasks and drops what waits.
+final class RequestServer: Sendable {
+    /// Sends a reply frame, suspending while the peer's buffer is full.
+    typealias ReplySender = @Sendable (Frame) async throws -> Void
+
+    private struct State {
+        var waiting = Deque<Frame>()
+        var waitingBytes = 0
+        /// Tasks serving this connection now, by serial.
+        var running: [UInt64: Task<Void, Never>] = [:]
+        var nextSerial: UInt64 = 0
+        var closed = false
+        /// Runs once a waiting request is taken (the receive path stopped reading).
+        var roomHandler: (@Sendable () -> Void)?
+        /// Set at the first request. Holds the connection until ``close()``: the cycle it forms
+        /// (connection, core, server, sender) ends there, as every connection's life does.
+        var send: ReplySender?
+    }
+
+    private let handler: RequestHandler
+    private let concurrency: Int
+    private let limit: ConnectionOptions.BufferLimit
+    private let executor: (any TaskExecutor)?
+    private let lock = ConditionLock()
+    /// Guarded by `lock`.
+    private nonisolated(unsafe) var state = State()
+
+    /// - Parameter executor: where the tasks run; `nil` for Swift's global executor.
+    init(handler: @escaping RequestHandler, concurrency: Int, limit: ConnectionOptions.BufferLimit, executor: (any TaskExecutor)?) {
+        precondition(concurrency > 0, "maximumConcurrentRequests must be at least 1")
+        self.handler = handler
+        self.concurrency = concurrency
+        self.limit = limit
+        self.executor = executor
+    }
+
+    private var isFull: Bool { state.waiting.count >= limit.messages || state.waitingBytes >= limit.bytes }
+
+    /// Takes a request from the receive path: starts a task for it if fewer than the bound run,
+    /// else queues it. `send` makes the reply sender (called once per connection). With
+    /// `waitForRoom` (a receive thread of its own), first waits while the queue is full.
+    /// Returns whether the queue is full now (the caller should stop reading).
+    func accept(_ request: Frame, send: () -> ReplySender, waitForRoom: Bool) -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        while waitForRoom, isFull, !state.closed { lock.wait() }
+        guard !state.closed else { return false }
+        if state.send == nil { state.send = send() }
+        guard state.running.count < concurrency else {
+            state.waiting.append(request)
+            state.waitingBytes += request.payload.count
+            return isFull
+        }
+        // Made under the lock: a task only queues a job here, it does not run, and its own
+        // first look at the state (to take the next request) waits for this to be recorded.
+        let serial = state.nextSerial
+        state.nextSerial &+= 1
+        state.running[serial] = Task(executorPreference: executor) { [self] in await serve(request, serial: serial) }
+        return false
+    }
+
+    /// Runs `handler` once a waiting request has been taken (at once if the queue has room).
+    func whenRoom(_ handler: @escaping @Sendable () -> Void) {
+        let now: Bool = lock.withLock {
+            guard isFull, !state.closed else { return true }
+            state.roomHandler = handler
+            return false
+        }
+        if now { handler() }
+    }
+
+    /// The connection ended: cancels the running handlers (their replies are not sent), drops
+    /// the waiting requests, and lets go of the reply sender.
+    func close() {
+        let running: [Task<Void, Never>] = lock.withLock {
+            state.closed = true
+            state.waiting.removeAll()
+            state.waitingBytes = 0
+            state.roomHandler = nil
+            state.send = nil
+            lock.broadcast()
+            return Array(state.running.values)
+        }
+        for task in running { task.cancel() }
+    }
+
+    /// One task's life: the request it was made for, then whatever waits, until nothing does.
+    private func serve(_ first: Frame, serial: UInt64) async {
+        var request = first
+        while true {
+            await answer(request)
+            var room: (@Sendable () -> Void)?
+            let next: Frame? = lock.withLock {
+                guard !state.closed, let next = state.waiting.popFirst() else {
+                    state.running[serial] = nil
+                    return nil
+                }
+                state.waitingBytes -= next.payload.count
+                lock.signal()
+                if !isFull {
+                    room = state.roomHandler
+                    state.roomHandler = nil
+                }
+                return next
+            }
+            room?()
+            guard let next else { return }
+            request = next
+        }
+    }
+
+    private func answer(_ request: Frame) async {
+        var reply = Frame(kind: .reply, msgid: request.msgid, correlation: request.correlation)
+        do {
+            reply.payload = try await handler(request.msgid, request.payload) ?? []
+        } catch {
+            reply.kind = .failure
+            reply.payload = Array(String(describing: error).utf8)
+        }
+        // Cancelled: the connection ended, and nobody is there to answer.
+        guard !Task.isCancelled, let send = lock.withLock({ state.closed ? nil : state.send }) else { return }
+        // A reply that cannot be sent is the requester's timeout to report; a torn one has
+        // already invalidated the connection.
+        try? await send(reply)
+    }
+}
