@@ -33,6 +33,9 @@ public struct LatencyPlan: Sendable {
     /// (``IPCCore/ConnectionOptions/onLoopRequestHandler``) against a peer of its own: blocking,
     /// binary framing (``LatencyResult/handler``).
     public var includeOnLoopHandler: Bool
+    /// How the main rows' peer serves: ``ConformancePeer/Configuration/Serving/task`` (the
+    /// default) or ``ConformancePeer/Configuration/Serving/taskOnLoop``.
+    public var mainServing: ConformancePeer.Serving
     /// Reference systems (D-Bus, ZeroMQ, gRPC, SwiftNIO) to measure beside the transports, in
     /// the first blocking phase's sweeps (see ``ReferenceSystem``).
     public var references: [ReferenceSystem]
@@ -48,9 +51,11 @@ public struct LatencyPlan: Sendable {
         includeThroughput: Bool = true,
         includeGlobalExecutor: Bool = true,
         includeOnLoopHandler: Bool = true,
+        mainServing: ConformancePeer.Serving = .task,
         references: [ReferenceSystem] = []
     ) {
         self.includeOnLoopHandler = includeOnLoopHandler
+        self.mainServing = mainServing
         self.references = references
         self.transports = transports
         self.framings = framings
@@ -95,11 +100,16 @@ public struct CrossProcessResults: Sendable {
     public var throughput: [ThroughputResult]
     /// Reference systems, or measurements of one, that could not be made, and why.
     public var skippedReferences: [SkippedReference]
+    /// What the peers' event loops counted as stalls, for the peers whose loop stalled.
+    public var peerLoopStalls: [LoopStallRecord]
 
-    public init(latency: [LatencyResult] = [], throughput: [ThroughputResult] = [], skippedReferences: [SkippedReference] = []) {
+    public init(
+        latency: [LatencyResult] = [], throughput: [ThroughputResult] = [], skippedReferences: [SkippedReference] = [], peerLoopStalls: [LoopStallRecord] = []
+    ) {
         self.latency = latency
         self.throughput = throughput
         self.skippedReferences = skippedReferences
+        self.peerLoopStalls = peerLoopStalls
     }
 }
 
@@ -148,6 +158,8 @@ public struct LatencyRunner: Sendable {
         var throughput: [Int: ThroughputAccumulator] = [:]
         /// What a reference system could not measure (its client's exit status 4), by mode and size.
         var unsupported: [String: SkippedReference] = [:]
+        /// Asks the peer what its event loop counted as stalls (`nil` for floors and references).
+        var loopStalls: (() async -> LoopStalls?)?
         /// Why a reference system's measurement failed (its own byte-for-byte check, or its
         /// client): it is then measured no more, and none of its rows is reported.
         var failure: SkippedReference?
@@ -186,6 +198,7 @@ public struct LatencyRunner: Sendable {
         let originalAffinity = CPUAffinity.current()
         defer { try? CPUAffinity.pinCurrentProcess(to: originalAffinity) }
         var measured: [Session] = []
+        var peerLoopStalls: [LoopStallRecord] = []
         // One phase per wait strategy, each with its own peers, started when the phase starts and
         // stopped when it ends: all of them at once would hold more POSIX message queues than a
         // user's RLIMIT_MSGQUEUE (800 KiB by default) allows. The blocking floors run in the
@@ -203,6 +216,11 @@ public struct LatencyRunner: Sendable {
             let strategy = phase.strategy
             progress.note("\(strategy.name): started \(sessions.count) peer processes (\(phase.transports.joined(separator: ", ")); \(phase.placements.map(\.rawValue).joined(separator: ", ")))")
             try await sweep(sessions, phase: strategy.name, originalAffinity: originalAffinity)
+            for session in sessions {
+                if let stalls = await session.loopStalls?(), stalls.count > 0 {
+                    peerLoopStalls.append(LoopStallRecord(process: "peer of \(session.label)", stalls: stalls))
+                }
+            }
             measured += sessions
         }
         let failed = measured.compactMap(\.failure)
@@ -227,7 +245,7 @@ public struct LatencyRunner: Sendable {
         let skipped = unstarted + failed + measured.flatMap { $0.unsupported.values.sorted { ($0.mode ?? "", $0.payloadBytes ?? 0) < ($1.mode ?? "", $1.payloadBytes ?? 0) } }
         return CrossProcessResults(
             // A reference's rows for a size it could not carry have no samples.
-            latency: latency.filter { $0.samples > 0 }, throughput: throughput, skippedReferences: orderedUnique(skipped)
+            latency: latency.filter { $0.samples > 0 }, throughput: throughput, skippedReferences: orderedUnique(skipped), peerLoopStalls: peerLoopStalls
         )
     }
 
@@ -241,12 +259,12 @@ public struct LatencyRunner: Sendable {
         for name in transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
             for framing in TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil] {
                 for placement in placements where !strategy.spins || placement.spreadsProcesses {
-                    let session = try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, group: group)
+                    let session = try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: plan.mainServing, group: group)
                     sessions.append(session.main)
                     if plan.includeGlobalExecutor, !strategy.spins, framing ?? .binary == .binary, let global = session.global {
                         sessions.append(global)
                     }
-                    if plan.includeOnLoopHandler, !strategy.spins, framing ?? .binary == .binary {
+                    if plan.includeOnLoopHandler, plan.mainServing != .onLoop, !strategy.spins, framing ?? .binary == .binary {
                         sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: .onLoop, group: group).main)
                     }
                 }
@@ -364,7 +382,7 @@ public struct LatencyRunner: Sendable {
         let transport = try TransportCatalog.transport(named: name, framing: framing ?? .binary)
         let variant = [name, framing?.rawValue, waitStrategy.spins ? "spin" : nil, serving == .task ? nil : serving.rawValue].compactMap { $0 }.joined(separator: "-")
         let endpoint = try Endpoint(group: group, name: "\(group.identifier).bench-\(variant)-\(placement)")
-        let handler = serving == .onLoop ? LatencyResult.onLoopHandler : LatencyResult.taskHandler
+        let handler = serving.rawValue
         let peer = try PeerProcess(
             transport: name, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer, waitStrategy: waitStrategy, serving: serving
         )
@@ -430,6 +448,10 @@ public struct LatencyRunner: Sendable {
                 peer.stop()
             }
         )
+        main.loopStalls = {
+            let reply = try? await connection.request([], msgid: ConformancePeer.Request.loopStalls, sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+            return reply.flatMap { try? JSONDecoder().decode(LoopStalls.self, from: Data($0)) }
+        }
         return (main, global)
     }
 

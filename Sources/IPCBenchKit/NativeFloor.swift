@@ -210,17 +210,13 @@ public final class FloorSession: Sendable {
     /// must not hold one of the few threads Swift concurrency has (two on this machine).
     private func onMeasuringThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         let cpu = placement.cpus?.local
-        return try await withCheckedThrowingContinuation { continuation in
-            Thread.detachNewThread {
-                continuation.resume(with: Result {
-                    var signals = sigset_t()
-                    sigemptyset(&signals)
-                    sigaddset(&signals, SIGPIPE)
-                    pthread_sigmask(SIG_BLOCK, &signals, nil)
-                    if let cpu { try pinCallingThread(to: cpu) }
-                    return try body()
-                })
-            }
+        return try await runBlocking {
+            var signals = sigset_t()
+            sigemptyset(&signals)
+            sigaddset(&signals, SIGPIPE)
+            pthread_sigmask(SIG_BLOCK, &signals, nil)
+            if let cpu { try pinCallingThread(to: cpu) }
+            return try body()
         }
     }
 }

@@ -1,6 +1,8 @@
 import FilePresenterTransport
+import Foundation
 import IPCConformance
 import IPCCore
+import IPCEngine
 
 /// What a peer process does. The benchmark and the tests start the `ipcbench` executable in
 /// peer mode (`ipcbench peer ...`) so that every measurement and every peer-death test crosses a
@@ -90,7 +92,10 @@ public struct PeerService: Sendable {
                 serving: serving,
                 maximumConcurrentRequests: maximumConcurrentRequests
             )
-            try await ConformancePeer(transport: transport, configuration: configuration, allocationCount: allocationCount).run()
+            try await ConformancePeer(
+                transport: transport, configuration: configuration, allocationCount: allocationCount,
+                loopStalls: { (try? EventLoop.shared()).flatMap { try? JSONEncoder().encode($0.stalls) }.map(Array.init) ?? [] }
+            ).run()
         case .coordinator:
             var peer = FileCoordinationPeer(group: endpoint.group)
             peer.run()

@@ -171,7 +171,7 @@ final class ReferenceSession: Sendable {
         if let clientCPU { arguments += ["--cpu", String(clientCPU)] }
         let executable = reference.executable
         let system = reference.system
-        let (status, output, errors) = try await runOnThread { [arguments] in
+        let (status, output, errors) = try await runBlocking { [arguments] in
             let process = Process()
             process.executableURL = executable
             process.arguments = arguments
@@ -231,9 +231,3 @@ final class ReferenceSession: Sendable {
     }
 }
 
-/// Runs a blocking body on a thread of its own, off Swift's cooperative pool.
-private func runOnThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
-    }
-}

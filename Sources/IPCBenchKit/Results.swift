@@ -1,4 +1,5 @@
 import Foundation
+import IPCEngine
 import IPCFraming
 
 /// The result file `ipcbench` writes. The schema is versioned: readers check ``schema``.
@@ -20,14 +21,19 @@ public struct RunResults: Codable, Sendable {
     /// Reference systems (``ReferenceSystem``) asked for and not measured, or measured in part,
     /// with the reason; absent when none was skipped.
     public var skippedReferences: [SkippedReference]?
+    /// Callbacks that held an event loop's thread for longer than its stall threshold (100 ms
+    /// by default), in this process and in the peers (``LoopStallRecord``): empty when none did;
+    /// absent in files from before stalls were counted.
+    public var loopStalls: [LoopStallRecord]?
     /// The same measurements as Google Benchmark JSON entries (one `iteration` entry per
     /// repetition block, then a `median` aggregate), so its `compare.py` can read this file.
     public var benchmarks: [BenchmarkEntry]
 
     public init(
         context: RunContext, latency: [LatencyResult], throughput: [ThroughputResult] = [], invalidation: [InvalidationResult] = [],
-        inProcess: [InProcessResult] = [], scale: [ScaleResult] = [], skippedReferences: [SkippedReference] = []
+        inProcess: [InProcessResult] = [], scale: [ScaleResult] = [], skippedReferences: [SkippedReference] = [], loopStalls: [LoopStallRecord] = []
     ) {
+        self.loopStalls = loopStalls
         self.skippedReferences = skippedReferences.isEmpty ? nil : skippedReferences
         self.schema = Self.currentSchema
         self.context = context
@@ -271,7 +277,8 @@ public struct LatencyResult: Codable, Sendable {
     /// ``executor`` when the harness's task ran on Swift's global executor.
     public static let globalExecutor = "global"
 
-    /// ``handler`` when the peer served with the async request handler.
+    /// ``handler`` when the peer served with the async request handler (on the global
+    /// executor; `task-on-loop` when its tasks started on the loop's executor).
     public static let taskHandler = "task"
     /// ``handler`` when the peer served with the on-loop fast path.
     public static let onLoopHandler = "on-loop"
@@ -282,17 +289,43 @@ public struct LatencyResult: Codable, Sendable {
     /// Whether the peer served with the on-loop fast path.
     public var onLoopHandler: Bool { handler == Self.onLoopHandler }
 
+    /// The handler, when it is not the default async one on the global executor (`on-loop`,
+    /// `task-on-loop`): what the report's `wait` column and the row's name add.
+    var handlerVariant: String? { Self.handlerVariant(handler) }
+
+    static func handlerVariant(_ handler: String?) -> String? {
+        guard let handler, handler != taskHandler else { return nil }
+        return handler
+    }
+
     /// The wait strategy, and the executor and handler when they are not the main ones: the
     /// report's `wait` column.
     public var waitDescription: String {
-        (waitStrategy ?? "blocking") + (onGlobalExecutor ? ", global executor" : "") + (onLoopHandler ? ", on-loop handler" : "")
+        (waitStrategy ?? "blocking") + (onGlobalExecutor ? ", global executor" : "") + (handlerVariant.map { ", \($0) handler" } ?? "")
     }
 
     /// A stable name for this measurement:
-    /// `latency/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/on-loop-handler]/<bytes>`.
+    /// `latency/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/<handler>-handler]/<bytes>`.
     public var name: String {
         (["latency", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
             + (spins ? [waitStrategy ?? ""] : []) + (onGlobalExecutor ? ["global-executor"] : [])
-            + (onLoopHandler ? ["on-loop-handler"] : []) + [String(payloadBytes)]).joined(separator: "/")
+            + (handlerVariant.map { ["\($0)-handler"] } ?? []) + [String(payloadBytes)]).joined(separator: "/")
+    }
+}
+
+/// What one process's event loop counted as stalls during a run (``IPCEngine/LoopStalls``).
+public struct LoopStallRecord: Codable, Sendable, Equatable {
+    /// `harness`, or `peer of <the measurement's label>`.
+    public var process: String
+    public var count: Int
+    public var longestMilliseconds: Double
+    /// What ran too long, each named once.
+    public var culprits: [String]
+
+    public init(process: String, stalls: LoopStalls) {
+        self.process = process
+        count = stalls.count
+        longestMilliseconds = stalls.longestMilliseconds
+        culprits = stalls.culprits
     }
 }

@@ -168,14 +168,15 @@ public struct SoakRunner: Sendable {
     }
 }
 
-/// Runs `body` on a thread of its own and returns its result, or `nil` if it has not finished
-/// within `deadline` (it is then left running).
+/// Runs `body` on a thread of its own (``IPCCore/runBlocking(_:)``) and returns its result, or
+/// `nil` if it has not finished within `deadline` (it is then left running).
 func runOnThread<T: Sendable>(within deadline: Duration, _ body: @escaping @Sendable () -> T) async -> T? {
     let slot = ResumeOnce<T?>()
     return await withCheckedContinuation { continuation in
         slot.set(continuation)
-        Thread.detachNewThread { slot.resume(returning: body()) }
-        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(Int(deadline / .milliseconds(1)))) {
+        Task { slot.resume(returning: try? await runBlocking(body)) }
+        Task {
+            try? await Task.sleep(for: deadline)
             slot.resume(returning: nil)
         }
     }

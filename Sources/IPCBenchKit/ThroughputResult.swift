@@ -45,15 +45,15 @@ public struct ThroughputResult: Codable, Sendable {
     /// The wait strategy, and the executor and handler when they are not the main ones: the
     /// report's `wait` column.
     public var waitDescription: String {
-        waitStrategy + (onGlobalExecutor ? ", global executor" : "") + (onLoopHandler ? ", on-loop handler" : "")
+        waitStrategy + (onGlobalExecutor ? ", global executor" : "") + (LatencyResult.handlerVariant(handler).map { ", \($0) handler" } ?? "")
     }
 
     /// A stable name:
-    /// `throughput/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/on-loop-handler]/<bytes>`.
+    /// `throughput/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/<handler>-handler]/<bytes>`.
     public var name: String {
         (["throughput", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
             + (waitStrategy == "blocking" ? [] : [waitStrategy]) + (onGlobalExecutor ? ["global-executor"] : [])
-            + (onLoopHandler ? ["on-loop-handler"] : []) + [String(payloadBytes)]).joined(separator: "/")
+            + (LatencyResult.handlerVariant(handler).map { ["\($0)-handler"] } ?? []) + [String(payloadBytes)]).joined(separator: "/")
     }
 
     /// Both processes' context switches per message.

@@ -49,11 +49,15 @@ final class CaseContext: Sendable {
         try subject.makeEndpoint(group, name)
     }
 
-    /// Options for the suite's own connections: the declared maximum, and an echo handler.
+    /// Options for the suite's own connections: the declared maximum, and an echo handler. The
+    /// echo computes its reply at once, so its tasks start on the loop's executor: served
+    /// without a thread hand-over, and whatever else this process's cooperative threads are
+    /// busy with (a test runner's, say).
     var connectionOptions: ConnectionOptions {
         .defaults {
             $0.maximumPayloadLength = capabilities.maximumPayloadLength
             $0.requestHandler = { _, payload in payload }
+            $0.requestHandlerExecutor = .eventLoop
         }
     }
 
@@ -104,7 +108,7 @@ final class CaseContext: Sendable {
     /// Connects with the subject's transport, on a thread of its own (connecting may block).
     func connect(_ endpoint: Endpoint, options: ConnectionOptions? = nil) async throws -> ConnectionProbe {
         let options = options ?? connectionOptions
-        let connection = try await blocking { [transport] in try transport.connect(endpoint, options) }
+        let connection = try await runBlocking { [transport] in try transport.connect(endpoint, options) }
         return adopt(connection)
     }
 

@@ -86,7 +86,7 @@ enum DeliveryCases {
         try await withThrowingTaskGroup(of: Void.self) { group in
             for sender in 0..<senders {
                 group.addTask {
-                    try await blocking {
+                    try await runBlocking {
                         for sequence in 0..<perSender {
                             let msgid = UInt32(sender << 16 | sequence)
                             try connection.connection.send(payload(Int(msgid) % 4099), msgid: msgid, timeout: .seconds(10))
@@ -193,7 +193,7 @@ enum DeliveryCases {
             _ = try await context.launchPeer(.server, at: endpoint)
             connection = try await context.connect(endpoint, options: options)
             do {
-                try await blocking { [connection] in
+                try await runBlocking { [connection] in
                     for index in 0..<count {
                         try connection.connection.send(ConformancePeer.burstPayload(index, size: size), msgid: UInt32(index), timeout: .seconds(60))
                     }
@@ -238,7 +238,7 @@ enum DeliveryCases {
 
     /// Sends `count` one-way messages (msgid = index) from a thread, and waits for their echoes.
     static func sendAndCollectEchoes(_ count: Int, on connection: ConnectionProbe) async throws -> [ReceivedMessage] {
-        try await blocking {
+        try await runBlocking {
             for index in 0..<count {
                 try connection.connection.send(payload(index), msgid: UInt32(index), timeout: .seconds(10))
             }
@@ -253,7 +253,7 @@ enum DeliveryCases {
             return try await connection.connection.request(payload, msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(60))
         }
         let before = connection.messageCount
-        try await blocking { try connection.connection.send(payload, msgid: msgid, timeout: .seconds(30)) }
+        try await runBlocking { try connection.connection.send(payload, msgid: msgid, timeout: .seconds(30)) }
         return try await connection.messages(before + 1, within: .seconds(60), stall: .seconds(60), "the echo of \(payload.count) bytes")[before].payload
     }
 }

@@ -21,7 +21,7 @@ enum FileCoordinationCases {
         }))
         defer { presenter.remove() }
         let peer = try await context.coordinationPeer()
-        try await blocking { try peer.run("write item new") }
+        try await runBlocking { try peer.run("write item new") }
         guard await poll(within: .seconds(10), { seen.withLock { $0.count } >= 2 }) else {
             throw ConformanceFailure("the presenter saw \(seen.withLock { $0 }) within 10 s of another process's write (expected a relinquish and a reacquire)")
         }
@@ -52,7 +52,7 @@ enum FileCoordinationCases {
         own.withLock { $0 = presenter }
         defer { presenter.remove() }
         let peer = try await context.coordinationPeer()
-        let read = try await blocking { try peer.run("read item") }
+        let read = try await runBlocking { try peer.run("read item") }
         try check(read == "unsaved edits", "another process read \(read.debugDescription), not what the presenter saved when asked")
         guard await poll(within: .seconds(10), { calls.withLock { $0.count } >= 3 }) else {
             throw ConformanceFailure("the presenter was called \(calls.withLock { $0 }) within 10 s of the read (expected save, relinquish, reacquire)")
@@ -64,7 +64,7 @@ enum FileCoordinationCases {
             throw IPCError(code: .transportFailure, message: "this save fails")
         }))
         defer { failing.remove() }
-        let refusal = try await blocking { () -> String in
+        let refusal = try await runBlocking { () -> String in
             peer.start("read refusing")
             return try peer.answer()
         }
@@ -87,15 +87,15 @@ enum FileCoordinationCases {
         }))
         defer { presenter.remove() }
         let peer = try await context.coordinationPeer()
-        try await blocking { try peer.run("write slow new") }
+        try await runBlocking { try peer.run("write slow new") }
         try check(seenAfterPause.withLock { $0 } == "old", "300 ms into its answer the presenter saw \(seenAfterPause.withLock { $0 }.debugDescription): the write did not wait")
         try check(contents(of: path) == "new", "the write did not land after the presenter answered")
 
         let stuck = try context.coordinatedFile("stuck", contents: "untouched")
-        try await blocking { try peer.run("present stuck hang") }
+        try await runBlocking { try peer.run("present stuck hang") }
         let started = ContinuousClock.now
         let coordinator = system.coordinator(nil)
-        let task = Task { try await blocking { try coordinator.write(stuck, .seconds(1), Array("changed".utf8)) } }
+        let task = Task { try await runBlocking { try coordinator.write(stuck, .seconds(1), Array("changed".utf8)) } }
         guard let outcome = await result(of: task, within: .seconds(10)) else {
             coordinator.cancel()
             throw ConformanceFailure("a write with a 1 s timeout waited more than 10 s for a presenter that never answers")
@@ -116,15 +116,15 @@ enum FileCoordinationCases {
         let system = try context.fileCoordination()
         let path = try context.coordinatedFile("item", contents: "old")
         let peer = try await context.coordinationPeer()
-        try await blocking { try peer.run("present item hang") }
+        try await runBlocking { try peer.run("present item hang") }
         let coordinator = system.coordinator(nil)
-        let task = Task { try await blocking { try coordinator.write(path, .seconds(60), Array("new".utf8)) } }
+        let task = Task { try await runBlocking { try coordinator.write(path, .seconds(60), Array("new".utf8)) } }
         guard await peer.events(within: .seconds(10), until: { $0.contains("item:relinquish-writer") }) != nil else {
             coordinator.cancel()
             throw ConformanceFailure("the write in this process did not ask the peer's presenter within 10 s")
         }
         let killed = ContinuousClock.now
-        try await blocking { peer.kill() }
+        try await runBlocking { peer.kill() }
         guard let outcome = await result(of: task, within: context.deadline) else {
             coordinator.cancel()
             throw ConformanceFailure("the write was still waiting \(context.deadline) after its presenter was killed")
@@ -133,7 +133,7 @@ enum FileCoordinationCases {
         context.record("kill to write done (ms)", Double(waited.components.seconds) * 1000 + Double(waited.components.attoseconds) / 1e15)
         if case .failure(let error) = outcome { throw ConformanceFailure("the write failed after its presenter was killed: \(error)") }
         try check(contents(of: path) == "new", "the write did not land")
-        try await blocking { try coordinator.write(path, .seconds(10), Array("again".utf8)) }
+        try await runBlocking { try coordinator.write(path, .seconds(10), Array("again".utf8)) }
         return .passed("the write went on after the kill")
     }
 
@@ -144,21 +144,21 @@ enum FileCoordinationCases {
         let system = try context.fileCoordination()
         let path = try context.coordinatedFile("item", contents: "old")
         let peer = try await context.coordinationPeer()
-        try await blocking { try peer.run("hold-write item") }
+        try await runBlocking { try peer.run("hold-write item") }
         let coordinator = system.coordinator(nil)
-        let task = Task { try await blocking { try coordinator.write(path, .seconds(60), Array("cancelled".utf8)) } }
+        let task = Task { try await runBlocking { try coordinator.write(path, .seconds(60), Array("cancelled".utf8)) } }
         try await Task.sleep(for: .milliseconds(200))
         coordinator.cancel()
         guard let outcome = await result(of: task, within: .seconds(5)) else {
-            try? await blocking { try peer.run("release") }
+            try? await runBlocking { try peer.run("release") }
             throw ConformanceFailure("a cancelled write was still waiting 5 s after cancel()")
         }
         guard case .failure(let error) = outcome, error is CancellationError else {
             throw ConformanceFailure("a cancelled write gave \(outcome), expected CancellationError")
         }
-        try await blocking { try peer.run("release") }
+        try await runBlocking { try peer.run("release") }
         try check(contents(of: path) == "old", "the cancelled write changed the file")
-        try await blocking { try coordinator.write(path, .seconds(10), Array("after".utf8)) }
+        try await runBlocking { try coordinator.write(path, .seconds(10), Array("after".utf8)) }
         try check(contents(of: path) == "after", "the coordinator's next write did not land")
         return .passed("cancelled with CancellationError; the next write landed")
     }
@@ -171,12 +171,12 @@ enum FileCoordinationCases {
         let first = try context.coordinatedFile("first", contents: "old")
         let second = try context.coordinatedFile("second", contents: "old")
         let peer = try await context.coordinationPeer()
-        try await blocking {
+        try await runBlocking {
             try peer.run("present first answer")
             try peer.run("present second answer")
         }
         let coordinator = system.coordinator(nil)
-        try await blocking {
+        try await runBlocking {
             try coordinator.prepareWriting([first, second], .seconds(10)) {
                 for index in 0..<3 {
                     for path in [first, second] { try coordinator.write(path, .seconds(10), Array("batch \(index)".utf8)) }
@@ -212,10 +212,10 @@ enum FileCoordinationCases {
             }
         ))
         defer { presenter.remove() }
-        try await blocking { try system.coordinator(presenter).write(path, .seconds(10), Array("own".utf8)) }
+        try await runBlocking { try system.coordinator(presenter).write(path, .seconds(10), Array("own".utf8)) }
         try await Task.sleep(for: .milliseconds(300))
         try check(asked.withLock { $0 } == 0 && told.withLock { $0 } == 0, "its own coordinator's write asked the presenter \(asked.withLock { $0 }) times and told it \(told.withLock { $0 }) times")
-        try await blocking { try system.coordinator(nil).write(path, .seconds(10), Array("other".utf8)) }
+        try await runBlocking { try system.coordinator(nil).write(path, .seconds(10), Array("other".utf8)) }
         guard await poll(within: .seconds(10), { asked.withLock { $0 } == 1 && told.withLock { $0 } >= 1 }) else {
             throw ConformanceFailure("another coordinator's write asked the presenter \(asked.withLock { $0 }) times and told it \(told.withLock { $0 }) times (expected 1 and at least 1)")
         }
@@ -236,12 +236,12 @@ enum FileCoordinationCases {
         ))
         defer { presenter.remove() }
         let peer = try await context.coordinationPeer()
-        try await blocking { try peer.run("rename item renamed") }
+        try await runBlocking { try peer.run("rename item renamed") }
         let renamed = context.group.path + "/renamed"
         guard await poll(within: .seconds(10), { moves.withLock { $0 }.last.map { URL(fileURLWithPath: $0).standardizedFileURL.path == URL(fileURLWithPath: renamed).standardizedFileURL.path } ?? false }) else {
             throw ConformanceFailure("a rename by another process to \(renamed) gave the moves \(moves.withLock { $0 }) within 10 s")
         }
-        try await blocking { try peer.run("remove renamed") }
+        try await runBlocking { try peer.run("remove renamed") }
         guard await poll(within: .seconds(10), { deletions.withLock { $0 } > 0 }) else {
             throw ConformanceFailure("removing the file's last name in another process was not told within 10 s")
         }
@@ -264,7 +264,7 @@ extension CoordinationPeerProcess {
     func events(within limit: Duration, until condition: @escaping @Sendable ([String]) -> Bool) async -> [String]? {
         let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {
-            let events = (try? await blocking { try self.run("events") })?.split(separator: " ").map(String.init) ?? []
+            let events = (try? await runBlocking { try self.run("events") })?.split(separator: " ").map(String.init) ?? []
             if condition(events) { return events }
             try? await Task.sleep(for: .milliseconds(10))
         }
@@ -290,7 +290,7 @@ extension CaseContext {
     /// Starts the subject's coordination peer for this case's group; it is killed when the case ends.
     func coordinationPeer() async throws -> CoordinationPeerProcess {
         let access = subject.fileCoordination!
-        let peer = try await blocking { try CoordinationPeerProcess(executable: access.peer, arguments: access.peerArguments + ["--group", self.group.path]) }
+        let peer = try await runBlocking { try CoordinationPeerProcess(executable: access.peer, arguments: access.peerArguments + ["--group", self.group.path]) }
         onTearDown { peer.kill() }
         return peer
     }

@@ -135,7 +135,7 @@ enum FramingCases {
         let outgoing = Array("from the listener".utf8) + [0, 0x0D, 0x0A]
         try await connection.connection.send(outgoing, msgid: 7, timeout: .seconds(5))
         connection.connection.invalidate()
-        let (bytes, closed) = try await blocking { stream.readUntilClosed(within: context.deadline) }
+        let (bytes, closed) = try await runBlocking { stream.readUntilClosed(within: context.deadline) }
         try check(closed, "the listener's side did not close within \(context.deadline)")
         guard let response = LLBSDResponse(parsing: bytes) else {
             throw ConformanceFailure("what the LLBSD peer read is not one HTTP/1.1 response with Content-Length: \(String(decoding: bytes.prefix(120), as: UTF8.self).debugDescription)")
@@ -201,7 +201,7 @@ enum FramingCases {
     @discardableResult
     private static func checkDropped(_ stream: RawByteStream, listener: ListenerProbe, code: IPCError.Code, context: CaseContext, _ what: String) async throws -> ConnectionProbe {
         let connection = try await listener.nextConnection(within: .seconds(5), what)
-        let closed = try await blocking { stream.readUntilClosed(within: context.deadline).closed }
+        let closed = try await runBlocking { stream.readUntilClosed(within: context.deadline).closed }
         try check(closed, "\(what): the connection was not closed within \(context.deadline)")
         _ = await connection.invalidation(within: context.deadline)
         let reason = connection.firstInvalidation?.reason

@@ -144,7 +144,7 @@ extension CaseContext {
     /// printed.
     /// - Throws: ``ConformanceFailure`` if it exits with a status other than 0.
     func runProgram(_ program: URL, _ arguments: [String]) async throws -> String {
-        let (status, output, errors) = try await blocking { () throws -> (Int32, String, String) in
+        let (status, output, errors) = try await runBlocking { () throws -> (Int32, String, String) in
             let process = Process()
             process.executableURL = program
             process.arguments = arguments

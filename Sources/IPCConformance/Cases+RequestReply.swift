@@ -54,7 +54,7 @@ enum RequestReplyCases {
         defer { peer.process.resume() }
         let chunk = TestPayload.make(size: 64 * 1024)
         let cap = 256 << 20
-        let outcome: (sent: Int, error: (any Error)?) = try await blocking {
+        let outcome: (sent: Int, error: (any Error)?) = try await runBlocking {
             var sent = 0
             do {
                 while sent < cap {

@@ -39,6 +39,10 @@ public struct ConformancePeer: Sendable {
         /// ``delayedEcho``s) whose task was cancelled before they were done, because their
         /// connection ended: 8 bytes, big-endian. A peer serving on the loop counts none.
         public static let cancelledHandlers: UInt32 = 5
+        /// Reply with what the peer's event loop counted as stalls (JSON: `count`,
+        /// `longestMilliseconds`, `culprits`), or an empty payload if the peer does not count them
+        /// (``ConformancePeer/loopStalls``).
+        public static let loopStalls: UInt32 = 6
     }
 
     /// Handlers of this process cancelled before they were done (``Request/cancelledHandlers``).
@@ -130,13 +134,17 @@ public struct ConformancePeer: Sendable {
     /// The calling thread's identity and heap allocations so far, for the ``Sink`` reports
     /// (`nil`: the peer does not count allocations, and its reports say so).
     public var allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))?
+    /// The answer to ``Request/loopStalls`` (`nil`: an empty payload).
+    public var loopStalls: (@Sendable () -> [UInt8])?
 
     public init(
-        transport: any MessageTransport, configuration: Configuration, allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil
+        transport: any MessageTransport, configuration: Configuration, allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil,
+        loopStalls: (@Sendable () -> [UInt8])? = nil
     ) {
         self.transport = transport
         self.configuration = configuration
         self.allocationCount = allocationCount
+        self.loopStalls = loopStalls
     }
 
     /// Parses the command line (``Configuration/init(arguments:)``), runs the peer, and exits
@@ -225,15 +233,19 @@ public struct ConformancePeer: Sendable {
         // A test instrument: it accepts whatever size a case sends (1 GiB), so that limits are
         // exercised on the side under test.
         let options = ConnectionOptions.defaults {
+            let stalls = loopStalls
             switch configuration.serving {
             case .task, .taskOnLoop:
-                $0.requestHandler = Self.requestHandler
+                $0.requestHandler = { msgid, payload in
+                    msgid == Request.loopStalls ? stalls?() ?? [] : try await Self.requestHandler(msgid, payload)
+                }
                 $0.requestHandlerExecutor = configuration.serving == .task ? .global : .eventLoop
                 $0.maximumConcurrentRequests = configuration.maximumConcurrentRequests
-            case .onLoop:
-                $0.onLoopRequestHandler = Self.onLoopRequestHandler
-            case .blockingOnLoop:
-                $0.onLoopRequestHandler = Self.blockingOnLoopRequestHandler
+            case .onLoop, .blockingOnLoop:
+                let handler = configuration.serving == .onLoop ? Self.onLoopRequestHandler : Self.blockingOnLoopRequestHandler
+                $0.onLoopRequestHandler = { msgid, payload in
+                    msgid == Request.loopStalls ? stalls?() ?? [] : try handler(msgid, payload)
+                }
             }
             $0.maximumPayloadLength = 1 << 30
             $0.waitStrategy = configuration.waitStrategy

@@ -19,7 +19,7 @@ final class PeerHandle: Sendable {
     /// Waits, on a thread of its own, for the peer's announcement.
     /// - Throws: what the launcher's ``ConformancePeerProcess/waitUntilReady(timeout:)`` throws.
     func waitUntilReady(timeout: Duration = .seconds(20)) async throws {
-        let announcement = try await blocking { [process] in try process.waitUntilReady(timeout: timeout) }
+        let announcement = try await runBlocking { [process] in try process.waitUntilReady(timeout: timeout) }
         state.withLock { $0.announcement = announcement }
     }
 

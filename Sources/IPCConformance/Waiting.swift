@@ -11,16 +11,6 @@ func poll(within limit: Duration, _ condition: @Sendable () -> Bool) async -> Bo
     return true
 }
 
-/// Runs a blocking call on a thread of its own, so that it never occupies one of the few
-/// threads of Swift's cooperative pool (two, on a two-core machine).
-func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread.detachNewThread {
-            continuation.resume(with: Result { try body() })
-        }
-    }
-}
-
 /// The result of `task` if it finishes within `limit`; `nil` if it is still running (it is
 /// left running: the case's tear-down releases what it waits on).
 func result<T: Sendable>(of task: Task<T, any Error>, within limit: Duration) async -> Result<T, any Error>? {

@@ -1,4 +1,4 @@
-import Dispatch
+import Foundation
 
 /// How a client connects to a service that may not be listening yet: it tries again while the
 /// connect fails with ``IPCError/Code/endpointNotFound``, waiting longer each time, until a
@@ -60,7 +60,7 @@ public struct ConnectRetry: Sendable, Hashable {
 extension MessageTransport {
     /// Connects to `endpoint`, trying again while nobody listens there, as `retrying` says. Each
     /// attempt (a synchronous connect, which may wait for the listener's answer) runs on a
-    /// Dispatch thread, not on one of Swift's cooperative threads.
+    /// thread of its own (``runBlocking(_:)``), not on one of Swift's cooperative threads.
     /// - Throws: what ``connect(to:options:)`` throws (an `endpointNotFound` only once the
     ///   retry's limit has passed); `CancellationError` if the task is cancelled while waiting.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions, retrying: ConnectRetry) async throws -> Connection {
@@ -68,10 +68,12 @@ extension MessageTransport {
     }
 }
 
-/// Runs a synchronous call that may block (a transport's connect) on a Dispatch thread and
-/// waits for it without holding one of Swift's cooperative threads, which are few (one per core).
-func runBlocking<Result: Sendable>(_ body: @escaping @Sendable () throws -> Result) async throws -> Result {
+/// Runs a synchronous call that may block (a transport's connect, a system call that waits, a
+/// child process's exit) on a thread of its own, and waits for it without holding one of Swift's
+/// cooperative threads, which are few (one per core). The package's one way to call blocking
+/// code from `async` code: `Scripts/check-blocking-calls.sh` knows it.
+public func runBlocking<Result: Sendable>(_ body: @escaping @Sendable () throws -> Result) async throws -> Result {
     try await withCheckedThrowingContinuation { continuation in
-        DispatchQueue.global().async { continuation.resume(with: Swift.Result { try body() }) }
+        Thread.detachNewThread { continuation.resume(with: Swift.Result { try body() }) }
     }
 }

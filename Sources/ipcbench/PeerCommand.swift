@@ -20,7 +20,8 @@ struct PeerCommand: AsyncParsableCommand {
         own connection only, until the connection ends, which cancels it); 3 fail (the \
         requester gets transportFailure); 4 delayed echo (the payload's first 4 bytes, \
         big-endian, are the delay in milliseconds, at most 60000); 5 the number of handlers \
-        cancelled so far (8 bytes, big-endian); any other msgid is echoed. One-way messages are \
+        cancelled so far (8 bytes, big-endian); 6 the event loop's stalls (JSON); any other \
+        msgid is echoed. One-way messages are \
         echoed back with their msgid, except the throughput sink's (0xFFFFFF00 counted, \
         0xFFFFFF01 answered with a report).
 

@@ -2,7 +2,9 @@ import ArgumentParser
 import CMallocCounter
 import Foundation
 import IPCBenchKit
+import IPCConformance
 import IPCCore
+import IPCEngine
 import IPCFraming
 
 struct RunCommand: AsyncParsableCommand {
@@ -64,6 +66,12 @@ struct RunCommand: AsyncParsableCommand {
     ))
     var skipOnLoopHandler = false
 
+    @Option(help: ArgumentHelp(
+        "How the main rows' peer serves: task or task-on-loop.",
+        discussion: "task (the default): the async request handler as tasks on Swift's global executor, off the peer's loop. task-on-loop: the same handler with its tasks started on the loop's executor (no thread hand-over; the handler runs on the loop until it suspends)."
+    ))
+    var handler: ConformancePeer.Serving = .task
+
     @Option(help: "Spin time of the spin-then-block wait strategy, in microseconds; 0 measures blocking waits only.")
     var spinMicroseconds: Int64 = 50
 
@@ -104,6 +112,9 @@ struct RunCommand: AsyncParsableCommand {
         }
         _ = try parsedSizes()
         if inProcessOnly && skipInProcess { throw ValidationError("--in-process-only and --skip-in-process exclude each other") }
+        guard handler == .task || handler == .taskOnLoop else {
+            throw ValidationError("--handler takes task or task-on-loop (the on-loop fast path has rows of its own; --skip-on-loop-handler skips them)")
+        }
         guard sampleScale > 0 else { throw ValidationError("--sample-scale must be positive") }
         guard (1...4096).contains(scaleClients) else { throw ValidationError("--scale-clients takes 1 to 4096") }
         guard scaleRate > 0, scaleRate <= 100_000 else { throw ValidationError("--scale-rate takes a positive rate up to 100000") }
@@ -143,6 +154,7 @@ struct RunCommand: AsyncParsableCommand {
             includeThroughput: !skipThroughput,
             includeGlobalExecutor: !skipGlobalExecutor,
             includeOnLoopHandler: !skipOnLoopHandler,
+            mainServing: handler,
             references: inProcessOnly ? [] : discovered.systems
         )
         let progress = ProgressReporter(enabled: !noProgress)
@@ -157,11 +169,17 @@ struct RunCommand: AsyncParsableCommand {
             allocationCount: { ipc_thread_allocation_count() }
         ).run()
         let skipped = discovered.skipped + crossProcess.skippedReferences
+        // This process's loop served the harness's own connections throughout.
+        let ownStalls = (try? EventLoop.shared().stalls).map { LoopStallRecord(process: "harness", stalls: $0) }
+        let loopStalls = (ownStalls.map { $0.count > 0 ? [$0] : [] } ?? []) + crossProcess.peerLoopStalls
         let results = RunResults(
             context: .current(command: command), latency: crossProcess.latency, throughput: crossProcess.throughput,
-            invalidation: invalidation, inProcess: inProcess, scale: scale, skippedReferences: skipped
+            invalidation: invalidation, inProcess: inProcess, scale: scale, skippedReferences: skipped, loopStalls: loopStalls
         )
         for skip in skipped { print(ReportRenderer.skippedReferenceLine(skip)) }
+        for stall in loopStalls {
+            print("event loop stalls in the \(stall.process): \(stall.count), the longest \(String(format: "%.0f", stall.longestMilliseconds)) ms (\(stall.culprits.joined(separator: "; ")))")
+        }
         if !crossProcess.latency.isEmpty { print(ReportRenderer.table(crossProcess.latency), terminator: "") }
         if !crossProcess.throughput.isEmpty { print("\n" + ReportRenderer.throughputTable(crossProcess.throughput), terminator: "") }
         if !scale.isEmpty { print("\n" + ReportRenderer.scaleTable(scale), terminator: "") }

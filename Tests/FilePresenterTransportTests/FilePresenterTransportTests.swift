@@ -309,7 +309,7 @@ struct FilePresenterTransportTests {
     func clientKilled() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("server")
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
         let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
         let accepted = try await acceptOne(listener)
@@ -355,7 +355,7 @@ struct FilePresenterTransportTests {
     func cleanup() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("tidy")
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         let client = try transport.connect(to: endpoint, options: .defaults)
         let accepted = try await acceptOne(listener)
         #expect(try await client.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1])
@@ -386,12 +386,15 @@ struct FilePresenterTransportTests {
         await expectIPCError(.transportFailure) {
             try await connection.request([1], msgid: PeerRequest.fail, sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
         }
-        // The server parks in the stalled request: no reply, and the connection stays valid...
+        // The server never answers a stalled request: no reply, and the connection stays valid...
         await expectIPCError(.receiveTimeout) {
             try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .milliseconds(300))
         }
         #expect(connection.invalidationReason == nil)
-        // ...and no reading, so its inbox fills (16 MiB) and a send times out.
+        // ...and a server that reads nothing (its process stopped) lets its inbox fill (16 MiB),
+        // so a send times out.
+        kill(server.pid, SIGSTOP)
+        defer { kill(server.pid, SIGCONT) }
         let megabyte = [UInt8](repeating: 7, count: 1 << 20)
         await expectIPCError(.sendTimeout) {
             for _ in 0..<40 { try connection.send(megabyte, msgid: 5, timeout: .milliseconds(300)) }
@@ -408,7 +411,7 @@ struct FilePresenterTransportTests {
         let group = try TestGroup()
         let endpoint = try group.endpoint("filtered")
         let seen = LockedValue<[PeerCredentials]>([])
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }) { credentials in
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }) { credentials in
             seen.set(seen.get() + [credentials])
             return seen.get().count > 1
         }

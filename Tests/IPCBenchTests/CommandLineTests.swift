@@ -37,22 +37,30 @@ struct CommandLineTests {
         #expect(status == 0)
         #expect(table.contains("unix-socket"))
         let results = try ResultStore.read(output + "/results.json")
-        // The transport on its preferred executor, again on the global executor, then its native
-        // floor and its event-driven floor, measured the same way in the same run.
-        #expect(results.latency.map(\.transport) == ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"])
-        #expect(results.latency.map(\.executor) == ["preferred", "preferred", "global", "global", nil, nil, nil, nil])
-        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64, 0, 64])
+        // The transport served by the async handler, from its preferred executor and again from
+        // the global executor, then served by the on-loop fast path, then its native floor and
+        // its event-driven floor, measured the same way in the same run.
+        let transports = ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"]
+        let executors: [String?] = ["preferred", "preferred", "global", "global", "preferred", "preferred", nil, nil, nil, nil]
+        let handlers: [String?] = ["task", "task", "task", "task", "on-loop", "on-loop", nil, nil, nil, nil]
+        #expect(results.latency.map(\.transport) == transports)
+        #expect(results.latency.map(\.executor) == executors)
+        #expect(results.latency.map(\.handler) == handlers)
+        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64, 0, 64, 0, 64])
+        #expect(results.latency.filter(\.onLoopHandler).allSatisfy { $0.name.contains("/on-loop-handler/") && $0.waitDescription == "blocking, on-loop handler" })
+        #expect(results.loopStalls == [])
         let transportRow = try #require(results.latency.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
         #expect(transportRow.sameWorkFloor(in: results.latency)?.transport == "floor:unix-stream+epoll")
         #expect(transportRow.floor(in: results.latency)?.transport == "floor:unix-stream")
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
         #expect(results.inProcess.isEmpty)
-        // One-way throughput for the transport sent from both executors, its floor and its
-        // event-driven floor; with one core, nothing spins.
+        // One-way throughput for the transport sent from both executors and to the on-loop
+        // peer, its floor and its event-driven floor; with one core, nothing spins.
         let throughput = try #require(results.throughput)
-        #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"])
-        #expect(throughput.map(\.executor) == ["preferred", "preferred", "global", "global", nil, nil, nil, nil])
+        #expect(throughput.map(\.transport) == transports)
+        #expect(throughput.map(\.executor) == executors)
+        #expect(throughput.map(\.handler) == handlers)
         #expect(Set(throughput.map(\.name)).count == throughput.count)
         #expect(throughput.filter(\.onGlobalExecutor).allSatisfy { $0.name.contains("/global-executor/") && $0.waitDescription == "blocking, global executor" })
         let streamRow = try #require(throughput.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
@@ -61,7 +69,7 @@ struct CommandLineTests {
         #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
         #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
         // A benchmark entry per latency and throughput row and per repetition of each.
-        #expect(results.benchmarks.count == 16 * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.count == 20 * (LatencyResult.repetitions + 1))
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
@@ -125,10 +133,12 @@ struct CommandLineTests {
         #expect((spinning.first?.localCPUPerRoundTrip ?? 0) > 0)
         #expect(results.throughput?.filter { $0.waitStrategy != "blocking" }.map(\.transport) == ["notify"])
         // notify and file-presenter blocking on both placements, each on its connection's
-        // executor (notify's loop, the file-presenter client's presenter thread) and on the
-        // global one (8); notify spinning (1).
-        #expect(results.latency.count == 9)
-        #expect(results.latency.filter { $0.transport == "file-presenter" }.map { $0.executor ?? "none" }.sorted() == ["global", "global", "preferred", "preferred"])
+        // executor (notify's loop, the file-presenter client's presenter thread), on the global
+        // one, and against a peer serving on its loop (12); notify spinning (1).
+        #expect(results.latency.count == 13)
+        #expect(results.latency.filter { $0.transport == "file-presenter" }.map { "\($0.executor ?? "none") \($0.handler ?? "none")" }.sorted() == [
+            "global task", "global task", "preferred on-loop", "preferred on-loop", "preferred task", "preferred task",
+        ])
     }
 
     @Test("compare: a file against itself passes; against a doubling, fails with status 1")

@@ -413,7 +413,7 @@ struct EventLoopScaleTests {
         }
         let (channel, peer) = try PairPeer.make()
         defer { peer.close() }
-        connections.append(try EngineConnection(channel: channel, peer: nil, options: .defaults { $0.requestHandler = { _, payload in payload } }, loop: loop))
+        connections.append(try EngineConnection(channel: channel, peer: nil, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, loop: loop))
         #expect(loop.registrationCount == count + 1)
         // One loop thread, in a process of its own (a thread per connection would add 10,000).
         #expect(ChildProcessTest.threadCount() <= before + 2)

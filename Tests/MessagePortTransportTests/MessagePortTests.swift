@@ -65,12 +65,15 @@ struct MessagePortTests {
         let connection = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1 << 20 })
 
         await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: (1 << 20) + 1), msgid: 1, timeout: .seconds(1)) }
-        // The server parks in the stalled request: no reply (receive timeout, port still valid)...
+        // The server never answers a stalled request: no reply (receive timeout, port still valid)...
         await expectIPCError(.receiveTimeout) {
             try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .milliseconds(300))
         }
         #expect(connection.invalidationReason == nil)
-        // ...and no reading, so its queue fills and a send times out.
+        // ...and a server that reads nothing (its process stopped) lets its queue fill, so a send
+        // times out.
+        kill(server.pid, SIGSTOP)
+        defer { kill(server.pid, SIGCONT) }
         await expectIPCError(.sendTimeout) {
             for index in 0..<100 {
                 try connection.send([UInt8(index)], msgid: 5, timeout: .milliseconds(200))
@@ -146,7 +149,7 @@ struct MessagePortTests {
     func clientKilled() async throws {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("server")
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
         let client = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
         let accepted = try await withDeadline(seconds: 30, "accepting the client") {
@@ -198,7 +201,7 @@ struct MessagePortTests {
     func lostNameIsRecovered() async throws {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("renamed")
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
         let old = try transport.connect(to: endpoint, options: .defaults)
         defer { old.invalidate() }
@@ -224,7 +227,7 @@ struct MessagePortTests {
     func noLeakedQueues() async throws {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("tidy")
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         let client = try transport.connect(to: endpoint, options: .defaults)
         let replyQueue = try #require(client.replyQueueName)
         // Once connected, the reply queue has no name left to leak: the server holds it open.

@@ -229,7 +229,7 @@ struct NotifyTransportTests {
         peer.kill()
         peer.waitForExit()
         await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
-        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
         let connection = try transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -263,7 +263,7 @@ struct NotifyTransportTests {
     func silentClients() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("silent")
-        let listener = try NotifyTransport(connectTimeout: .seconds(120)).listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try NotifyTransport(connectTimeout: .seconds(120)).listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
         let path = group.directory.path + "/silent.rendezvous"
         var silent = try (0..<(NotifyListener.maximumPendingHandshakes + 8)).map { _ in try UnixSocket.connect(path: path) }

@@ -132,9 +132,9 @@ struct UnixSocketDeliveryTests {
         defer { peer.kill() }
         let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
-        // The peer's reader parks in the stalled request's handler, so nothing is read after it.
-        Task { _ = try? await connection.request([], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60)) }
-        try await Task.sleep(for: .milliseconds(200))
+        // A peer that reads nothing: its process stopped, its connection open.
+        kill(peer.pid, SIGSTOP)
+        defer { kill(peer.pid, SIGCONT) }
         let big = [UInt8](repeating: 7, count: 1 << 20)
         await expectIPCError(.sendTimeout) {
             for _ in 0..<64 {

@@ -122,7 +122,7 @@ struct UnixSocketServerTests {
         peer.waitForExit()
         #expect(FileManager.default.fileExists(atPath: endpoint.path(suffix: ".sock")))
         await expectIPCError(.endpointNotFound) { try UnixSocketTransport().connect(to: endpoint, options: .defaults) }
-        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
         let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -192,7 +192,7 @@ struct UnixSocketScaleTests {
         }
         let group = try TestGroup()
         let endpoint = try group.endpoint("crowd")
-        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
         // A client in another process, started first: Foundation's Process.run on Linux has
         // crashed (a bad pointer in memcpy, once in CI) when the spawning process already had
