@@ -121,7 +121,7 @@ let package = Package(
         .target(name: "IPCTestSupport", dependencies: ["IPCCore", "IPCConformance"], path: "Tests/IPCTestSupport"),
         .testTarget(
             name: "UnixSocketTransportTests",
-            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(
             name: "NotifyTransportTests",

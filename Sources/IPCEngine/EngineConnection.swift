@@ -84,6 +84,8 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     }
 
     /// Serves `channel` on `loop` (the process's shared loop by default) from now on.
+    /// - Parameter label: names the connection in the loop's stall report (``EventLoop/stalls``),
+    ///   for example with its transport and endpoint; the peer's pid is added.
     /// - Parameter onInvalidated: runs once, during invalidation, before the invalidation
     ///   handler (a listener's bookkeeping).
     /// - Throws: ``IPCError/Code/transportFailure`` if the loop cannot watch the descriptor;
@@ -93,6 +95,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         peer: PeerCredentials?,
         options: ConnectionOptions,
         loop: EventLoop? = nil,
+        label: String = "a connection",
         onInvalidated: (@Sendable (EngineConnection) -> Void)? = nil
     ) throws {
         let serving: EventLoop
@@ -111,7 +114,10 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         self.doorbell = channel.readiness == .doorbell
         // A spinning connection whose channel polls itself is polled by the spinning loop
         // (EngineChannel.pollWhileSpinning).
-        let handler = ReadinessHandler(polled: options.waitStrategy.spins && channel.startPollingWhileSpinning() ? channel : nil)
+        let handler = ReadinessHandler(
+            polled: options.waitStrategy.spins && channel.startPollingWhileSpinning() ? channel : nil,
+            stallLabel: "the receive path of \(label)\(peer.map { " (peer pid \($0.pid))" } ?? "") and the on-loop handlers it ran"
+        )
         self.readiness = handler
         do {
             token = try serving.register(channel.descriptor.rawValue, interest: doorbell ? [.readable, .edgeTriggered] : .readable, waitStrategy: options.waitStrategy, handler: handler)
@@ -137,9 +143,11 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         /// Loop thread only: off while reading is paused for the message buffer's bound, and
         /// for good once the connection finished (its channel may be closed by then).
         var probing = true
+        let stallLabel: String
 
-        init(polled: (any EngineChannel)?) {
+        init(polled: (any EngineChannel)?, stallLabel: String) {
             self.polled = polled
+            self.stallLabel = stallLabel
         }
 
         var pollsWhileSpinning: Bool { polled != nil }

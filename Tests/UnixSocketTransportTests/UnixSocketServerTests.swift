@@ -1,6 +1,7 @@
 import Foundation
 import IPCBenchKit
 import IPCCore
+import IPCEngine
 import IPCFraming
 import IPCTestSupport
 import Synchronization
@@ -127,6 +128,25 @@ struct UnixSocketServerTests {
         let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(try await connection.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(30)) == [3])
+    }
+
+    @Test("an on-loop handler that blocks is named in the loop's stall report, with its endpoint")
+    func blockingOnLoopHandlerIsReported() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("stalls-\(UUID().uuidString.prefix(8))")
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults {
+            $0.onLoopRequestHandler = { _, payload in
+                usleep(300_000)
+                return payload
+            }
+        }, acceptFilter: nil)
+        defer { listener.close() }
+        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(try await connection.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(30)) == [1])
+        let stalls = try EventLoop.shared().stalls
+        #expect(stalls.longestMilliseconds >= 300)
+        #expect(stalls.culprits.contains { $0.contains("a unix-socket connection to \(endpoint.name)") }, "\(stalls.culprits)")
     }
 
     @Test("the endpoint is owner-only and the group directory is not world-writable")

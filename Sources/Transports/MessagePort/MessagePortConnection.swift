@@ -111,6 +111,11 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
             self.pollsWhileSpinning = pollsWhileSpinning
         }
 
+        var stallLabel: String {
+            guard let connection, case .client(_, let endpoint, _) = connection.role else { return "a message-port client's receive path" }
+            return "the receive path of a message-port client of \(endpoint.name) and the on-loop handlers it ran"
+        }
+
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             guard let connection, case .client(let replyQueue, _, _) = connection.role else { return }
             connection.readQueue(replyQueue)

@@ -133,6 +133,10 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             self.pollsWhileSpinning = pollsWhileSpinning
         }
 
+        var stallLabel: String {
+            "the receive path of the message-port listener \(listener?.endpoint.name ?? queue.name) and the on-loop handlers it ran"
+        }
+
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             listener?.readPort(queue)
         }

@@ -39,7 +39,7 @@ public final class NotifyListener: MessageListener, Sendable {
                 loop: try EventLoop.shared(),
                 acceptFilter: acceptFilter,
                 mode: .handshake(timeout: handshakeTimeout, maximumPending: Self.maximumPendingHandshakes) { [registry] fd, peer in
-                    Self.takeHello(fd, peer: peer, options: options, registry: registry)
+                    Self.takeHello(fd, peer: peer, options: options, endpoint: endpoint, registry: registry)
                 }
             )
             self.acceptor.withLock { $0 = acceptor }
@@ -74,7 +74,7 @@ public final class NotifyListener: MessageListener, Sendable {
 
     /// Takes a client's hello when its socket is readable (loop thread): one message of
     /// ``NotifyRendezvous/helloLength`` bytes with the store and the two doorbells.
-    private static func takeHello(_ fd: CInt, peer: PeerCredentials, options: ConnectionOptions, registry: ConnectionRegistry<NotifyConnection>) -> SocketAcceptor.Handshake {
+    private static func takeHello(_ fd: CInt, peer: PeerCredentials, options: ConnectionOptions, endpoint: Endpoint, registry: ConnectionRegistry<NotifyConnection>) -> SocketAcceptor.Handshake {
         var hello = [UInt8](repeating: 0, count: NotifyRendezvous.helloLength)
         var descriptors = [CInt](repeating: -1, count: NotifyRendezvous.descriptorCount)
         var received: CInt = 0
@@ -94,7 +94,7 @@ public final class NotifyListener: MessageListener, Sendable {
             return .finished(.malformed)
         }
         closeDescriptor(handed[0])
-        guard let connection = try? NotifyTransport.serve(channel, peer: peer, options: options, onInvalidated: { [weak registry] connection in
+        guard let connection = try? NotifyTransport.serve(channel, peer: peer, options: options, endpoint: endpoint, onInvalidated: { [weak registry] connection in
             registry?.remove(connection)
         }) else {
             return .finished(.malformed)

@@ -67,14 +67,16 @@ public struct NotifyTransport: MessageTransport {
         let peer = try UnixSocket.peerCredentials(socket)
         let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, timeout: connectTimeout)
         let channel = NotifyChannel(store: store, isClient: true, ownBell: ownBell, peerBell: peerBell, maximumPayloadLength: options.maximumPayloadLength)
-        return try Self.serve(channel, peer: peer, options: options, onInvalidated: nil)
+        return try Self.serve(channel, peer: peer, options: options, endpoint: endpoint, onInvalidated: nil)
     }
 
     /// An engine connection over `channel` whose peer's death (seen through its process, since
     /// a store has no connection to break) invalidates it.
-    static func serve(_ channel: NotifyChannel, peer: PeerCredentials, options: ConnectionOptions, onInvalidated: (@Sendable (EngineConnection) -> Void)?) throws -> NotifyConnection {
+    static func serve(
+        _ channel: NotifyChannel, peer: PeerCredentials, options: ConnectionOptions, endpoint: Endpoint, onInvalidated: (@Sendable (EngineConnection) -> Void)?
+    ) throws -> NotifyConnection {
         let watch = Mutex<ProcessWatcher.Watch?>(nil)
-        let connection = try EngineConnection(channel: channel, peer: peer, options: options) { connection in
+        let connection = try EngineConnection(channel: channel, peer: peer, options: options, label: "a notify connection to \(endpoint.name)") { connection in
             if let token = watch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(token) }
             onInvalidated?(connection)
         }

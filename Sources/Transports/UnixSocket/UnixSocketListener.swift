@@ -35,9 +35,10 @@ public final class UnixSocketListener: MessageListener, Sendable {
                 acceptFilter: acceptFilter,
                 mode: .immediate { [registry] fd, peer in
                     let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
-                    guard let connection = try? EngineConnection(channel: channel, peer: peer, options: options, loop: loop, onInvalidated: { [weak registry] connection in
-                        registry?.remove(connection)
-                    }) else { return }
+                    guard let connection = try? EngineConnection(
+                        channel: channel, peer: peer, options: options, loop: loop, label: "a unix-socket connection to \(endpoint.name)",
+                        onInvalidated: { [weak registry] connection in registry?.remove(connection) }
+                    ) else { return }
                     if !registry.add(connection) { connection.invalidate() }
                 }
             )

@@ -45,7 +45,7 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
             throw error
         }
         let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
-        return try EngineConnection(channel: channel, peer: peer, options: options)
+        return try EngineConnection(channel: channel, peer: peer, options: options, label: "a unix-socket connection to \(endpoint.name)")
     }
 
     /// The socket file of `endpoint`: `<group>/<name>.sock`.
