@@ -3,7 +3,10 @@
 
 #include <time.h>
 
+#include <linux/futex.h>
 #include <mqueue.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static const struct nf_operations *operations_for(nf_mechanism mechanism) {
@@ -27,6 +31,7 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_MQUEUE_SPIN: return &nf_mqueue_operations;
     case NF_SHM_SPIN: return &nf_shm_spin_operations;
     case NF_JOURNAL: return &nf_journal_operations;
+    case NF_UNIX_STREAM_EPOLL_HANDOFF: return &nf_unix_stream_operations;
     }
     return NULL;
 }
@@ -83,7 +88,7 @@ static int poll_until_readable(nf_channel *channel, int fd) {
 
 /// Whether every wait for a stream or queue message goes through epoll first.
 static bool waits_through_epoll(nf_mechanism mechanism) {
-    return mechanism == NF_UNIX_STREAM_EPOLL || mechanism == NF_MQUEUE_EPOLL;
+    return mechanism == NF_UNIX_STREAM_EPOLL || mechanism == NF_MQUEUE_EPOLL || mechanism == NF_UNIX_STREAM_EPOLL_HANDOFF;
 }
 
 /// The epoll instance every wait goes through, watching `fd` for input: made at the first wait.
@@ -161,6 +166,7 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_MQUEUE_SPIN: return "mqueue+spin";
     case NF_SHM_SPIN: return "shm+spin";
     case NF_JOURNAL: return "journal";
+    case NF_UNIX_STREAM_EPOLL_HANDOFF: return "unix-stream+epoll+handoff";
     }
     return NULL;
 }
@@ -245,6 +251,81 @@ static int sink_stream(nf_channel *channel, const struct nf_operations *operatio
     return operations->send(channel, 0, NULL);
 }
 
+/// NF_UNIX_STREAM_EPOLL_HANDOFF: the worker thread that writes the echoes, and what the loop
+/// thread hands it. One request is outstanding at a time (the initiator waits for each echo),
+/// so the request stays in the channel's buffer until the worker has written its echo.
+struct handoff {
+    nf_channel *channel;
+    const struct nf_operations *operations;
+    /// Requests handed over, and echoed: the worker waits (futex) while they are equal.
+    _Atomic uint32_t posted;
+    uint32_t echoed;
+    uint32_t length;
+    _Atomic bool stop;
+    /// The worker's first failure's errno (0: none), for the loop to report.
+    _Atomic int failed;
+};
+
+static void *handoff_worker(void *argument) {
+    struct handoff *handoff = argument;
+    for (;;) {
+        uint32_t posted;
+        while ((posted = atomic_load(&handoff->posted)) == handoff->echoed) {
+            syscall(SYS_futex, &handoff->posted, FUTEX_WAIT_PRIVATE, handoff->echoed, NULL, NULL, 0);
+        }
+        if (atomic_load(&handoff->stop)) return NULL;
+        handoff->echoed = posted;
+        if (handoff->operations->send(handoff->channel, handoff->length, handoff->channel->buffer) != 0) {
+            atomic_store(&handoff->failed, errno == 0 ? EIO : errno);
+            return NULL;
+        }
+    }
+}
+
+static void handoff_post(struct handoff *handoff) {
+    atomic_fetch_add(&handoff->posted, 1);
+    syscall(SYS_futex, &handoff->posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+/// The hand-off responder's loop: receive on this thread, echo on the worker.
+static int serve_handing_off(nf_channel *channel, const struct nf_operations *operations) {
+    struct handoff handoff = { .channel = channel, .operations = operations };
+    pthread_t worker;
+    int created = pthread_create(&worker, NULL, handoff_worker, &handoff);
+    if (created != 0) {
+        errno = created;
+        return -1;
+    }
+    int status = 0;
+    for (;;) {
+        uint32_t length;
+        if (receive_message(channel, operations, &length, channel->buffer, channel->max_payload) != 0) {
+            status = -1;
+            break;
+        }
+        int failed = atomic_load(&handoff.failed);
+        if (failed != 0) {
+            errno = failed;
+            status = -1;
+            break;
+        }
+        if (length == NF_GOODBYE) break;
+        if (length == NF_STREAM) {
+            errno = ENOTSUP;
+            status = -1;
+            break;
+        }
+        handoff.length = length;
+        handoff_post(&handoff);
+    }
+    int saved = errno;
+    atomic_store(&handoff.stop, true);
+    handoff_post(&handoff);
+    pthread_join(worker, NULL);
+    errno = saved;
+    return status;
+}
+
 int nf_responder_serve(nf_channel *channel) {
     const struct nf_operations *operations = operations_for(channel->mechanism);
     if (!channel->responder) {
@@ -252,6 +333,7 @@ int nf_responder_serve(nf_channel *channel) {
         return -1;
     }
     if (operations->accept != NULL && operations->accept(channel) != 0) return -1;
+    if (channel->mechanism == NF_UNIX_STREAM_EPOLL_HANDOFF) return serve_handing_off(channel, operations);
     for (;;) {
         uint32_t length;
         if (receive_message(channel, operations, &length, channel->buffer, channel->max_payload) != 0) return -1;
@@ -300,8 +382,9 @@ static uint64_t monotonic_nanoseconds(void) {
 int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds) {
     const struct nf_operations *operations = operations_for(channel->mechanism);
     // A stream through epoll: the socket's (written and drained as an event loop does); the
-    // queue's sender would block, so it has none.
-    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && !waits_by_polling(channel->mechanism);
+    // queue's sender would block, so it has none; a one-way stream has nothing to hand over.
+    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && channel->mechanism != NF_UNIX_STREAM_EPOLL_HANDOFF
+        && !waits_by_polling(channel->mechanism);
     if (channel->responder || !buffered || length > channel->max_payload || count > UINT32_MAX) {
         errno = channel->responder ? EINVAL : !buffered ? ENOTSUP : EMSGSIZE;
         return -1;

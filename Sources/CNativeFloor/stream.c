@@ -17,7 +17,8 @@ static int stream_send(nf_channel *channel, uint32_t length, const void *payload
     uint32_t header = length;
     struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, NF_IS_CONTROL(length) ? 0 : length}};
     // unix-stream+epoll writes as an event loop does: without blocking, and after a partial
-    // write it waits for room with epoll.
+    // write it waits for room with epoll. unix-stream+epoll+handoff's responder writes from its
+    // worker thread, which blocks for room (the epoll instance is its loop thread's).
     return nf_write_all(channel->out_fd, vector, 2, socket, channel->mechanism == NF_UNIX_STREAM_EPOLL ? channel : NULL);
 }
 

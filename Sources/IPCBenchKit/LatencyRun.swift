@@ -289,7 +289,8 @@ public struct LatencyRunner: Sendable {
         }
         guard floors else { return }
         let base = transports.compactMap(FloorMechanism.init(transport:))
-        let mechanisms = strategy.spins ? base.compactMap(\.spinning) : base + base.compactMap(\.sameWork)
+        let handingOff = plan.mainServing == .task ? base.compactMap(\.handOff) : []
+        let mechanisms = strategy.spins ? base.compactMap(\.spinning) : base + base.compactMap(\.sameWork) + handingOff
         for mechanism in orderedUnique(mechanisms) {
             for placement in placements where !mechanism.spins || placement.spreadsProcesses {
                 let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))

@@ -35,6 +35,10 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     /// (exclusive lock, write, end published through a mapping, unlock; inotify wake-up, shared
     /// lock, read, unlock).
     case journal
+    /// ``unixStreamEpoll`` with the responder's echo written by a second thread, handed each
+    /// request by the thread that waits and reads: the kernel work of a server whose request
+    /// handler runs off its event loop (unix-socket's async handler on the global executor).
+    case unixStreamEpollHandoff = "unix-stream+epoll+handoff"
 
     public var description: String { rawValue }
 
@@ -48,8 +52,15 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .mqueue: .mqueueEpoll
         case .futex: .eventfdEpoll
         case .inotify: .journal
-        case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: nil
+        case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff: nil
         }
+    }
+
+    /// The floor that does the kernel work of the transport's round trip when its server's
+    /// request handler runs off the event loop (the async handler on the global executor): the
+    /// same-work floor plus one thread hand-over per request. Only unix-socket's has one.
+    public var handOff: FloorMechanism? {
+        self == .unixStream ? .unixStreamEpollHandoff : nil
     }
 
     /// The floor that spins the way the transport's spin-then-block strategy does: polling the
@@ -60,7 +71,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .unixStream: .unixStreamSpin
         case .mqueue: .mqueueSpin
         case .futex: .shmSpin
-        case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: nil
+        case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff: nil
         }
     }
 

@@ -94,7 +94,7 @@ extension FloorMechanism {
     public var streams: Bool {
         switch self {
         case .unixStream, .mqueue, .pipe, .unixStreamEpoll: true
-        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal: false
+        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff: false
         }
     }
 
@@ -112,6 +112,7 @@ extension FloorMechanism {
         case .mqueueSpin: NF_MQUEUE_SPIN
         case .shmSpin: NF_SHM_SPIN
         case .journal: NF_JOURNAL
+        case .unixStreamEpollHandoff: NF_UNIX_STREAM_EPOLL_HANDOFF
         }
     }
 }

@@ -251,9 +251,17 @@ public struct LatencyResult: Codable, Sendable {
     /// and payload, from `results`: for a blocking row ``FloorMechanism/sameWork`` of its
     /// transport's mechanism (event-loop waits, or the journal protocol), for a spinning row
     /// ``FloorMechanism/spinning``. `nil` for floors and where there is none.
+    /// A row whose peer served with the async handler off its loop (``taskHandler``) is divided
+    /// by the hand-off floor where the run measured one (``FloorMechanism/handOff``): the
+    /// event loop's kernel work plus one thread hand-over per request.
     public func sameWorkFloor(in results: [LatencyResult]) -> LatencyResult? {
-        guard let base = FloorMechanism(transport: transport), let mechanism = spins ? base.spinning : base.sameWork else { return nil }
-        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
+        guard let base = FloorMechanism(transport: transport) else { return nil }
+        func row(_ mechanism: FloorMechanism) -> LatencyResult? {
+            results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
+        }
+        if !spins, handler == Self.taskHandler, let handOff = base.handOff, let floor = row(handOff) { return floor }
+        guard let mechanism = spins ? base.spinning : base.sameWork else { return nil }
+        return row(mechanism)
     }
 
     /// Both processes' context switches per round trip.

@@ -38,19 +38,24 @@ struct CommandLineTests {
         #expect(table.contains("unix-socket"))
         let results = try ResultStore.read(output + "/results.json")
         // The transport served by the async handler, from its preferred executor and again from
-        // the global executor, then served by the on-loop fast path, then its native floor and
-        // its event-driven floor, measured the same way in the same run.
+        // the global executor, then served by the on-loop fast path, then its native floor, its
+        // event-driven floor and that floor with a thread hand-over per request, measured the
+        // same way in the same run.
         let transports = ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"]
         let executors: [String?] = ["preferred", "preferred", "global", "global", "preferred", "preferred", nil, nil, nil, nil]
         let handlers: [String?] = ["task", "task", "task", "task", "on-loop", "on-loop", nil, nil, nil, nil]
-        #expect(results.latency.map(\.transport) == transports)
-        #expect(results.latency.map(\.executor) == executors)
-        #expect(results.latency.map(\.handler) == handlers)
-        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64, 0, 64, 0, 64])
+        let handOff = ["floor:unix-stream+epoll+handoff", "floor:unix-stream+epoll+handoff"]
+        #expect(results.latency.map(\.transport) == transports + handOff)
+        #expect(results.latency.map(\.executor) == executors + [nil, nil])
+        #expect(results.latency.map(\.handler) == handlers + [nil, nil])
+        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64])
         #expect(results.latency.filter(\.onLoopHandler).allSatisfy { $0.name.contains("/on-loop-handler/") && $0.waitDescription == "blocking, on-loop handler" })
         #expect(results.loopStalls == [])
+        // Served off the loop, the transport's same work includes the hand-over; on the loop, not.
         let transportRow = try #require(results.latency.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
-        #expect(transportRow.sameWorkFloor(in: results.latency)?.transport == "floor:unix-stream+epoll")
+        #expect(transportRow.sameWorkFloor(in: results.latency)?.transport == "floor:unix-stream+epoll+handoff")
+        let onLoopRow = try #require(results.latency.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 && $0.onLoopHandler })
+        #expect(onLoopRow.sameWorkFloor(in: results.latency)?.transport == "floor:unix-stream+epoll")
         #expect(transportRow.floor(in: results.latency)?.transport == "floor:unix-stream")
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
@@ -69,7 +74,7 @@ struct CommandLineTests {
         #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
         #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
         // A benchmark entry per latency and throughput row and per repetition of each.
-        #expect(results.benchmarks.count == 20 * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.count == 22 * (LatencyResult.repetitions + 1))
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))

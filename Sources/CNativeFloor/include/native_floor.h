@@ -75,6 +75,11 @@ typedef enum nf_mechanism {
     /// header through a shared mapping and unlocks; the reader waits for inotify's IN_MODIFY,
     /// takes the shared lock, reads the end and the record, and unlocks.
     NF_JOURNAL = 11,
+    /// NF_UNIX_STREAM_EPOLL, with the responder's echo written by a second thread: its loop
+    /// thread waits in epoll_wait and reads each request, hands it to a worker thread (a futex
+    /// wake) and waits again; the worker writes the echo. The kernel work of a server whose
+    /// request handler runs off its event loop (one thread hand-over per request).
+    NF_UNIX_STREAM_EPOLL_HANDOFF = 12,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
@@ -128,7 +133,8 @@ int nf_pin_calling_thread(int cpu);
 
 /// The mechanism's name as ipcbench reports it ("unix-stream", "mqueue", "futex", "inotify",
 /// "pipe", "unix-stream+epoll", "mqueue+epoll", "eventfd+epoll", "unix-stream+spin",
-/// "mqueue+spin", "shm+spin", "journal"), or NULL for an unknown value.
+/// "mqueue+spin", "shm+spin", "journal", "unix-stream+epoll+handoff"), or NULL for an unknown
+/// value.
 const char *nf_mechanism_name(nf_mechanism mechanism);
 
 #ifdef __cplusplus
