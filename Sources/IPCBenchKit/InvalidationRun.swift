@@ -48,7 +48,7 @@ public struct InvalidationRunner: Sendable {
 
     private func killAndTime<T: MessageTransport>(_ transport: T, endpoint: Endpoint, name: String) async throws -> UInt64 {
         let peer = try PeerProcess(transport: name, framing: .binary, endpoint: endpoint, role: .server)
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         let invalidatedAt = LockedBox<UInt64?>(nil)
         let done = DispatchSemaphore(value: 0)
         connection.setInvalidationHandler { _ in

@@ -131,7 +131,7 @@ public struct ScaleRunner: Sendable {
         let endpoint = try Endpoint(group: group.directory, name: "\(group.directory.identifier).scale")
         let server = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer)
         defer { server.stop() }
-        let connection = try UnixSocketTransport(framing: .binary).connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport(framing: .binary).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         if let cpus = placement.cpus { try CPUAffinity.pinCurrentProcess(to: [cpus.local]) }
         var loadArguments = [

@@ -105,11 +105,9 @@ final class CaseContext: Sendable {
         return listener
     }
 
-    /// Connects with the subject's transport, on a thread of its own (connecting may block).
+    /// Connects with the subject's transport's `async` connect.
     func connect(_ endpoint: Endpoint, options: ConnectionOptions? = nil) async throws -> ConnectionProbe {
-        let options = options ?? connectionOptions
-        let connection = try await runBlocking { [transport] in try transport.connect(endpoint, options) }
-        return adopt(connection)
+        adopt(try await transport.connectSuspending(endpoint, options ?? connectionOptions))
     }
 
     /// Observes a connection made outside ``connect(_:options:)`` and invalidates it at the end.

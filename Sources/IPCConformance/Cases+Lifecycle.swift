@@ -46,7 +46,7 @@ enum LifecycleCases {
         let connecting = Task {
             try await ConnectRetry(for: .seconds(60)).run {
                 attempts.withLock { $0 += 1 }
-                return try await runBlocking { try transport.connect(endpoint, options) } as any MessageConnection
+                return try await transport.connectSuspending(endpoint, options)
             }
         }
         defer { connecting.cancel() }
@@ -69,7 +69,7 @@ enum LifecycleCases {
         let nobody = try context.endpoint("never")
         let start = ContinuousClock.now
         try await checkError([.endpointNotFound], "connecting with retry where nobody listens") {
-            try await ConnectRetry(for: limit).run { try await runBlocking { try transport.connect(nobody, options) } }
+            try await ConnectRetry(for: limit).run { try await transport.connectSuspending(nobody, options) }
         }
         let elapsed = ContinuousClock.now - start
         try check(elapsed >= limit && elapsed < limit + context.deadline, "giving up took \(elapsed.formattedMilliseconds), for a limit of \(limit.formattedMilliseconds)")

@@ -271,7 +271,7 @@ public struct ConformancePeer: Sendable {
             listener.close()
             echoing.cancel()
         case .client:
-            let connection = try transport.connect(to: configuration.endpoint, options: options)
+            let connection = try await transport.connect(to: configuration.endpoint, options: options)
             try announceReady()
             let burst = Task.detached { [configuration] in
                 // A burst exists to run into the receiver's backpressure, so each send waits as

@@ -7,6 +7,8 @@ struct ErasedTransport: Sendable {
     let capabilities: TransportCapabilities
     let listen: @Sendable (Endpoint, ConnectionOptions, AcceptFilter?) throws -> ErasedListener
     let connect: @Sendable (Endpoint, ConnectionOptions) throws -> any MessageConnection
+    /// The transport's `async` connect, which holds no cooperative thread while it waits.
+    let connectSuspending: @Sendable (Endpoint, ConnectionOptions) async throws -> any MessageConnection
 
     init<Transport: MessageTransport>(_ transport: Transport) {
         name = transport.name
@@ -16,6 +18,9 @@ struct ErasedTransport: Sendable {
         }
         connect = { endpoint, options in
             try transport.connect(to: endpoint, options: options)
+        }
+        connectSuspending = { endpoint, options in
+            try await transport.connect(to: endpoint, options: options)
         }
     }
 }

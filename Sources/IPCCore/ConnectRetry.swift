@@ -59,12 +59,12 @@ public struct ConnectRetry: Sendable, Hashable {
 
 extension MessageTransport {
     /// Connects to `endpoint`, trying again while nobody listens there, as `retrying` says. Each
-    /// attempt (a synchronous connect, which may wait for the listener's answer) runs on a
-    /// thread of its own (``runBlocking(_:)``), not on one of Swift's cooperative threads.
+    /// attempt is the `async` connect, which holds none of Swift's cooperative threads while the
+    /// listener answers.
     /// - Throws: what ``connect(to:options:)`` throws (an `endpointNotFound` only once the
     ///   retry's limit has passed); `CancellationError` if the task is cancelled while waiting.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions, retrying: ConnectRetry) async throws -> Connection {
-        try await retrying.run { try await runBlocking { try connect(to: endpoint, options: options) } }
+        try await retrying.run { try await connect(to: endpoint, options: options) }
     }
 }
 

@@ -292,4 +292,17 @@ public protocol MessageTransport: Sendable {
     ///   (writable by anyone but its owner, or owned by another user: whoever controls it could
     ///   be the one listening); ``IPCError/Code/accessDenied``; ``IPCError/Code/transportFailure``.
     func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> Connection
+
+    /// Connects from `async` code without holding one of Swift's cooperative threads while the
+    /// listener answers. A transport whose connect waits (a handshake) suspends instead; the
+    /// default runs the synchronous connect on a thread of its own (``runBlocking(_:)``).
+    /// - Throws: what the synchronous ``connect(to:options:)`` throws; `CancellationError`.
+    func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws -> Connection
+}
+
+extension MessageTransport {
+    public func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws -> Connection {
+        try Task.checkCancellation()
+        return try await runBlocking { try self.connect(to: endpoint, options: options) as Connection }
+    }
 }

@@ -38,7 +38,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("executor")
         let server = try startServer(endpoint)
         defer { server.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         let executor = try #require(connection.preferredTaskExecutor)
         let (replies, threads) = try await withTaskExecutorPreference(executor) {
             var replies: [[UInt8]] = []
@@ -65,7 +65,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("consumer")
         let server = try startServer(endpoint)
         defer { server.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults { $0.messageBufferLimit = .init(messages: 4, bytes: 1 << 20) })
+        let connection = try await transport.connect(to: endpoint, options: .defaults { $0.messageBufferLimit = .init(messages: 4, bytes: 1 << 20) })
         defer { connection.invalidate() }
         let executor = try #require(connection.preferredTaskExecutor)
         // The server echoes each message; the presenter's thread reads the echoes and stops
@@ -109,7 +109,7 @@ struct FilePresenterTransportTests {
         let server = try startServer(endpoint)
         defer { server.stop() }
         let limit = 4
-        let connection = try transport.connect(to: endpoint, options: .defaults { $0.messageBufferLimit = .init(messages: limit, bytes: 1 << 20) })
+        let connection = try await transport.connect(to: endpoint, options: .defaults { $0.messageBufferLimit = .init(messages: limit, bytes: 1 << 20) })
         defer { connection.invalidate() }
         // The server echoes each one; spaced out, so that each echo is an append of its own,
         // which wakes the client's presenter.
@@ -137,7 +137,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("suspend")
         let server = try startServer(endpoint)
         defer { server.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         let executor = try #require(connection.preferredTaskExecutor)
         // A lock on the listener's inbox through another open file description keeps the
@@ -184,7 +184,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("echo")
         let server = try startServer(endpoint)
         defer { server.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(connection.peer?.pid == server.pid)
         #expect(connection.peer?.uid == getuid())
@@ -200,7 +200,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("burst")
         let server = try startServer(endpoint)
         defer { server.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         let count = 10_000
         // 200-byte payloads: about 2.3 MB through each journal, over twice the compaction threshold.
@@ -240,7 +240,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("torn")
         let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
-        let survivor = try transport.connect(to: endpoint, options: .defaults)
+        let survivor = try await transport.connect(to: endpoint, options: .defaults)
         defer { survivor.invalidate() }
         let survivorSide = try await acceptOne(listener)
 
@@ -278,7 +278,7 @@ struct FilePresenterTransportTests {
         let group = try TestGroup()
         let endpoint = try group.endpoint("victim")
         let server = try startServer(endpoint)
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         let probe = InvalidationProbe()
         probe.attach(to: connection)
         let journal = try #require(connection.journalPath)
@@ -322,7 +322,7 @@ struct FilePresenterTransportTests {
         #expect(probe.reason?.kind == .peerDied)
         #expect(!(try files(in: group).contains(journal)))
         #expect(listener.activeConnections.isEmpty)
-        let other = try transport.connect(to: endpoint, options: .defaults)
+        let other = try await transport.connect(to: endpoint, options: .defaults)
         defer { other.invalidate() }
         #expect(try await other.request([7], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [7])
     }
@@ -344,7 +344,7 @@ struct FilePresenterTransportTests {
         let second = try startServer(endpoint)
         defer { second.stop() }
         #expect(!(try files(in: group).contains { $0.hasSuffix(".journal") }))
-        let fresh = try transport.connect(to: endpoint, options: .defaults)
+        let fresh = try await transport.connect(to: endpoint, options: .defaults)
         defer { fresh.invalidate() }
         #expect(fresh.peer?.pid == second.pid)
         #expect(try await echo(fresh, [4, 2]) == [4, 2])
@@ -356,7 +356,7 @@ struct FilePresenterTransportTests {
         let group = try TestGroup()
         let endpoint = try group.endpoint("tidy")
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
-        let client = try transport.connect(to: endpoint, options: .defaults)
+        let client = try await transport.connect(to: endpoint, options: .defaults)
         let accepted = try await acceptOne(listener)
         #expect(try await client.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1])
         let serverProbe = InvalidationProbe()
@@ -365,7 +365,7 @@ struct FilePresenterTransportTests {
         #expect(await serverProbe.wait(seconds: 10))
         #expect(serverProbe.reason?.kind == .peerClosed)
 
-        let second = try transport.connect(to: endpoint, options: .defaults)
+        let second = try await transport.connect(to: endpoint, options: .defaults)
         let clientProbe = InvalidationProbe()
         clientProbe.attach(to: second)
         listener.close()
@@ -380,7 +380,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("errors")
         let server = try startServer(endpoint)
         defer { server.kill() }
-        let connection = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 2 << 20 })
+        let connection = try await transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 2 << 20 })
 
         await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: (2 << 20) + 1), msgid: 1, timeout: .seconds(1)) }
         await expectIPCError(.transportFailure) {

@@ -103,7 +103,7 @@ struct SecurityTests {
             await expectIPCError(.invalidEndpoint) { try chosen.connect(to: endpoint, options: .defaults).invalidate() }
             #expect(restore(group.directory.path) == 0)
             // Where the directory is safe, the same client connects.
-            let connection = try chosen.connect(to: endpoint, options: .defaults)
+            let connection = try await chosen.connect(to: endpoint, options: .defaults)
             connection.invalidate()
         }
     }
@@ -153,7 +153,7 @@ struct SecurityTests {
         for forged in ["1", "not a pid", String(Int32.max), ""] {
             // Another process of this user rewrites the text (pid 1 is alive, the others are not).
             try Data(forged.utf8).write(to: URL(fileURLWithPath: endpoint.path(suffix: ".lock")))
-            let connection = try chosen.connect(to: endpoint, options: .defaults)
+            let connection = try await chosen.connect(to: endpoint, options: .defaults)
             defer { connection.invalidate() }
             #expect(connection.peer?.pid == server.pid, "with \(forged.debugDescription) in the lock file")
             #expect(try await connection.request([3], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [3])

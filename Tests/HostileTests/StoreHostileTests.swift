@@ -56,7 +56,7 @@ struct StoreHostileTests {
         let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
         // The victim's client is in this process, its store named for this test.
         let label = NotifyStores.uniqueLabel()
-        let victimClient = try NotifyTransport(storeLabel: label).connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength })
+        let victimClient = try await NotifyTransport(storeLabel: label).connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength })
         defer { victimClient.invalidate() }
         let victimConnection = try await nextConnection(from: listener.connections, peer: getpid(), "the victim")
         let probe = InvalidationProbe()
@@ -88,11 +88,11 @@ struct StoreHostileTests {
         let endpoint = try group.endpoint("scribble")
         let server = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
         defer { server.stop() }
-        let good = try NotifyTransport().connect(to: endpoint, options: .defaults)
+        let good = try await NotifyTransport().connect(to: endpoint, options: .defaults)
         defer { good.invalidate() }
         let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
         let label = NotifyStores.uniqueLabel()
-        let victim = try NotifyTransport(storeLabel: label).connect(to: endpoint, options: .defaults)
+        let victim = try await NotifyTransport(storeLabel: label).connect(to: endpoint, options: .defaults)
         defer { victim.invalidate() }
         let probe = InvalidationProbe()
         probe.attach(to: victim)
@@ -246,11 +246,11 @@ struct StoreHostileTests {
         let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
         defer { server.stop() }
         let transport = FilePresenterTransport()
-        let good = try transport.connect(to: endpoint, options: .defaults)
+        let good = try await transport.connect(to: endpoint, options: .defaults)
         defer { good.invalidate() }
         let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
         let journalsBefore = Set(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") })
-        let victim = try transport.connect(to: endpoint, options: .defaults)
+        let victim = try await transport.connect(to: endpoint, options: .defaults)
         defer { victim.invalidate() }
         let probe = InvalidationProbe()
         probe.attach(to: victim)
@@ -280,7 +280,7 @@ struct StoreHostileTests {
         let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
         defer { server.stop() }
         let transport = FilePresenterTransport()
-        let good = try transport.connect(to: endpoint, options: .defaults)
+        let good = try await transport.connect(to: endpoint, options: .defaults)
         defer { good.invalidate() }
         let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
         // The good client's journal is <name>.<pid>-<serial>.journal: a hello naming it, from
@@ -344,7 +344,7 @@ struct StoreHostileTests {
         let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
         defer { server.stop() }
         let transport = FilePresenterTransport()
-        let good = try transport.connect(to: endpoint, options: .defaults)
+        let good = try await transport.connect(to: endpoint, options: .defaults)
         defer { good.invalidate() }
         let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
         for (name, record, code) in [
@@ -355,7 +355,7 @@ struct StoreHostileTests {
         ] {
             let journals = { try Set(FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") }) }
             let before = try journals()
-            let victim = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength })
+            let victim = try await transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength })
             defer { victim.invalidate() }
             let probe = InvalidationProbe()
             probe.attach(to: victim)

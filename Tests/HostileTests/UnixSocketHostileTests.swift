@@ -43,7 +43,7 @@ struct UnixSocketHostileTests {
         let server = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
         // Killed: its receive path sleeps out the (clamped) delay.
         defer { server.kill() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         await expectIPCError(.receiveTimeout) {
             try await connection.request([0xFF, 0xFF, 0xFF, 0xFF], msgid: PeerRequest.delayedEcho, sendTimeout: .seconds(5), receiveTimeout: .seconds(2))
@@ -211,7 +211,7 @@ struct UnixSocketHostileTests {
         }
         defer { hostile.forEach { $0.kill() } }
         // Let the listener read every header.
-        let client = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let client = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { client.invalidate() }
         #expect(try await client.request([9], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [9])
         try await Task.sleep(for: .milliseconds(500))

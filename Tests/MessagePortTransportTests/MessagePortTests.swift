@@ -28,7 +28,7 @@ struct MessagePortTests {
         let endpoint = try group.scopedEndpoint("echo")
         let server = try startServer(endpoint)
         defer { server.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(connection.peer?.pid == server.pid)
         let chunk = MessageQueue.systemLimits.messageSize - PortFragmentHeader.length
@@ -44,6 +44,27 @@ struct MessagePortTests {
         let outside = try group.endpoint("com.example.elsewhere")
         await expectIPCError(.nameOutsideGroup) { try transport.listen(at: outside, options: .defaults, acceptFilter: nil) }
         await expectIPCError(.nameOutsideGroup) { try transport.connect(to: outside, options: .defaults) }
+    }
+
+    @Test("async connects waiting for a server that does not answer hold no thread each, and fail with endpointNotFound")
+    func asyncConnectHoldsNoThread() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("silent")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        // Alive, its queue open, reading nothing: every hello waits for a welcome that never comes.
+        kill(server.pid, SIGSTOP)
+        defer { kill(server.pid, SIGCONT) }
+        let waiting = MessagePortTransport(connectTimeout: .seconds(3))
+        let count = 8
+        let before = ChildProcessTest.threadCount()
+        let connects = (0..<count).map { _ in Task { try await waiting.connect(to: endpoint, options: .defaults) } }
+        try await Task.sleep(for: .seconds(1))
+        let during = ChildProcessTest.threadCount()
+        for connect in connects {
+            await expectIPCError(.endpointNotFound) { _ = try await connect.value }
+        }
+        #expect(during - before < count, "\(count) waiting connects took the process from \(before) to \(during) threads")
     }
 
     @Test("looking up a name nobody serves fails at once")
@@ -62,7 +83,7 @@ struct MessagePortTests {
         let server = try startServer(endpoint)
         // Stopped, not killed: its listener closes and removes its queue.
         defer { server.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1 << 20 })
+        let connection = try await transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1 << 20 })
 
         await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: (1 << 20) + 1), msgid: 1, timeout: .seconds(1)) }
         // The server never answers a stalled request: no reply (receive timeout, port still valid)...
@@ -95,7 +116,7 @@ struct MessagePortTests {
             return nil
         } }, acceptFilter: nil)
         defer { listener.close() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(try await connection.request([1, 2, 3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [])
         await expectIPCError(.transportFailure) {
@@ -119,7 +140,7 @@ struct MessagePortTests {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("victim")
         let server = try startServer(endpoint)
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         let probe = InvalidationProbe()
         probe.attach(to: connection)
         let pending = Task {
@@ -166,7 +187,7 @@ struct MessagePortTests {
         #expect(probe.reason?.kind == .peerDied)
         #expect(!MessageQueue.exists(name: replyQueue))
         #expect(listener.activeConnections.isEmpty)
-        let other = try transport.connect(to: endpoint, options: .defaults)
+        let other = try await transport.connect(to: endpoint, options: .defaults)
         defer { other.invalidate() }
         #expect(try await other.request([7], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [7])
     }
@@ -176,7 +197,7 @@ struct MessagePortTests {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("restart")
         let first = try startServer(endpoint)
-        let cached = try transport.connect(to: endpoint, options: .defaults)
+        let cached = try await transport.connect(to: endpoint, options: .defaults)
         let probe = InvalidationProbe()
         probe.attach(to: cached)
         first.kill()
@@ -189,7 +210,7 @@ struct MessagePortTests {
         await expectIPCError(.invalidated) {
             try await cached.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(1), receiveTimeout: .seconds(1))
         }
-        let fresh = try transport.connect(to: endpoint, options: .defaults)
+        let fresh = try await transport.connect(to: endpoint, options: .defaults)
         defer { fresh.invalidate() }
         #expect(fresh.peer?.pid == second.pid)
         #expect(try await echo(fresh, [4, 2]) == [4, 2])
@@ -203,7 +224,7 @@ struct MessagePortTests {
         let endpoint = try group.scopedEndpoint("renamed")
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
-        let old = try transport.connect(to: endpoint, options: .defaults)
+        let old = try await transport.connect(to: endpoint, options: .defaults)
         defer { old.invalidate() }
         let name = PortNames.serverQueue(endpoint)
         for sabotage in ["removed", "replaced"] {
@@ -213,7 +234,7 @@ struct MessagePortTests {
             let fresh = try await withDeadline(seconds: 30, "a connect after the name was \(sabotage)") { () -> MessagePortConnection in
                 while true {
                     // A connect into the impostor's queue gets no welcome: give up on it fast.
-                    if let connection = try? MessagePortTransport(connectTimeout: .milliseconds(300)).connect(to: endpoint, options: .defaults) { return connection }
+                    if let connection = try? await MessagePortTransport(connectTimeout: .milliseconds(300)).connect(to: endpoint, options: .defaults) { return connection }
                     try await Task.sleep(for: .milliseconds(100))
                 }
             }
@@ -228,7 +249,7 @@ struct MessagePortTests {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("tidy")
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
-        let client = try transport.connect(to: endpoint, options: .defaults)
+        let client = try await transport.connect(to: endpoint, options: .defaults)
         let replyQueue = try #require(client.replyQueueName)
         // Once connected, the reply queue has no name left to leak: the server holds it open.
         #expect(!MessageQueue.exists(name: replyQueue))

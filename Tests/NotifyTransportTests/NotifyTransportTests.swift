@@ -49,7 +49,7 @@ struct NotifyTransportTests {
         let endpoint = try group.endpoint("echo")
         let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(connection.peer?.pid == peer.pid)
         for size in [0, 1, 64, 4096, 65_536, (1 << 20) - 19, 1 << 20, 16 << 20] {
@@ -177,7 +177,7 @@ struct NotifyTransportTests {
         let group = try TestGroup()
         let endpoint = try group.endpoint("server")
         let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         let probe = InvalidationProbe()
         probe.attach(to: connection)
         let pending = Task {
@@ -231,7 +231,7 @@ struct NotifyTransportTests {
         await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(try await connection.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [3])
     }
@@ -242,7 +242,7 @@ struct NotifyTransportTests {
         let endpoint = try group.endpoint("sealed")
         let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.stop() }
-        let connection = try transport.connect(to: endpoint, options: .defaults)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         let path = try #require(NotifyStores.paths(of: peer.pid, label: label).first, "the server maps no store")
         let payload = [UInt8](repeating: 9, count: 256 * 1024)
@@ -285,7 +285,7 @@ struct NotifyTransportTests {
         silent = []
         let client = try await withDeadline(seconds: 30, "a connect once the silent clients are gone") { () -> NotifyConnection in
             while true {
-                do { return try transport.connect(to: endpoint, options: .defaults) } catch let error as IPCError where error.code == .endpointNotFound {
+                do { return try await transport.connect(to: endpoint, options: .defaults) } catch let error as IPCError where error.code == .endpointNotFound {
                     try await Task.sleep(for: .milliseconds(50))
                 }
             }
@@ -321,7 +321,7 @@ struct NotifyTransportTests {
         }
         defer { listener.close() }
         await expectIPCError(.accessDenied) { try transport.connect(to: endpoint, options: .defaults) }
-        let second = try transport.connect(to: endpoint, options: .defaults)
+        let second = try await transport.connect(to: endpoint, options: .defaults)
         defer { second.invalidate() }
         #expect(seen.get().map(\.pid) == [getpid(), getpid()])
         #expect(seen.get().allSatisfy { $0.uid == geteuid() && $0.gid == getegid() })
@@ -335,7 +335,7 @@ struct NotifyTransportTests {
         let endpoint = try group.endpoint("corrupt")
         let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
-        let client = try transport.connect(to: endpoint, options: .defaults)
+        let client = try await transport.connect(to: endpoint, options: .defaults)
         defer { client.invalidate() }
         let server = try #require(try await withDeadline(seconds: 30, "accepting") { () -> NotifyConnection? in
             for await connection in listener.connections { return connection }

@@ -15,7 +15,7 @@ struct UnixSocketDeliveryTests {
         let endpoint = try group.endpoint("echo")
         let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
         defer { peer.stop() }
-        let connection = try UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(connection.peer?.pid == peer.pid)
         for size in [0, 1, 64, 4096, 65_536 + 3, 1 << 20, 16 << 20] {
@@ -69,7 +69,7 @@ struct UnixSocketDeliveryTests {
         let endpoint = try group.endpoint("order")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.stop() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         let count = 5_000
         let sender = Task.detached {
@@ -96,7 +96,7 @@ struct UnixSocketDeliveryTests {
         let endpoint = try group.endpoint("correlate")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.stop() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             for index in 0..<200 {
@@ -116,7 +116,7 @@ struct UnixSocketDeliveryTests {
         let endpoint = try group.endpoint("timeout")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.kill() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         await expectIPCError(.receiveTimeout) {
             try await connection.request([1, 2, 3], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .milliseconds(200))
@@ -130,7 +130,7 @@ struct UnixSocketDeliveryTests {
         let endpoint = try group.endpoint("sendtimeout")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.kill() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         // A peer that reads nothing: its process stopped, its connection open.
         kill(peer.pid, SIGSTOP)
@@ -149,7 +149,7 @@ struct UnixSocketDeliveryTests {
         let endpoint = try group.endpoint("fail")
         let peer = try PeerProcess(transport: "unix-socket", framing: .http, endpoint: endpoint, role: .server)
         defer { peer.stop() }
-        let connection = try UnixSocketTransport(framing: .http).connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport(framing: .http).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         await expectIPCError(.transportFailure) {
             try await connection.request([1], msgid: PeerRequest.fail, sendTimeout: .seconds(5), receiveTimeout: .seconds(30))
@@ -164,7 +164,7 @@ struct UnixSocketDeliveryTests {
         let endpoint = try group.endpoint("toolarge")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
         defer { peer.stop() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1024 })
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1024 })
         defer { connection.invalidate() }
         await expectIPCError(.payloadTooLarge) { try connection.send([UInt8](repeating: 0, count: 1025), msgid: 1, timeout: .seconds(5)) }
         let reply = try await connection.request([9], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(30))

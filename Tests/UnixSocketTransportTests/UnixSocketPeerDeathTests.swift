@@ -15,7 +15,7 @@ struct UnixSocketPeerDeathTests {
         let group = try TestGroup()
         let endpoint = try group.endpoint("idle")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         let messages = connection.messages
         let drain = Task.detached { for await _ in messages {} }
         let probe = InvalidationProbe()
@@ -44,7 +44,7 @@ struct UnixSocketPeerDeathTests {
         let group = try TestGroup()
         let endpoint = try group.endpoint("midrequest")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         let pending = Task {
             try await connection.request([1, 2, 3], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
         }
@@ -63,7 +63,7 @@ struct UnixSocketPeerDeathTests {
         let group = try TestGroup()
         let endpoint = try group.endpoint("sigpipe")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         peer.kill()
         peer.waitForExit()
         var failure: IPCError?

@@ -109,7 +109,7 @@ struct UnixSocketServerTests {
         defer { peer.stop() }
         await expectIPCError(.endpointInUse) { try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil) }
         // The live server was not disturbed.
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(try await connection.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(30)) == [1])
     }
@@ -125,7 +125,7 @@ struct UnixSocketServerTests {
         await expectIPCError(.endpointNotFound) { try UnixSocketTransport().connect(to: endpoint, options: .defaults) }
         let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(try await connection.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(30)) == [3])
     }
@@ -141,7 +141,7 @@ struct UnixSocketServerTests {
             }
         }, acceptFilter: nil)
         defer { listener.close() }
-        let connection = try UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(try await connection.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(30)) == [1])
         let stalls = try EventLoop.shared().stalls
@@ -233,7 +233,7 @@ struct UnixSocketScaleTests {
         var clients: [UnixSocketConnection] = []
         defer { clients.forEach { $0.invalidate() } }
         for _ in 0..<count {
-            clients.append(try UnixSocketTransport().connect(to: endpoint, options: .defaults))
+            clients.append(try await UnixSocketTransport().connect(to: endpoint, options: .defaults))
         }
         try await withDeadline(seconds: 60, "accepting \(count) connections") {
             while listener.activeConnections.count < count + 1 { try await Task.sleep(for: .milliseconds(10)) }

@@ -270,16 +270,16 @@ public final class MessagePortConnection: FrameConnection, @unchecked Sendable {
                 tornIf(sent > 0, error)
                 throw error
             }
-            let outcome: EventLoop.WritableOutcome
+            let outcome: EventLoop.WaitOutcome
             do {
-                outcome = try await loop.waitUntilWritable(writer.queue.descriptor, deadline: deadline) { turn.holderWaits(abort: $0) }
+                outcome = try await loop.waitUntil(writer.queue.descriptor, is: .writable, deadline: deadline) { turn.holderWaits(abort: $0) }
             } catch {
                 turn.give()
                 tornIf(sent > 0, error as? IPCError ?? IPCError(code: .transportFailure, message: "\(error)"))
                 throw error
             }
             switch outcome {
-            case .writable:
+            case .ready:
                 continue
             case .deadlinePassed:
                 turn.give()

@@ -61,6 +61,83 @@ public struct MessagePortTransport: MessageTransport {
     /// - Throws: ``IPCError/Code/nameOutsideGroup``; ``IPCError/Code/endpointNotFound`` if no live
     ///   process serves the name; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> MessagePortConnection {
+        let opening = try open(endpoint)
+        return try opening.finish(options, clientID: opening.handshake { try handshake(opening) })
+    }
+
+    /// The `async` connect: the hello waits for room in the server's queue, and the welcome for
+    /// the reply queue to be readable, on the event loop, suspended; the task holds no thread.
+    /// - Throws: as the synchronous connect; `CancellationError`.
+    public func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws -> MessagePortConnection {
+        try Task.checkCancellation()
+        let opening = try open(endpoint)
+        let clientID: UInt32
+        do {
+            clientID = try await handshakeSuspending(opening)
+        } catch {
+            opening.abandon()
+            throw error
+        }
+        return try opening.finish(options, clientID: clientID)
+    }
+
+    /// A connect under way: the server's queue open, this client's reply queue made.
+    private struct Opening {
+        let endpoint: Endpoint
+        let loop: EventLoop
+        let serverPID: Int32
+        let server: MessageQueue
+        let replyQueue: MessageQueue
+        let messageSize: Int
+
+        /// The hello: this process's pid and the reply queue's name.
+        var hello: [UInt8] {
+            withUnsafeBytes(of: UInt32(bitPattern: getpid()).bigEndian, Array.init) + Array(replyQueue.name.utf8)
+        }
+
+        /// Runs the handshake; on failure, releases both queues.
+        func handshake(_ body: () throws -> UInt32) throws -> UInt32 {
+            do {
+                return try body()
+            } catch {
+                abandon()
+                throw error
+            }
+        }
+
+        func abandon() {
+            server.close()
+            replyQueue.close()
+            MessageQueue.unlink(name: replyQueue.name)
+        }
+
+        /// The handshake succeeded: the connection, reading its reply queue on the loop.
+        func finish(_ options: ConnectionOptions, clientID: UInt32) throws -> MessagePortConnection {
+            // The server holds the reply queue open now: its name was only the rendezvous, and a
+            // name outlives a process killed later, so give it up at once (nothing left to leak).
+            MessageQueue.unlink(name: replyQueue.name)
+            let connection = MessagePortConnection(
+                peer: PeerCredentials(pid: serverPID, uid: getuid(), gid: getgid()),
+                outbound: server,
+                messageSize: messageSize,
+                senderID: clientID,
+                role: .client(replyQueue: replyQueue, endpoint: endpoint, serverPID: serverPID),
+                options: options,
+                loop: loop
+            )
+            do {
+                try connection.startReading(replyQueue)
+                try connection.watchPeer(pid: serverPID)
+            } catch {
+                connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+                throw error
+            }
+            return connection
+        }
+    }
+
+    /// Opens the server's queue and makes this client's reply queue.
+    private func open(_ endpoint: Endpoint) throws -> Opening {
         try Self.checkScoped(endpoint)
         try GroupDirectories.verify(endpoint.group)
         let loop = try EventLoop.shared()
@@ -77,57 +154,62 @@ public struct MessagePortTransport: MessageTransport {
             throw error
         }
         let messageSize = min(queueLimits.messageSize, (try? server.messageSize()) ?? queueLimits.messageSize)
-        let clientID: UInt32
-        do {
-            clientID = try handshake(server: server, replyQueue: replyQueue, messageSize: messageSize, serverPID: serverPID)
-        } catch {
-            server.close()
-            replyQueue.close()
-            MessageQueue.unlink(name: replyName)
-            throw error
-        }
-        // The server holds the reply queue open now: its name was only the rendezvous, and a
-        // name outlives a process killed later, so give it up at once (nothing left to leak).
-        MessageQueue.unlink(name: replyName)
-        let connection = MessagePortConnection(
-            peer: PeerCredentials(pid: serverPID, uid: getuid(), gid: getgid()),
-            outbound: server,
-            messageSize: messageSize,
-            senderID: clientID,
-            role: .client(replyQueue: replyQueue, endpoint: endpoint, serverPID: serverPID),
-            options: options,
-            loop: loop
-        )
-        do {
-            try connection.startReading(replyQueue)
-            try connection.watchPeer(pid: serverPID)
-        } catch {
-            connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
-            throw error
-        }
-        return connection
+        return Opening(endpoint: endpoint, loop: loop, serverPID: serverPID, server: server, replyQueue: replyQueue, messageSize: messageSize)
     }
 
     /// Sends hello (our pid and reply queue name) and waits for the welcome that assigns our id.
-    private func handshake(server: MessageQueue, replyQueue: MessageQueue, messageSize: Int, serverPID: Int32) throws -> UInt32 {
-        var hello = withUnsafeBytes(of: UInt32(bitPattern: getpid()).bigEndian, Array.init)
-        hello += Array(replyQueue.name.utf8)
-        let writer = FragmentWriter(queue: server, messageSize: messageSize)
-        try writer.sendControl(PortFragmentHeader(kind: .hello), payload: hello, deadline: MessageQueue.realtimeDeadline(after: connectTimeout))
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try replyQueue.messageSize(), alignment: 8)
+    private func handshake(_ opening: Opening) throws -> UInt32 {
+        let writer = FragmentWriter(queue: opening.server, messageSize: opening.messageSize)
+        try writer.sendControl(PortFragmentHeader(kind: .hello), payload: opening.hello, deadline: MessageQueue.realtimeDeadline(after: connectTimeout))
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try opening.replyQueue.messageSize(), alignment: 8)
         defer { buffer.deallocate() }
         // Wait in slices, so that a server that dies during the handshake is noticed at once.
         let deadline = ContinuousClock.now + connectTimeout
-        while ContinuousClock.now < deadline, ProcessWatcher.isAlive(pid: serverPID) {
-            guard let count = try replyQueue.receive(into: buffer, deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50))) else { continue }
-            guard let answer = try? PortFragmentHeader(parsing: UnsafeRawBufferPointer(rebasing: buffer[..<count])) else { break }
-            if answer.kind == .refused {
-                throw IPCError(code: .accessDenied, message: "the message port's accept filter refused this process (pid \(getpid()))")
-            }
-            guard answer.kind == .welcome else { break }
-            return answer.sender
+        while ContinuousClock.now < deadline, ProcessWatcher.isAlive(pid: opening.serverPID) {
+            guard let count = try opening.replyQueue.receive(into: buffer, deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50))) else { continue }
+            return try welcome(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
         }
-        throw IPCError(code: .endpointNotFound, message: "the message port's server did not answer (it died, or took longer than \(connectTimeout))")
+        throw serverDidNotAnswer()
+    }
+
+    /// ``handshake(_:)``, suspended on the loop while the server's queue is full and while the
+    /// welcome has not come (in slices of 50 ms, so that a server that dies meanwhile is noticed).
+    private func handshakeSuspending(_ opening: Opening) async throws -> UInt32 {
+        let deadline = monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds
+        var sent = 0
+        while try !FragmentWriter(queue: opening.server, messageSize: opening.messageSize).sendAvailable(PortFragmentHeader(kind: .hello), opening.hello, sent: &sent) {
+            switch try await opening.loop.waitUntil(opening.server.descriptor, is: .writable, deadline: deadline) {
+            case .ready: continue
+            case .deadlinePassed: throw IPCError(code: .sendTimeout, message: "the message port's queue stayed full for \(connectTimeout)")
+            case .cancelled: throw CancellationError()
+            }
+        }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try opening.replyQueue.messageSize(), alignment: 8)
+        defer { buffer.deallocate() }
+        while monotonicNanoseconds() < deadline, ProcessWatcher.isAlive(pid: opening.serverPID) {
+            if let count = try opening.replyQueue.receiveIfReady(into: buffer) {
+                return try welcome(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+            }
+            let slice = min(deadline, monotonicNanoseconds() &+ Duration.milliseconds(50).wholeNanoseconds)
+            if try await opening.loop.waitUntil(opening.replyQueue.descriptor, is: .readable, deadline: slice) == .cancelled {
+                throw CancellationError()
+            }
+        }
+        throw serverDidNotAnswer()
+    }
+
+    /// The server's answer to a hello: this client's id, or why there is none.
+    private func welcome(_ message: UnsafeRawBufferPointer) throws -> UInt32 {
+        guard let answer = try? PortFragmentHeader(parsing: message) else { throw serverDidNotAnswer() }
+        if answer.kind == .refused {
+            throw IPCError(code: .accessDenied, message: "the message port's accept filter refused this process (pid \(getpid()))")
+        }
+        guard answer.kind == .welcome else { throw serverDidNotAnswer() }
+        return answer.sender
+    }
+
+    private func serverDidNotAnswer() -> IPCError {
+        IPCError(code: .endpointNotFound, message: "the message port's server did not answer (it died, or took longer than \(connectTimeout))")
     }
 
     static func checkScoped(_ endpoint: Endpoint) throws {
