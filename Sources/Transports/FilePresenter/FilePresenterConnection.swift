@@ -57,9 +57,15 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
     }
 
-    init(peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions, loop: EventLoop) {
+    /// - Parameter readerExecutor: the executor of the thread that reads for this connection (a
+    ///   listener's inbox presenter), where ``RequestHandlerExecutor/eventLoop`` starts its
+    ///   request handler's tasks; `nil`: the global executor.
+    init(
+        peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions, loop: EventLoop,
+        readerExecutor: (any TaskExecutor)? = nil
+    ) {
         self.peer = peer
-        self.core = ConnectionCore(options: options, loop: loop)
+        self.core = ConnectionCore(options: options, loop: loop, loopExecutor: readerExecutor)
         self.loop = loop
         self.outbound = Mutex(outbound)
         self.sender = sender

@@ -164,7 +164,8 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
                 }
             },
             options: options,
-            loop: loop
+            loop: loop,
+            readerExecutor: presenter.withLock { $0?.taskExecutor }
         )
         let admitted = state.withLock { state in
             guard !state.closed, state.clients[client] == nil else { return false }

@@ -23,6 +23,8 @@ final class SendTurn: Sendable {
         var abortHolder: (@Sendable () -> Void)?
         /// What ``close(releasing:)`` left for the holder to run when it gives the turn back.
         var release: (@Sendable () -> Void)?
+        /// Threads waiting in ``take(until:)``: only then does giving the turn wake anyone.
+        var waitingThreads = 0
     }
 
     private let state = Mutex(State())
@@ -65,6 +67,8 @@ final class SendTurn: Sendable {
     func take(until deadline: UInt64) -> Bool {
         threads.lock()
         defer { threads.unlock() }
+        var waiting = false
+        defer { if waiting { state.withLock { $0.waitingThreads -= 1 } } }
         while true {
             let outcome: Bool? = state.withLock { state in
                 if state.closed { return false }
@@ -72,31 +76,38 @@ final class SendTurn: Sendable {
                     state.taken = true
                     return true
                 }
+                if !waiting { state.waitingThreads += 1 }
                 return nil
             }
             if let outcome { return outcome }
+            waiting = true
             guard threads.wait(until: deadline) else { return false }
         }
     }
 
+    /// Wakes the threads waiting for a turn, if any (the usual send has none to wake).
+    private func wakeThreads(_ any: Bool) {
+        if any { threads.withLock { threads.broadcast() } }
+    }
+
     /// Gives the turn to the next task waiting, or frees it.
     func give() {
-        let (next, release): (CheckedContinuation<Bool, Never>?, (@Sendable () -> Void)?) = state.withLock { state in
+        let (next, release, threadsWait): (CheckedContinuation<Bool, Never>?, (@Sendable () -> Void)?, Bool) = state.withLock { state in
             state.abortHolder = nil
             if state.closed {
                 state.taken = false
                 defer { state.release = nil }
-                return (nil, state.release)
+                return (nil, state.release, state.waitingThreads > 0)
             }
             guard let next = state.waitingTasks.popFirst() else {
                 state.taken = false
-                return (nil, nil)
+                return (nil, nil, state.waitingThreads > 0)
             }
-            return (next, nil)
+            return (next, nil, false)
         }
         if let next { return next.resume(returning: true) }
         release?()
-        threads.withLock { threads.broadcast() }
+        wakeThreads(threadsWait)
     }
 
     /// The holder of the turn waits for room: `abort` ends that wait if the connection closes.
@@ -131,15 +142,15 @@ final class SendTurn: Sendable {
     /// The next kept message, for the task that sends them; `nil` (and that task ends) when
     /// there is none.
     func nextKept() -> (frame: Frame, deadline: UInt64)? {
-        let next: (frame: Frame, deadline: UInt64)? = state.withLock { state in
+        let (next, threadsWait): ((frame: Frame, deadline: UInt64)?, Bool) = state.withLock { state in
             guard let next = state.deferred.popFirst() else {
                 state.draining = false
-                return nil
+                return (nil, state.waitingThreads > 0)
             }
             state.deferredBytes -= next.frame.payload.count
-            return next
+            return (next, false)
         }
-        if next == nil { threads.withLock { threads.broadcast() } }
+        if next == nil { wakeThreads(threadsWait) }
         return next
     }
 
