@@ -50,7 +50,7 @@ package final class ConnectionCore: Sendable {
     package var lendsMessages: Bool { borrowingHandler != nil }
 
     /// Offers a frame's payload, in place, to the borrowing message handler: whether it took it.
-    /// Only one-way messages are offered. `replyNow` as for ``dispatch(_:replyNow:responder:whenFull:offered:)``.
+    /// Only one-way messages are offered. `replyNow` as for ``dispatch(_:replyNow:responder:whenFull:offered:taskResponder:)``.
     @inline(__always)
     package func lend(_ header: FrameHeader, _ payload: UnsafeRawBufferPointer, replyNow: (Frame) throws -> Void) -> Bool {
         guard header.kind == .message, let borrowingHandler else { return false }
@@ -117,7 +117,7 @@ package final class ConnectionCore: Sendable {
         return try await reply(to: frame, receiveTimeout: receiveTimeout)
     }
 
-    /// What ``dispatch(_:reply:whenFull:)`` does with a message for ``messages`` while that
+    /// What ``dispatch(_:replyNow:responder:whenFull:offered:taskResponder:)`` does with a message for ``messages`` while that
     /// buffer is full (``ConnectionOptions/messageBufferLimit``).
     package enum WhenFull: Sendable {
         /// Wait until the application takes one: the backpressure of a receive thread of its own.
@@ -128,32 +128,20 @@ package final class ConnectionCore: Sendable {
         case keep
     }
 
-    /// Acts on one incoming frame. `reply` sends a frame back to the peer; it is called on the
-    /// calling thread for requests the handler answers, and kept for requests delivered through
-    /// ``messages``. Returns whether ``messages``' buffer is full.
-    @discardableResult
-    package func dispatch(_ frame: Frame, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) -> Bool {
-        dispatch(frame, replyNow: reply, responder: { reply }, whenFull: whenFull)
-    }
-
-    /// The reply sender of ``ConnectionOptions/requestHandler``'s tasks, for a connection
-    /// whose sends do not suspend: `send` on the task's thread.
-    package static func replySender(_ send: @escaping @Sendable (Frame) throws -> Void) -> @Sendable (Frame) async throws -> Void {
-        { frame in try send(frame) }
-    }
-
-    /// ``dispatch(_:reply:whenFull:)`` with the two uses of a reply sender apart: `replyNow`
-    /// answers on the calling thread (a request handler's reply, a message handler's send), and
+    /// Acts on one incoming frame; returns whether ``messages``' buffer (or the queue of
+    /// requests waiting for the request handler) is full. The uses of a reply sender are apart:
+    /// `replyNow` answers on the calling thread (an on-loop handler's reply, a message
+    /// handler's send), and
     /// `responder` makes the sender a request delivered through ``messages`` keeps, only when one
     /// is. A connection can then answer its handlers through itself without a weak reference,
     /// whose side table would send every retain of the connection down the runtime's slow path.
     /// `offered`: the frame was already offered to the borrowing handler (which did not take it).
     /// `taskResponder` makes the sender that ``ConnectionOptions/requestHandler``'s tasks reply
-    /// with (once per connection); by default, `responder`'s, called on the task's thread.
+    /// with (once per connection): the connection's suspending send.
     @discardableResult
     package func dispatch(
         _ frame: Frame, replyNow: (Frame) throws -> Void, responder: () -> @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait, offered: Bool = false,
-        taskResponder: (() -> @Sendable (Frame) async throws -> Void)? = nil
+        taskResponder: () -> @Sendable (Frame) async throws -> Void
     ) -> Bool {
         switch frame.kind {
         case .message:
@@ -169,8 +157,7 @@ package final class ConnectionCore: Sendable {
             return buffer.push(message, waitForRoom: whenFull == .wait)
         case .request:
             if let requestServer {
-                if let taskResponder { return requestServer.accept(frame, send: taskResponder, waitForRoom: whenFull == .wait) }
-                return requestServer.accept(frame, send: { Self.replySender(responder()) }, waitForRoom: whenFull == .wait)
+                return requestServer.accept(frame, send: taskResponder, waitForRoom: whenFull == .wait)
             }
             guard let handler = options.onLoopRequestHandler else {
                 let message = ReceivedMessage(msgid: frame.msgid, payload: frame.payload, correlation: frame.correlation, responder: responder())
@@ -191,19 +178,6 @@ package final class ConnectionCore: Sendable {
         case .failure:
             let description = String(decoding: frame.payload, as: UTF8.self)
             requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))
-        }
-        return false
-    }
-
-    /// Dispatches every frame `next` yields until it has none. With `whenFull: .keep` (a
-    /// requester reading directly) it stops as soon as ``messages``' buffer is full and returns
-    /// `true`: the caller then hands reading back to the receive thread, which waits for room
-    /// and dispatches what is left.
-    /// - Throws: what `next` throws (a malformed frame).
-    @discardableResult
-    package func dispatchAll(_ next: () throws -> Frame?, reply: @escaping @Sendable (Frame) throws -> Void, whenFull: WhenFull = .wait) throws -> Bool {
-        while let frame = try next() {
-            if dispatch(frame, reply: reply, whenFull: whenFull), whenFull == .keep { return true }
         }
         return false
     }

@@ -23,52 +23,41 @@ extension EventLoop {
     package func waitUntil(
         _ fd: CInt, is readiness: Readiness, deadline: UInt64, abortable: (_ abort: @escaping @Sendable () -> Void) -> Bool = { _ in true }
     ) async throws -> WaitOutcome {
-        let waiter = WritableWaiter()
-        guard abortable({ waiter.finish(.success(.cancelled)) }) else { return .cancelled }
-        let outcome: Result<WaitOutcome, any Error> = await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Result<WaitOutcome, any Error>, Never>) in
+        let waiter = ReadinessWaiter()
+        guard abortable({ waiter.finish(.cancelled) }) else { return .cancelled }
+        // Registered before the task waits, so that the token is known to the code that
+        // deregisters it; a report that comes first is kept by the waiter for its start.
+        // Edge-triggered: reported once, at registration if the descriptor is ready already.
+        let token = try register(fd, interest: [readiness == .readable ? .readable : .writable, .edgeTriggered], handler: waiter)
+        defer { deregister(token) }
+        schedule(at: deadline) { waiter.finish(.deadlinePassed) }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
                 waiter.start(continuation)
-                guard waiter.isWaiting else { return }
-                do {
-                    // Edge-triggered: reported once, at registration if there is room already.
-                    let token = try register(fd, interest: [readiness == .readable ? .readable : .writable, .edgeTriggered], handler: waiter)
-                    waiter.token.withLock { $0 = token }
-                } catch {
-                    waiter.finish(.failure(error))
-                    return
-                }
-                schedule(at: deadline) { waiter.finish(.success(.deadlinePassed)) }
-                if Task.isCancelled { waiter.finish(.success(.cancelled)) }
+                if Task.isCancelled { waiter.finish(.cancelled) }
             }
         } onCancel: {
-            waiter.finish(.success(.cancelled))
+            waiter.finish(.cancelled)
         }
-        if let token = waiter.token.withLock({ $0 }) { deregister(token) }
-        return try outcome.get()
     }
 
     /// One task waiting for a descriptor: resumed once, by the first of the readiness report, its
     /// deadline's timer and its cancellation.
-    private final class WritableWaiter: EventHandler, Sendable {
+    private final class ReadinessWaiter: EventHandler, Sendable {
         private enum State {
             case idle
-            case waiting(CheckedContinuation<Result<WaitOutcome, any Error>, Never>)
-            /// Ended before the task began to wait (an abort, a cancellation).
-            case ended(Result<WaitOutcome, any Error>)
+            case waiting(CheckedContinuation<WaitOutcome, Never>)
+            /// Ended before the task began to wait (a report, an abort, a cancellation).
+            case ended(WaitOutcome)
             case resumed
         }
 
         private let state = Mutex(State.idle)
-        let token = Mutex<UInt64?>(nil)
 
         var stallLabel: String { "a task's wait for a descriptor to be ready" }
 
-        var isWaiting: Bool {
-            state.withLock { if case .waiting = $0 { true } else { false } }
-        }
-
-        func start(_ continuation: CheckedContinuation<Result<WaitOutcome, any Error>, Never>) {
-            let early: Result<WaitOutcome, any Error>? = state.withLock { state in
+        func start(_ continuation: CheckedContinuation<WaitOutcome, Never>) {
+            let early: WaitOutcome? = state.withLock { state in
                 if case .ended(let outcome) = state {
                     state = .resumed
                     return outcome
@@ -79,8 +68,8 @@ extension EventLoop {
             if let early { continuation.resume(returning: early) }
         }
 
-        func finish(_ outcome: Result<WaitOutcome, any Error>) {
-            let continuation: CheckedContinuation<Result<WaitOutcome, any Error>, Never>? = state.withLock { state in
+        func finish(_ outcome: WaitOutcome) {
+            let continuation: CheckedContinuation<WaitOutcome, Never>? = state.withLock { state in
                 switch state {
                 case .idle:
                     state = .ended(outcome)
@@ -97,7 +86,7 @@ extension EventLoop {
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             // An error on the descriptor also ends the wait: the next read or write reports it.
-            finish(.success(.ready))
+            finish(.ready)
         }
     }
 }
