@@ -170,13 +170,16 @@ enum ServingCases {
         let endpoint = try context.endpoint("noread")
         let listener = try context.listen(endpoint)
         let chunk = TestPayload.make(size: min(16 * 1024, context.capabilities.maximumPayloadLength))
-        let stoppedCount = max(4, ProcessInfo.processInfo.activeProcessorCount + 1)
+        let stoppedCount = max(6, ProcessInfo.processInfo.activeProcessorCount + 1)
         var stopped: [ConnectionProbe] = []
         for index in 0..<stoppedCount {
             let peer = try await context.launchPeer(.client, at: endpoint)
             stopped.append(try await listener.nextConnection(within: .seconds(30), "stopped client \(index)"))
             peer.process.suspend()
         }
+        // Threads that started the peers and the connections end by themselves: let them go,
+        // so that the count before is this process's settled one.
+        try await Task.sleep(for: .milliseconds(300))
         let threadsBefore = threadCount()
         let floods = stopped.map { connection in
             Task {
@@ -203,9 +206,10 @@ enum ServingCases {
         context.record("echoMillisecondsP50", timing.median)
         var threads = "thread count not readable here"
         if let threadsBefore, let threadsDuring {
-            // A send that waits by holding a thread holds one per stopped client.
+            // A send that waits by holding a thread holds one per stopped client; a few threads
+            // of the process's own may come and go meanwhile.
             try check(
-                threadsDuring - threadsBefore < stoppedCount,
+                threadsDuring - threadsBefore < stoppedCount / 2,
                 "sending to \(stoppedCount) clients that never read took this process from \(threadsBefore) to \(threadsDuring) threads: a waiting send holds a thread"
             )
             context.record("threadsAdded", Double(threadsDuring - threadsBefore))
