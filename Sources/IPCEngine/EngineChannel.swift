@@ -24,6 +24,21 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// How ``descriptor`` reports progress. `.level` (a socket's) unless the channel says otherwise.
     var readiness: ChannelReadiness { get }
 
+    /// Where inbound bytes come from: read from ``descriptor`` (`.descriptor`, the default), or
+    /// handed over by whoever reads a descriptor that several connections share
+    /// (`.delivered`; see ``EngineConnection/readDelivered()``).
+    var inbound: ChannelInbound { get }
+
+    /// The descriptor ``write(_:from:)`` writes to, when it is not ``descriptor`` (a message
+    /// queue read one way and written the other): the loop watches it for room on a
+    /// registration of its own. ``descriptor`` unless the channel says otherwise.
+    var writeDescriptor: FileDescriptor { get }
+
+    /// The connection is ending, for `reason` (the final one): called once, on the loop's
+    /// thread, before ``close()``, so that ``close()`` can say goodbye to a peer that did not
+    /// end it. The default does nothing.
+    func ending(_ reason: InvalidationReason)
+
     /// Reads what the kernel holds, without blocking: the number of bytes read, `0` at the end
     /// of the stream, `nil` if nothing was there.
     /// - Throws: ``IPCError/Code/transportFailure`` if the read fails; a typed framing error
@@ -97,6 +112,20 @@ public protocol EngineChannel: AnyObject, Sendable {
     func armBeforeSleep() -> Bool
 }
 
+/// Where an ``EngineChannel``'s inbound bytes come from.
+public enum ChannelInbound: Sendable {
+    /// From ``EngineChannel/descriptor``, read by the loop when it is readable.
+    case descriptor
+    /// From a reader that serves several connections (a listener reading one queue that every
+    /// client writes to): it hands this connection's bytes to the channel, then calls
+    /// ``EngineConnection/readDelivered()`` on the loop's thread, which reads them as
+    /// ``EngineChannel/readAvailable()`` returns them. Such a connection cannot stop reading
+    /// (the shared reader serves the others): when the application leaves
+    /// ``ConnectionOptions/messageBufferLimit`` messages untaken, it ends with
+    /// ``IPCError/Code/receiveBufferFull``.
+    case delivered
+}
+
 /// How an ``EngineChannel``'s descriptor tells the loop that there is something to do.
 public enum ChannelReadiness: Sendable {
     /// A socket's way: readable while there is something to read, writable while there is room.
@@ -114,6 +143,9 @@ public enum ChannelReadiness: Sendable {
 
 extension EngineChannel {
     public var readiness: ChannelReadiness { .level }
+    public var inbound: ChannelInbound { .descriptor }
+    public var writeDescriptor: FileDescriptor { descriptor }
+    public func ending(_ reason: InvalidationReason) {}
 
     public func startPollingWhileSpinning() -> Bool { false }
     public func pollWhileSpinning() -> Bool { false }

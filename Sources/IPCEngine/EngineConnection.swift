@@ -38,9 +38,25 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// The loop this connection is served by: prefer it as a task executor for hop-free replies.
     public let eventLoop: EventLoop
 
-    private let channel: any EngineChannel
+    /// The channel, for its transport's own bookkeeping (a queue's name, for example).
+    package let channel: any EngineChannel
     package let core: ConnectionCore
+    /// The loop's registration of the channel's ``EngineChannel/descriptor``.
     private let token: UInt64
+    /// The registration of its ``EngineChannel/writeDescriptor``, when that is another
+    /// descriptor: watched for room only, while frames wait to be written.
+    private let writeToken: UInt64?
+    /// The loop reads ``EngineChannel/descriptor`` (``ChannelInbound/descriptor``); else the
+    /// bytes are delivered (``readDelivered()``), and a full message buffer ends the connection.
+    private let readsDescriptor: Bool
+    /// Senders on threads of their own leave their frames to the loop and wait for its word,
+    /// rather than wait for room on the descriptor themselves: a doorbell announces room to the
+    /// loop only, and a message queue cannot be woken by ``EngineChannel/shutdown()``.
+    private let writesThroughLoop: Bool
+    #if os(Linux)
+    /// Watches the peer's process (``watchPeerProcess(_:)``), until the connection finishes.
+    private let peerWatch = Mutex<ProcessWatcher.Watch?>(nil)
+    #endif
     private let onInvalidated: (@Sendable (EngineConnection) -> Void)?
     /// How long a reply from a handler may wait to be written.
     private let replySendTimeout: Duration = .seconds(5)
@@ -112,20 +128,39 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         self.onInvalidated = onInvalidated
         self.outboundLimit = options.messageBufferLimit.bytes
         self.doorbell = channel.readiness == .doorbell
+        let readsDescriptor = channel.inbound == .descriptor
+        let separateWriter = channel.writeDescriptor != channel.descriptor
+        self.readsDescriptor = readsDescriptor
+        self.writesThroughLoop = doorbell || separateWriter || !readsDescriptor
         // A spinning connection whose channel polls itself is polled by the spinning loop
         // (EngineChannel.pollWhileSpinning).
+        let stallLabel = "the receive path of \(label)\(peer.map { " (peer pid \($0.pid))" } ?? "") and the on-loop handlers it ran"
         let handler = ReadinessHandler(
-            polled: options.waitStrategy.spins && channel.startPollingWhileSpinning() ? channel : nil,
-            stallLabel: "the receive path of \(label)\(peer.map { " (peer pid \($0.pid))" } ?? "") and the on-loop handlers it ran"
+            polled: readsDescriptor && options.waitStrategy.spins && channel.startPollingWhileSpinning() ? channel : nil,
+            stallLabel: stallLabel
         )
         self.readiness = handler
+        let writeHandler = separateWriter ? ReadinessHandler(polled: nil, stallLabel: stallLabel) : nil
         do {
-            token = try serving.register(channel.descriptor.rawValue, interest: doorbell ? [.readable, .edgeTriggered] : .readable, waitStrategy: options.waitStrategy, handler: handler)
+            let interest: Poller.Interest = !readsDescriptor ? [] : doorbell ? [.readable, .edgeTriggered] : .readable
+            token = try serving.register(channel.descriptor.rawValue, interest: interest, waitStrategy: options.waitStrategy, handler: handler)
         } catch {
             channel.close()
             throw error
         }
+        if let writeHandler {
+            do {
+                writeToken = try serving.register(channel.writeDescriptor.rawValue, interest: [], handler: writeHandler)
+            } catch {
+                serving.deregister(token)
+                channel.close()
+                throw error
+            }
+        } else {
+            writeToken = nil
+        }
         handler.connection = self
+        writeHandler?.connection = self
     }
 
     /// Forwards readiness to the connection. The loop's table keeps the handler and the handler
@@ -218,7 +253,12 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         readiness.probing = false
         core.finish(reason) {
             eventLoop.deregister(token)
+            if let writeToken { eventLoop.deregister(writeToken) }
+            #if os(Linux)
+            if let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
+            #endif
             let final = core.latch.reason ?? reason
+            channel.ending(final)
             let failed: [PendingWrite] = writeState.withLock { state in
                 state.closed = true
                 if !state.writerActive { channel.close() }
@@ -232,7 +272,31 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         }
     }
 
+    #if os(Linux)
+    /// Ends the connection with ``InvalidationReason/Kind/peerDied`` when process `pid` exits:
+    /// for a channel whose mechanism does not break when its peer dies (a message queue, a
+    /// shared file). The watch ends when the connection does.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the process cannot be watched.
+    package func watchPeerProcess(_ pid: Int32) throws {
+        // Strong: the watch is cancelled when the connection finishes, which lets go of it (as
+        // the loop's registration does).
+        let watch = try ProcessWatcher.shared.watch(pid: pid) { [self] in
+            invalidate(InvalidationReason(.peerDied, error: IPCError(code: .peerInvalidated, message: "process \(pid) exited")))
+        }
+        peerWatch.withLock { $0 = watch }
+        // Ended before the watch was stored: `finish` found nothing to cancel, so cancel it
+        // here, or the watch would keep this connection until the peer exits.
+        if !core.latch.isValid, let watch = peerWatch.withLock({ $0.take() }) { ProcessWatcher.shared.cancel(watch) }
+    }
+    #endif
+
     // MARK: Reading (loop thread)
+
+    /// Reads what was handed to a ``ChannelInbound/delivered`` channel, as the loop reads a
+    /// descriptor: called on the loop's thread by the reader that delivered it, right after.
+    package func readDelivered() {
+        if !paused, !finished { readSome() }
+    }
 
     private func handleEvent(readable: Bool, writable: Bool) {
         // A doorbell's ring may mean room for what waits to be written as well as bytes to read.
@@ -314,6 +378,11 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     }
 
     private func pauseReading() {
+        guard readsDescriptor else {
+            // A shared reader cannot wait for this connection's application.
+            invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
+            return
+        }
         paused = true
         readiness.probing = false
         updateInterest { $0.watchingReadable = false }
@@ -494,7 +563,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
                 endWriting()
                 return
             }
-            if doorbell {
+            if writesThroughLoop {
                 // Room is announced to the loop only: it writes the rest while we wait for its word.
                 let lock = ConditionLock()
                 let write = PendingWrite(frame: frame, total: total, written: written, deadline: deadline, completion: .thread(lock))
@@ -505,7 +574,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
             // On a thread of the caller's own: keep the right to write and wait here for room.
             defer { endWriting() }
             while written < total {
-                guard waitUntilWritable(channel.descriptor.rawValue, deadline: deadline) else {
+                guard waitUntilWritable(channel.writeDescriptor.rawValue, deadline: deadline) else {
                     let error = IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
                     if written > 0 { failedWrite(error, torn: true) }
                     throw error
@@ -637,7 +706,13 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
                     ending = ending ?? write
                 }
             }
-            if !failed.isEmpty { state.queue.removeAll { $0.done } }
+            // A torn frame's sender is told it timed out (the connection ends with it); one
+            // that nobody waits for ends the connection unseen otherwise.
+            if let ending, ending.hasWaiter, !ending.inFlight {
+                ending.done = true
+                state.queuedBytes -= ending.total - ending.written
+            }
+            if !failed.isEmpty || ending?.done == true { state.queue.removeAll { $0.done } }
             guard ending == nil, let next, state.deadlineTimer.map({ next < $0 }) ?? true else { return (failed, ending, nil) }
             state.deadlineTimer = next
             return (failed, ending, next)
@@ -649,6 +724,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
             let error = IPCError(code: .sendTimeout, message: ending.written > 0
                 ? "the peer's receive buffer stayed full; \(ending.written) of \(ending.total) bytes sent before the send timeout"
                 : "the peer's receive buffer stayed full; a queued frame of \(ending.total) bytes, whose sender was not waiting, was not written before its send timeout")
+            if ending.done { ending.complete(.failure(error)) }
             invalidate(InvalidationReason(.transportFailure, error: error))
         }
         if let rearm { armDeadlineTimer(rearm) }
@@ -747,13 +823,18 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// Tells the loop what to watch for; called with the lock held, so changes apply in order.
     private func applyInterest(_ state: WriteState) {
         guard !state.closed else { return }
+        if let writeToken {
+            eventLoop.setInterest(token, readsDescriptor && state.watchingReadable ? .readable : [])
+            eventLoop.setInterest(writeToken, state.watchingWritable ? .writable : [])
+            return
+        }
         if doorbell {
             // One bell for both directions: listen while either has something to wait for.
             eventLoop.setInterest(token, state.watchingReadable || state.watchingWritable ? [.readable, .edgeTriggered] : [])
             return
         }
         var interest: Poller.Interest = []
-        if state.watchingReadable { interest.insert(.readable) }
+        if readsDescriptor, state.watchingReadable { interest.insert(.readable) }
         if state.watchingWritable { interest.insert(.writable) }
         eventLoop.setInterest(token, interest)
     }

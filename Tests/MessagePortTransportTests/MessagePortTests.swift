@@ -12,7 +12,9 @@ import Testing
 /// each other.
 @Suite("Message port", .serialized, .usesMessageQueues)
 struct MessagePortTests {
-    let transport = MessagePortTransport()
+    /// A generous connect timeout: the whole test run loads both cores, and a peer server's
+    /// first welcome has taken over the default 5 s there (twice in some hundred runs).
+    let transport = MessagePortTransport(connectTimeout: .seconds(30))
 
     private func startServer(_ endpoint: Endpoint) throws -> PeerProcess {
         try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .server)
@@ -314,5 +316,54 @@ struct MessagePortMessageBufferTests {
         var received: [UInt32] = []
         for await message in connection.messages { received.append(message.msgid) }
         #expect(received == (0..<UInt32(received.count)).map { $0 } && received.count >= limit.messages)
+    }
+}
+
+/// The listener on the event loop: connections cost queues and descriptors, not threads.
+@Suite("Message port: many connections on one event loop", .serialized, .usesMessageQueues)
+struct MessagePortScaleTests {
+    @Test("as many connections as one process may hold are served without a thread each; one more is refused with a clear error")
+    func manyConnections() async throws {
+        guard ChildProcessTest.isChildRun else {
+            return try await ChildProcessTest.run(filter: "manyConnections")
+        }
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("crowd")
+        // Small queues, so that 65 reply queues fit the default per-user quota (RLIMIT_MSGQUEUE,
+        // 800 KiB: about nine queues of the default 10 × 8 KiB).
+        let transport = MessagePortTransport(queueLimits: (maximumMessages: 4, messageSize: 1024))
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        var clients: [MessagePortConnection] = []
+        defer { clients.forEach { $0.invalidate() } }
+        clients.append(try await transport.connect(to: endpoint, options: .defaults))
+        #expect(try await clients[0].request([1], msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+        let before = ChildProcessTest.threadCount()
+        let count = MessagePortListener.maximumClientsPerProcess
+        while clients.count < count {
+            clients.append(try await transport.connect(to: endpoint, options: .defaults))
+        }
+        try await withDeadline(seconds: 30, "admitting \(count) connections") {
+            while listener.activeConnections.count < count { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        // Both ends of every connection are served by the loop's one thread.
+        let during = ChildProcessTest.threadCount()
+        #expect(during <= before + 2, "threads \(before) with one connection, \(during) with \(count)")
+        print("scale: \(count) message-port connections, threads \(before) → \(during)")
+        // One more from this process is refused at once, and says why (not a connect timeout).
+        let started = ContinuousClock.now
+        do {
+            let extra = try await transport.connect(to: endpoint, options: .defaults)
+            extra.invalidate()
+            Issue.record("connection \(count + 1) from one process was admitted")
+        } catch let error as IPCError {
+            #expect(error.code == .transportFailure && error.message.contains("already has \(count) connections"), "\(error)")
+        }
+        #expect(ContinuousClock.now - started < .seconds(3), "the refusal took \(ContinuousClock.now - started)")
+        // Every connection is served.
+        for (index, client) in clients.enumerated().shuffled() {
+            let payload = [UInt8(truncatingIfNeeded: index), 7]
+            #expect(try await client.request(payload, msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == payload)
+        }
     }
 }

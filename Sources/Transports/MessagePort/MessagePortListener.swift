@@ -26,7 +26,15 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private struct State {
         var closed = false
         var nextClientID: UInt32 = 1
-        var clients: [UInt32: MessagePortConnection] = [:]
+        var clients: [UInt32: Client] = [:]
+    }
+
+    /// One admitted client: its connection and the channel the listener delivers its fragments to.
+    private struct Client {
+        let connection: EngineConnection
+        let channel: MessagePortChannel
+        let queueName: String
+        let pid: Int32
     }
 
     private let state = Mutex(State())
@@ -158,7 +166,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     }
 
     public var activeConnections: [MessagePortConnection] {
-        state.withLock { Array($0.clients.values) }
+        state.withLock { $0.clients.values.map(\.connection) }
     }
 
     @discardableResult
@@ -170,7 +178,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let clients: [MessagePortConnection]? = state.withLock { state in
             guard !state.closed else { return nil }
             state.closed = true
-            return Array(state.clients.values)
+            return state.clients.values.map(\.connection)
         }
         guard let clients else { return }
         // Deregister the name before giving it up, so a successor's queue is never removed.
@@ -214,7 +222,8 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         case .wake:
             return
         default:
-            state.withLock { $0.clients[header.sender] }?.receive(header, body)
+            guard let client = state.withLock({ $0.clients[header.sender] }) else { return }
+            client.channel.deliver(header, body) { client.connection.readDelivered() }
         }
     }
 
@@ -292,24 +301,22 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let serial = replyName.dropFirst((queue.name + ".r\(pid).").count)
         guard pid > 0, replyName.hasPrefix(queue.name + ".r\(pid)."), !serial.isEmpty, serial.allSatisfy(\.isASCII), serial.allSatisfy(\.isNumber),
             Self.isLiveProcessOfThisUser(pid), Self.process(pid, holdsQueue: replyName),
-            state.withLock({ state in
-                // A process's clients are bounded, so that one process (which could make queues
-                // as long as its user's quota lasts) cannot make the listener hold without end.
-                !state.clients.values.contains { $0.clientQueueName == replyName }
-                    && state.clients.values.count(where: { $0.peer?.pid == pid }) < Self.maximumClientsPerProcess
-            }),
+            !state.withLock({ $0.clients.values.contains { $0.queueName == replyName } }),
             let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true),
             let credentials = Self.credentials(of: pid)
         else { return }
-        if let acceptFilter, !acceptFilter(credentials) {
-            // Told, so that its connect fails at once with accessDenied; it never gets an id.
-            // Without waiting (this is the loop's thread): a client whose queue is full at its
-            // hello is not told, and its connect times out.
+        // Told, so that its connect fails at once with the reason; it never gets an id. Without
+        // waiting (this is the loop's thread): a client whose queue is full at its hello is not
+        // told, and its connect times out.
+        func refuse(_ reason: PortRefusal) {
             try? FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                .sendControl(PortFragmentHeader(kind: .refused), deadline: MessageQueue.realtimeDeadline(after: .zero))
+                .sendControl(PortFragmentHeader(kind: .refused, msgid: reason.rawValue), deadline: MessageQueue.realtimeDeadline(after: .zero))
             replyQueue.close()
-            return
         }
+        // A process's clients are bounded, so that one process (which could make queues as long
+        // as its user's quota lasts) cannot make the listener hold without end.
+        if state.withLock({ $0.clients.values.count(where: { $0.pid == pid }) }) >= Self.maximumClientsPerProcess { return refuse(.tooManyConnectionsFromProcess) }
+        if let acceptFilter, !acceptFilter(credentials) { return refuse(.acceptFilter) }
         let id: UInt32? = state.withLock { state in
             guard !state.closed else { return nil }
             defer { state.nextClientID &+= 1 }
@@ -319,25 +326,35 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             replyQueue.close()
             return
         }
-        let connection = MessagePortConnection(
-            peer: credentials,
-            outbound: replyQueue,
-            messageSize: min(messageSize, (try? replyQueue.messageSize()) ?? messageSize),
-            senderID: 0,
-            role: .server(clientQueueName: replyName) { [weak self] connection in
+        let connection: EngineConnection
+        let channel: MessagePortChannel
+        do {
+            channel = try MessagePortChannel(
+                role: .server(clientQueueName: replyName), outbound: replyQueue,
+                messageSize: min(messageSize, (try? replyQueue.messageSize()) ?? messageSize), senderID: 0,
+                maximumPayloadLength: options.maximumPayloadLength
+            )
+        } catch {
+            replyQueue.close()
+            return
+        }
+        do {
+            connection = try EngineConnection(
+                channel: channel, peer: credentials, options: options, loop: loop, label: "a message-port client of \(endpoint.name)"
+            ) { [weak self] _ in
                 _ = self?.state.withLock { $0.clients.removeValue(forKey: id) }
-            },
-            options: options,
-            loop: loop
-        )
-        state.withLock { $0.clients[id] = connection }
+            }
+        } catch {
+            return
+        }
+        state.withLock { $0.clients[id] = Client(connection: connection, channel: channel, queueName: replyName, pid: pid) }
         do {
             // Without waiting (this is the loop's thread, which serves every client): a reply
             // queue already full at the hello ends the connection, and the client's connect
             // times out.
             try FragmentWriter(queue: replyQueue, messageSize: messageSize)
                 .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .zero))
-            try connection.watchPeer(pid: pid)
+            try connection.watchPeerProcess(pid)
         } catch {
             connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
             return

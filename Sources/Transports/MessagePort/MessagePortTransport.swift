@@ -116,18 +116,25 @@ public struct MessagePortTransport: MessageTransport {
             // The server holds the reply queue open now: its name was only the rendezvous, and a
             // name outlives a process killed later, so give it up at once (nothing left to leak).
             MessageQueue.unlink(name: replyQueue.name)
-            let connection = MessagePortConnection(
+            let channel: MessagePortChannel
+            do {
+                channel = try MessagePortChannel(
+                    role: .client(replyQueue: replyQueue, endpoint: endpoint, serverPID: serverPID),
+                    outbound: server, messageSize: messageSize, senderID: clientID, maximumPayloadLength: options.maximumPayloadLength
+                )
+            } catch {
+                abandon()
+                throw error
+            }
+            let connection = try EngineConnection(
+                channel: channel,
                 peer: PeerCredentials(pid: serverPID, uid: getuid(), gid: getgid()),
-                outbound: server,
-                messageSize: messageSize,
-                senderID: clientID,
-                role: .client(replyQueue: replyQueue, endpoint: endpoint, serverPID: serverPID),
                 options: options,
-                loop: loop
+                loop: loop,
+                label: "a message-port client of \(endpoint.name)"
             )
             do {
-                try connection.startReading(replyQueue)
-                try connection.watchPeer(pid: serverPID)
+                try connection.watchPeerProcess(serverPID)
             } catch {
                 connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
                 throw error
@@ -202,6 +209,12 @@ public struct MessagePortTransport: MessageTransport {
     private func welcome(_ message: UnsafeRawBufferPointer) throws -> UInt32 {
         guard let answer = try? PortFragmentHeader(parsing: message) else { throw serverDidNotAnswer() }
         if answer.kind == .refused {
+            if PortRefusal(rawValue: answer.msgid) == .tooManyConnectionsFromProcess {
+                throw IPCError(
+                    code: .transportFailure,
+                    message: "the message port refused this connection: this process (pid \(getpid())) already has \(MessagePortListener.maximumClientsPerProcess) connections to it, the most one process may hold"
+                )
+            }
             throw IPCError(code: .accessDenied, message: "the message port's accept filter refused this process (pid \(getpid()))")
         }
         guard answer.kind == .welcome else { throw serverDidNotAnswer() }

@@ -35,6 +35,15 @@ enum PortMessageKind: UInt8 {
     var frameKind: Frame.Kind? { Frame.Kind(rawValue: rawValue) }
 }
 
+/// Why a `refused` fragment refuses a hello: its `msgid` field.
+enum PortRefusal: UInt32 {
+    /// The listener's accept filter refused the client.
+    case acceptFilter = 0
+    /// The client's process already has ``MessagePortListener/maximumClientsPerProcess``
+    /// connections to the port.
+    case tooManyConnectionsFromProcess = 1
+}
+
 struct PortFragmentHeader {
     static let length = 28
     static let magic: (UInt8, UInt8) = (0x4D, 0x50)
@@ -100,6 +109,9 @@ struct FragmentAssembler {
         self.maximumPayloadLength = maximumPayloadLength
     }
 
+    /// Whether part of a message has arrived and not the rest.
+    var isAssembling: Bool { partial != nil }
+
     /// Whether the fragment `header` (with `byteCount` bytes) is a whole message of a frame kind
     /// within the maximum, whose bytes can be used in place instead of being added. Like
     /// ``add(_:_:)`` of such a fragment, it forgets a message in progress.
@@ -122,9 +134,8 @@ struct FragmentAssembler {
                 partial = nil
                 return Frame(kind: kind, msgid: header.msgid, correlation: header.correlation, payload: Array(bytes))
             }
-            var payload: [UInt8] = []
-            payload.reserveCapacity(Int(header.totalLength))
-            payload.append(contentsOf: bytes)
+            // Nothing reserved for what is only announced: the payload grows as fragments come.
+            let payload = Array(bytes)
             partial = (header, payload)
             return nil
         }
