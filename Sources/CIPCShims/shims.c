@@ -138,6 +138,51 @@ uint32_t ipc_futex_counter_wait(uint32_t *address, uint32_t seen, int64_t timeou
     return __atomic_load_n(address, __ATOMIC_ACQUIRE) & ~IPC_FUTEX_COUNTER_WAITERS;
 }
 
+#include <errno.h>
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+
+int ipc_futex_counters_wait(uint32_t *const *addresses, const uint32_t *seen, int count, int64_t timeout_ns) {
+    if (count < 0 || count > IPC_FUTEX_COUNTERS_MAX) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct futex_waitv waiters[IPC_FUTEX_COUNTERS_MAX];
+    for (int i = 0; i < count; i++) {
+        uint32_t current = __atomic_load_n(addresses[i], __ATOMIC_SEQ_CST);
+        for (;;) {
+            if ((current & ~IPC_FUTEX_COUNTER_WAITERS) != (seen[i] & ~IPC_FUTEX_COUNTER_WAITERS)) return 1;
+            if (current & IPC_FUTEX_COUNTER_WAITERS) break;
+            uint32_t flagged = current | IPC_FUTEX_COUNTER_WAITERS;
+            if (__atomic_compare_exchange_n(addresses[i], &current, flagged, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+                current = flagged;
+                break;
+            }
+        }
+        waiters[i].val = current;
+        waiters[i].uaddr = (uint64_t)(uintptr_t)addresses[i];
+        // Shared (not FUTEX_PRIVATE_FLAG): the counters are in memory other processes map.
+        waiters[i].flags = FUTEX_32;
+        waiters[i].__reserved = 0;
+    }
+    struct timespec deadline;
+    struct timespec *until = NULL;
+    if (timeout_ns >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        int64_t nanoseconds = deadline.tv_nsec + timeout_ns % 1000000000;
+        deadline.tv_sec += timeout_ns / 1000000000 + nanoseconds / 1000000000;
+        deadline.tv_nsec = nanoseconds % 1000000000;
+        until = &deadline;
+    }
+    // Returns at once (EAGAIN) if a word changed since it was read; any return means "look again".
+    long result = syscall(SYS_futex_waitv, waiters, (unsigned int)count, 0, until, CLOCK_MONOTONIC);
+    if (result < 0 && errno == ENOSYS) return -1;
+    if (result < 0 && errno != EAGAIN && errno != ETIMEDOUT && errno != EINTR) return -1;
+    return 0;
+}
+
 int ipc_ofd_lock(int fd, short type) {
     struct flock lock = {0};
     lock.l_type = type;

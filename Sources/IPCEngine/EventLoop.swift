@@ -267,6 +267,11 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     /// Starts watching `fd` for `interest`; `handler` runs on the loop's thread. With a spinning
     /// `waitStrategy` the loop polls for that long before it blocks while this registration lasts.
+    ///
+    /// A registration with no interest (here or after ``setInterest(_:_:)``) is kept out of the
+    /// kernel's set, not left in it disabled: a disabled epoll item is still woken by files that
+    /// wake every poller on each change (a message queue does, on every receive), which costs the
+    /// loop a wake-up for nothing.
     /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses.
     package func register(_ fd: CInt, interest: Poller.Interest, waitStrategy: WaitStrategy = .blocking, handler: any EventHandler) throws -> UInt64 {
         let token = state.withLock { state in
@@ -280,7 +285,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             return token
         }
         do {
-            try poller.add(fd, token: token, interest: interest)
+            if !interest.watchesNothing { try poller.add(fd, token: token, interest: interest) }
         } catch {
             // Nothing may poll a channel its owner is about to close.
             state.withLock { state in
@@ -293,10 +298,13 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         return token
     }
 
-    /// Changes what registration `token` waits for.
+    /// Changes what registration `token` waits for. Calls for one registration must not race
+    /// (its owner makes them in order, as under a lock of its own): the kernel is told after the
+    /// loop's table is updated.
     package func setInterest(_ token: UInt64, _ interest: Poller.Interest) {
-        let fd: CInt? = state.withLock { state in
+        let change: (fd: CInt, was: Poller.Interest)? = state.withLock { state in
             guard var registration = state.registrations[token], registration.interest != interest else { return nil }
+            let was = registration.interest
             registration.interest = interest
             state.registrations[token] = registration
             if registration.spinNanoseconds > 0, registration.handler.pollsWhileSpinning {
@@ -305,9 +313,17 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                     state.polled.append(PolledRegistration(token: token, handler: registration.handler))
                 }
             }
-            return registration.fd
+            return (registration.fd, was)
         }
-        if let fd { try? poller.modify(fd, token: token, interest: interest) }
+        guard let (fd, was) = change else { return }
+        // No interest: out of the kernel's set (see ``register(_:interest:waitStrategy:handler:)``).
+        if interest.watchesNothing {
+            if !was.watchesNothing { poller.remove(fd) }
+        } else if was.watchesNothing {
+            try? poller.add(fd, token: token, interest: interest)
+        } else {
+            try? poller.modify(fd, token: token, interest: interest)
+        }
     }
 
     /// Stops watching registration `token`; its handler is not called afterwards (from an event
@@ -319,7 +335,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             if registration?.handler.pollsWhileSpinning == true { state.polled.removeAll { $0.token == token } }
             return registration
         }) else { return }
-        poller.remove(registration.fd)
+        if !registration.interest.watchesNothing { poller.remove(registration.fd) }
         if registration.spinNanoseconds > 0 { state.withLock { updateSpin($0) } }
     }
 

@@ -73,11 +73,17 @@ public struct FutexCounter: @unchecked Sendable {
     // @unchecked: the word is only touched through atomic and futex calls.
     public let address: UnsafeMutablePointer<UInt32>
     /// The mapping that holds the word, kept alive as long as the counter is.
-    private let mapping: SharedMapping
+    private let mapping: SharedMapping?
 
     public init(in mapping: SharedMapping, at offset: Int) {
         self.address = mapping.word32(at: offset)
         self.mapping = mapping
+    }
+
+    /// A counter in memory of this process's own, which the caller keeps allocated.
+    public init(address: UnsafeMutablePointer<UInt32>) {
+        self.address = address
+        self.mapping = nil
     }
 
     /// The count (without the waiters flag).
@@ -99,5 +105,37 @@ public struct FutexCounter: @unchecked Sendable {
     @discardableResult
     public func wait(whileEqualTo seen: UInt32, timeoutNanoseconds: Int64 = -1) -> UInt32 {
         ipc_futex_counter_wait(address, seen, timeoutNanoseconds)
+    }
+
+    /// The most counters ``wait(_:whileEqualTo:timeoutNanoseconds:)`` takes.
+    public static let maximumWaitedAtOnce = Int(IPC_FUTEX_COUNTERS_MAX)
+
+    /// How ``wait(_:whileEqualTo:timeoutNanoseconds:)`` ended.
+    public enum WaitOutcome: Sendable {
+        /// A count already differed from its seen value: nothing slept.
+        case changed
+        /// Slept until a wake, a change or the timeout: look again.
+        case woke
+        /// The kernel refused: it has no `futex_waitv` (before Linux 5.16), or failed the call.
+        /// Nothing slept: the caller waits another way.
+        case unavailable
+    }
+
+    /// ``wait(whileEqualTo:timeoutNanoseconds:)`` for several counters at once, on one thread
+    /// (`futex_waitv`): sleeps while every counter's count equals its `seen` value.
+    /// - Precondition: at most ``maximumWaitedAtOnce`` counters, as many seen values.
+    public static func wait(_ counters: [FutexCounter], whileEqualTo seen: [UInt32], timeoutNanoseconds: Int64 = -1) -> WaitOutcome {
+        precondition(counters.count == seen.count && counters.count <= maximumWaitedAtOnce)
+        let addresses = counters.map { Optional($0.address) }
+        let result = addresses.withUnsafeBufferPointer { addresses in
+            seen.withUnsafeBufferPointer { seen in
+                ipc_futex_counters_wait(addresses.baseAddress, seen.baseAddress, CInt(counters.count), timeoutNanoseconds)
+            }
+        }
+        switch result {
+        case 1: return .changed
+        case 0: return .woke
+        default: return .unavailable
+        }
     }
 }

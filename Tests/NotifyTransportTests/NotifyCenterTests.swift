@@ -54,6 +54,33 @@ struct NotifyCenterTests {
         #expect(String(decoding: seen, as: UTF8.self).contains("notified"))
     }
 
+    @Test("300 registrations run no thread each, and each is called after a post of its name")
+    func manyRegistrations() async throws {
+        guard ChildProcessTest.isChildRun else {
+            return try await ChildProcessTest.run(filter: "manyRegistrations")
+        }
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let count = 300
+        let calls = Mutex([Int](repeating: 0, count: count))
+        let before = ChildProcessTest.threadCount()
+        let registrations = try (0..<count).map { index in
+            try center.register("test.many.\(index)") { calls.withLock { $0[index] += 1 } }
+        }
+        defer { registrations.forEach { $0.cancel() } }
+        // One waiting thread per 127 registrations (futex_waitv's 128 words, one its own).
+        let after = ChildProcessTest.threadCount()
+        #expect(after <= before + 3, "threads \(before) before \(count) registrations, \(after) after")
+        for index in 0..<count { try center.post("test.many.\(index)") }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while calls.withLock({ $0.contains(0) }), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        let uncalled = calls.withLock { calls in calls.indices.filter { calls[$0] == 0 } }
+        #expect(uncalled.isEmpty, "registrations never called: \(uncalled.prefix(10))")
+        print("notify: \(count) registrations, threads \(before) → \(after)")
+    }
+
     @Test("after cancel no callback arrives, including when cancelled from inside the handler")
     func cancellation() async throws {
         let group = try TestGroup()

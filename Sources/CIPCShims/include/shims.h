@@ -72,6 +72,16 @@ uint32_t ipc_futex_counter_post(uint32_t *address);
 /// or a wake without a post).
 uint32_t ipc_futex_counter_wait(uint32_t *address, uint32_t seen, int64_t timeout_ns);
 
+/// The most counters ipc_futex_counters_wait takes (the kernel's FUTEX_WAITV_MAX).
+#define IPC_FUTEX_COUNTERS_MAX 128
+
+/// ipc_futex_counter_wait for up to IPC_FUTEX_COUNTERS_MAX counters at once (futex_waitv, Linux
+/// 5.16 and later): sleeps while every counter's count equals its seen value, setting each one's
+/// waiters flag first. Returns 1 if a count already differed (no sleep), 0 after a sleep that a
+/// wake, a change or the timeout ended, -1 with errno ENOSYS where the kernel has no futex_waitv
+/// (the caller then sleeps another way), or -1 with another errno.
+int ipc_futex_counters_wait(uint32_t *const *addresses, const uint32_t *seen, int count, int64_t timeout_ns);
+
 /// Tells the CPU that the caller is spinning (x86 `pause`, ARM `yield`): it slows the loop a
 /// little and frees the core's shared resources for a sibling hyperthread. Not a system call.
 static inline void ipc_cpu_relax(void) {

@@ -14,6 +14,9 @@ package final class Poller: Sendable {
         package let rawValue: UInt8
         package init(rawValue: UInt8) { self.rawValue = rawValue }
         package static let readable = Interest(rawValue: 1)
+
+        /// Neither readable nor writable: such a registration is kept out of the kernel's set.
+        package var watchesNothing: Bool { !contains(.readable) && !contains(.writable) }
         package static let writable = Interest(rawValue: 2)
         /// Report each change once (epoll's `EPOLLET`), for a doorbell channel
         /// (``ChannelReadiness/doorbell``); without it, a registration is level-triggered.

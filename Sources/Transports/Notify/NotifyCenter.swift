@@ -59,8 +59,9 @@ public final class NotifyCenter: NamedNotificationCenter {
         ipc_atomic_load_u64(try slot(for: name).state)
     }
 
-    /// Calls `handler` on a thread of its own after each post of `name` (posts that arrive
-    /// together may give one call). Posts made after this returns are never missed.
+    /// Calls `handler` on Dispatch's global queue after each post of `name`, one call at a time
+    /// (posts that arrive together, or during a call, may give one call). Posts made after this
+    /// returns are never missed.
     public func register(_ name: String, handler: @escaping @Sendable () -> Void) throws -> NotifyRegistration {
         try NotifyRegistration(counter: slot(for: name).counter, name: name, handler: handler)
     }
@@ -186,107 +187,37 @@ public final class NotifyCheckToken: Sendable {
 
 /// A handler registered for a name. After ``cancel()`` returns, the handler is not running and
 /// never runs again; cancelling from inside the handler is allowed. Releasing the last
-/// reference to a registration cancels it, as releasing a notify(3) token does (the observer's
-/// thread holds only the observation, never the registration).
+/// reference to a registration cancels it, as releasing a notify(3) token does. The handler is
+/// called on Dispatch's global queue, one call at a time per registration; no thread is kept per
+/// registration (``NotifyWatcher``: one per 127 registrations of the process waits for them all).
 public final class NotifyRegistration: NamedNotificationRegistration {
     public let name: String
-    private let observation: Observation
+    private let observation: NotifyObservation
 
     init(counter: FutexCounter, name: String, handler: @escaping @Sendable () -> Void) throws {
         self.name = name
-        observation = Observation(counter: counter, handler: handler)
-        let seen = counter.value
-        try PosixThread.detach(name: "ipc-notify-obs") { [observation] in observation.observe(from: seen) }
+        observation = NotifyObservation(counter: counter, handler: handler)
+        try NotifyWatcher.shared.add(observation)
     }
 
     deinit {
-        observation.cancel()
+        NotifyWatcher.shared.remove(observation)
     }
 
     public func cancel() {
-        observation.cancel()
+        NotifyWatcher.shared.remove(observation)
     }
 
     /// Stops calls to the handler until ``resume()`` (`notify_suspend`): posts made meanwhile
     /// are not lost but coalesce into one call on resume. A handler running now finishes.
     public func suspend() {
-        observation.setSuspended(true)
+        NotifyWatcher.shared.setSuspended(observation, true)
     }
 
     /// Resumes calls after ``suspend()`` (`notify_resume`): if the name was posted while
     /// suspended, the handler is called once, at once.
     public func resume() {
-        observation.setSuspended(false)
-    }
-
-    /// What the observer's thread runs: waits on the name's counter and calls the handler.
-    private final class Observation: @unchecked Sendable {
-        // @unchecked: `cancelled` and `runningOn` are guarded by `lock`.
-        private let counter: FutexCounter
-        private let handler: @Sendable () -> Void
-        /// Signalled when a handler call ends.
-        private let lock = ConditionLock()
-        // Guarded by `lock`.
-        private var cancelled = false
-        private var suspended = false
-        private var runningOn: pthread_t?
-
-        init(counter: FutexCounter, handler: @escaping @Sendable () -> Void) {
-            self.counter = counter
-            self.handler = handler
-        }
-
-        func cancel() {
-            lock.withLock {
-                cancelled = true
-                // Wait out a handler running on another thread; from inside the handler, just return.
-                while let thread = runningOn, pthread_equal(thread, pthread_self()) == 0 {
-                    lock.wait()
-                }
-                // An observer parked while suspended wakes and sees the cancellation.
-                lock.broadcast()
-            }
-            counter.wakeAll()
-        }
-
-        func setSuspended(_ value: Bool) {
-            lock.withLock {
-                suspended = value
-                lock.broadcast()
-            }
-        }
-
-        func observe(from initial: UInt32) {
-            var seen = initial
-            while true {
-                // While suspended, park here: the posts meanwhile stay in the counter, and the
-                // first wait after resuming returns at once if there were any (one call).
-                let parked: Bool = lock.withLock {
-                    while suspended, !cancelled { lock.wait() }
-                    return cancelled
-                }
-                if parked { return }
-                let now = counter.wait(whileEqualTo: seen)
-                enum Next { case stop, skip, run }
-                let next: Next = lock.withLock {
-                    if cancelled { return .stop }
-                    guard now != seen, !suspended else { return .skip }
-                    runningOn = pthread_self()
-                    return .run
-                }
-                switch next {
-                case .stop: return
-                case .skip: continue
-                case .run: break
-                }
-                seen = now
-                handler()
-                lock.withLock {
-                    runningOn = nil
-                    lock.broadcast()
-                }
-            }
-        }
+        NotifyWatcher.shared.setSuspended(observation, false)
     }
 }
 
