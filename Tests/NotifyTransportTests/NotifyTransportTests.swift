@@ -220,6 +220,49 @@ struct NotifyTransportTests {
         #expect(connection.bufferedMessageCount <= limit.messages)
     }
 
+    @Test("a listener with 1,000 idle connections runs no thread per connection, and serves them all")
+    func thousandIdleConnections() async throws {
+        // In a process of its own: Foundation's Process.run has crashed the process that spawns
+        // while some thousands of descriptors are open (see UnixSocketScaleTests), and a test
+        // beside this one that starts a peer would do exactly that (c5c359d's CI run).
+        guard ChildProcessTest.isChildRun else {
+            return try await ChildProcessTest.run(filter: "thousandIdleConnections")
+        }
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("crowd")
+        // The smallest ring (4 KiB): 2,000 stores of the default 1 MiB would map 4 GiB.
+        let small = NotifyTransport(ringCapacity: 4096, storeLabel: label)
+        let listener = try small.listen(at: endpoint, options: .defaults {
+            $0.requestHandler = { _, payload in payload }
+            $0.requestHandlerExecutor = .eventLoop
+        }, acceptFilter: nil)
+        defer { listener.close() }
+        // The synchronous connect, on this task's thread (a non-async closure chooses it): the
+        // async one would start a thread for each.
+        let connect: () throws -> NotifyConnection = { try small.connect(to: endpoint, options: .defaults) }
+        // A first connection, so that the loop and the process watcher run before counting.
+        let first = try connect()
+        defer { first.invalidate() }
+        _ = try await first.request([1], msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        let before = ChildProcessTest.threadCount()
+        let count = 1_000
+        var clients: [NotifyConnection] = [first]
+        defer { clients.forEach { $0.invalidate() } }
+        for _ in 1..<count {
+            clients.append(try connect())
+        }
+        try await withDeadline(seconds: 60, "accepting \(count) connections") {
+            while listener.activeConnections.count < count { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        // Both ends of every connection are this process's: the loop thread serves all 2,000.
+        let during = ChildProcessTest.threadCount()
+        #expect(during <= before + 2, "\(count) notify connections took the process from \(before) to \(during) threads")
+        print("scale: \(count) notify connections, both ends here, threads \(before) → \(during)")
+        for client in clients.shuffled().prefix(50) {
+            #expect(try await client.request([7, 7], msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [7, 7])
+        }
+    }
+
     @Test("a dead listener's name can be taken over; a live one's cannot")
     func takeOver() async throws {
         let group = try TestGroup()
