@@ -32,7 +32,33 @@ struct FilePresenterTransportTests {
         ((try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
-    @Test("a client's preferred executor is its journal presenter's thread: tasks on it are answered there, and still run after the connection ended")
+    @Test("clients read their journals on the event loop: 1,000 connections from one process add no thread each, and all are served")
+    func manyClientsNoThreads() async throws {
+        guard ChildProcessTest.isChildRun else {
+            return try await ChildProcessTest.run(filter: "manyClientsNoThreads")
+        }
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("crowd")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let connect: () throws -> FilePresenterConnection = { try transport.connect(to: endpoint, options: .defaults) }
+        var clients = [try connect()]
+        defer { clients.forEach { $0.invalidate() } }
+        #expect(try await echo(clients[0], [1]) == [1])
+        let before = ChildProcessTest.threadCount()
+        let count = 1_000
+        while clients.count < count { clients.append(try connect()) }
+        let during = ChildProcessTest.threadCount()
+        // One presenter thread per client before: 999 more.
+        #expect(during <= before + 2, "threads \(before) with one client, \(during) with \(count)")
+        print("scale: \(count) file-presenter clients in one process, threads \(before) → \(during)")
+        for (index, client) in clients.enumerated().shuffled() {
+            let payload = [UInt8(truncatingIfNeeded: index), 9]
+            #expect(try await echo(client, payload) == payload)
+        }
+    }
+
+    @Test("a client's preferred executor is the event loop, which reads its journal: tasks on it are answered there, and still run after the connection ended")
     func presenterThreadExecutor() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("executor")
@@ -50,7 +76,7 @@ struct FilePresenterTransportTests {
             return (replies, threads)
         }
         #expect(replies == (0..<50).map { [UInt8($0), 1, 2] })
-        #expect(threads == ["ipc-presenter"], "resumed on \(threads)")
+        #expect(threads == ["ipc-loop"], "resumed on \(threads)")
         connection.invalidate()
         // The presenter's thread ends with the connection; a task that prefers it still runs.
         let ran = try await withDeadline(seconds: 30, "a task preferring the ended presenter's thread") {
@@ -59,7 +85,7 @@ struct FilePresenterTransportTests {
         #expect(ran)
     }
 
-    @Test("a consumer on the presenter's own thread takes a burst larger than the message buffer: the thread stops reading while the buffer is full, never waits for it, and runs the consumer itself")
+    @Test("a consumer on the event loop, which reads the journal, takes a burst larger than the message buffer: the thread stops reading while the buffer is full, never waits for it, and runs the consumer itself")
     func consumerOnThePresenterThread() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("consumer")
@@ -95,7 +121,7 @@ struct FilePresenterTransportTests {
         let taken = received.withLock { $0 }
         #expect(taken.count == count, "\(taken.count) of \(count) messages taken")
         #expect(taken.enumerated().allSatisfy { $0.element == UInt32($0.offset) }, "messages out of order")
-        #expect(threads.withLock { $0 } == ["ipc-presenter"], "the consumer ran on \(threads.withLock { $0 })")
+        #expect(threads.withLock { $0 } == ["ipc-loop"], "the consumer ran on \(threads.withLock { $0 })")
         // Ending the connection ends a stuck wait too, so the tasks finish either way.
         connection.invalidate()
         _ = await consumer.value
@@ -147,12 +173,12 @@ struct FilePresenterTransportTests {
         let sending = Task(executorPreference: executor) {
             try await connection.send([1, 2, 3], msgid: 41, timeout: .seconds(120))
         }
-        // The send waits; the presenter's thread, which it started on, does not: another task
+        // The send waits; the loop's thread, which it started on, does not: another task
         // that prefers that thread runs there.
         let ran = try await withDeadline(seconds: 60, "a task on the waiting sender's thread") {
             await Task(executorPreference: executor) { Self.threadName() }.value
         }
-        #expect(ran == "ipc-presenter")
+        #expect(ran == "ipc-loop")
         sending.cancel()
         switch await withDeadlineResult(seconds: 60, { try await sending.value }) {
         case .success: Issue.record("the send went through a locked journal")

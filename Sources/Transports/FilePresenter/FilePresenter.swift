@@ -53,33 +53,9 @@ public final class FilePresenter: FilePresentation {
     ///   belongs to another user or is open to others.
     public init(presenting path: String, callbacks: FilePresenterCallbacks) throws {
         self.path = path
-        watch = try PresenterWatch(path: path, callbacks: callbacks, servesTasks: false)
+        watch = try PresenterWatch(path: path, callbacks: callbacks)
         answeringSocket = watch.answering?.path
         try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
-    }
-
-    /// A presenter whose thread also runs the jobs of tasks that prefer it (``taskExecutor``):
-    /// for the transport's journals, so that a request's reply, read on this thread, resumes
-    /// its task right here instead of on another thread.
-    init(presentingJournal path: String, didChange: @escaping @Sendable () -> Void) throws {
-        self.path = path
-        watch = try PresenterWatch(path: path, callbacks: FilePresenterCallbacks(didChange: didChange), servesTasks: true)
-        answeringSocket = nil
-        try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
-    }
-
-    /// The presenter's thread as a task executor, for a presenter made with
-    /// ``init(presentingJournal:didChange:)``: jobs run between the presenter's callbacks; once
-    /// the presenter is removed, they go to Swift's global executor.
-    var taskExecutor: (any TaskExecutor)? {
-        watch.servesTasks ? watch : nil
-    }
-
-    /// Asks a journal's presenter (``init(presentingJournal:didChange:)``) to call `didChange`
-    /// again soon, as if the file had changed: for a reader that stopped reading until its
-    /// application made room. Callable from any thread.
-    func requestDidChange() {
-        watch.requestDidChange()
     }
 
     /// Starts presenting the existing file at `path`, told of changes, renames and deletion.
@@ -100,13 +76,6 @@ public final class FilePresenter: FilePresentation {
     /// Stops reporting changes. Idempotent.
     public func remove() {
         watch.remove()
-    }
-
-    /// Stops reporting changes without waiting for a call in progress on the presenter's thread:
-    /// for a caller that may hold what that call waits for (a connection ending while it reads
-    /// its journal on another thread). No call starts afterwards.
-    func removeWithoutWaiting() {
-        watch.remove(waiting: false)
     }
 
     func beginOwnWrite() {
@@ -148,7 +117,7 @@ private final class AnsweringSocket: Sendable {
 
 /// The inotify instance and thread behind a ``FilePresenter``. The thread keeps it alive while
 /// it runs; the descriptors close when both the thread and the presenter are done with it.
-private final class PresenterWatch: TaskExecutor, Sendable {
+private final class PresenterWatch: Sendable {
     private let inotify: CInt
     /// The presented file, locked (shared) to wait until a write to it is complete.
     private let file: CoordinatedFile
@@ -163,25 +132,8 @@ private final class PresenterWatch: TaskExecutor, Sendable {
     private let thread = Atomic<UInt>(0)
     /// Held while `didChange` runs, so that `remove()` can wait for a call in progress.
     private let gate = Mutex(())
-    /// A journal's presenter (``FilePresenter/init(presentingJournal:didChange:)``): its thread
-    /// runs tasks' jobs (``FilePresenter/taskExecutor``), and it calls `didChange` without
-    /// waiting for the file's shared lock first, since the journal's reader takes that lock
-    /// itself to read (waiting twice cost a lock round and, on one core, often a context
-    /// switch to the writer and back).
-    let servesTasks: Bool
-    /// Jobs queued for the thread; `nil` once it has ended (jobs then go to the global executor).
-    /// The thread never waits for a task (a journal's reader stops reading instead of waiting
-    /// for its application), so a job queued here always runs soon.
-    private let jobs = Mutex<[UnownedJob]?>([])
-    /// ``requestDidChange()`` was called: `didChange` runs before the thread next waits.
-    private let changeRequested = Atomic<Bool>(false)
-    /// A private file whose reads the inotify instance reports (`IN_ACCESS`), so that a job
-    /// queued from another thread wakes the presenter's thread; -1 if it serves no tasks.
-    private let wakeFile: CInt
-
-    init(path: String, callbacks: FilePresenterCallbacks, servesTasks: Bool) throws {
+    init(path: String, callbacks: FilePresenterCallbacks) throws {
         self.callbacks = callbacks
-        self.servesTasks = servesTasks
         file = try CoordinatedFile(path: path, create: false)
         answering = callbacks.answersCoordinators ? try AnsweringSocket(presenting: path) : nil
         inotify = inotify_init1(CInt(IN_CLOEXEC))
@@ -197,73 +149,16 @@ private final class PresenterWatch: TaskExecutor, Sendable {
         _ = pwrite(marker, &byte, 1, 0)
         // Only for a presenter that asks: IN_MOVE_SELF for renames; IN_ATTRIB for unlinks, which
         // change the link count (the file is kept open, so IN_DELETE_SELF would come only once it
-        // is closed). The transport's presenters watch IN_MODIFY alone.
+        // is closed).
         let mask = UInt32(IN_MODIFY) | (callbacks.didMove == nil ? 0 : UInt32(IN_MOVE_SELF)) | (callbacks.accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
         fileWatch = inotify_add_watch(inotify, path, mask)
         markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
-        // The wake file's events carry a watch that EventState does not know: they change nothing.
-        wakeFile = servesTasks ? ipc_open_unnamed_file(directory) : -1
-        if wakeFile >= 0 { _ = pwrite(wakeFile, &byte, 1, 0) }
-        let wakeWatch = wakeFile >= 0 ? inotify_add_watch(inotify, "/proc/self/fd/\(wakeFile)", UInt32(IN_ACCESS)) : 0
-        guard fileWatch >= 0, markerWatch >= 0, !servesTasks || wakeFile >= 0, wakeWatch >= 0 else {
+        guard fileWatch >= 0, markerWatch >= 0 else {
             let error = Errno(rawValue: errno)
             closeDescriptor(inotify)
             closeDescriptor(marker)
-            if wakeFile >= 0 { closeDescriptor(wakeFile) }
             throw IPCError.syscall("inotify_add_watch", error, context: path)
         }
-    }
-
-    // MARK: Task executor
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        let queued = jobs.withLock { jobs -> Bool in
-            guard jobs != nil else { return false }
-            jobs!.append(job)
-            return true
-        }
-        guard queued else {
-            // The thread has ended: the task goes on on Swift's global executor.
-            globalConcurrentExecutor.enqueue(ExecutorJob(job))
-            return
-        }
-        wakeThread()
-    }
-
-    /// On the presenter's thread, what was asked runs before the thread next waits; from
-    /// elsewhere a read of the wake file gives the thread an event to wake for.
-    private func wakeThread() {
-        if thread.load(ordering: .acquiring) != UInt(pthread_self()) {
-            var byte: UInt8 = 0
-            _ = pread(wakeFile, &byte, 1, 0)
-        }
-    }
-
-    /// Runs the queued jobs (presenter's thread), those they queue included.
-    private func runJobs() {
-        while let batch = jobs.withLock({ jobs -> [UnownedJob]? in
-            guard let queued = jobs, !queued.isEmpty else { return nil }
-            jobs = []
-            return queued
-        }) {
-            for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
-        }
-    }
-
-    func requestDidChange() {
-        guard servesTasks else { return }
-        changeRequested.store(true, ordering: .releasing)
-        wakeThread()
-    }
-
-    /// The thread ends: what is still queued, and whatever comes later, goes to the global executor.
-    private func endJobs() {
-        let left = jobs.withLock { jobs -> [UnownedJob] in
-            defer { jobs = nil }
-            return jobs ?? []
-        }
-        for job in left { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
     }
 
     deinit {
@@ -273,7 +168,6 @@ private final class PresenterWatch: TaskExecutor, Sendable {
         let inotify = inotify
         DispatchQueue.global(qos: .utility).async { closeDescriptor(inotify) }
         closeDescriptor(marker)
-        if wakeFile >= 0 { closeDescriptor(wakeFile) }
     }
 
     func mark(_ event: MarkerEvent) {
@@ -305,19 +199,7 @@ private final class PresenterWatch: TaskExecutor, Sendable {
         defer { conversations.closeAll(listener: answering?.listener) }
         var knownPath = callbacks.didMove == nil ? nil : currentPath()
         var deletionReported = false
-        defer { if servesTasks { endJobs() } }
         while !removed.load(ordering: .acquiring), !events.watchEnded {
-            if servesTasks {
-                runJobs()
-                // A reader that stopped until its application made room reads on (a job that
-                // just ran may be what made it).
-                if changeRequested.exchange(false, ordering: .acquiringAndReleasing), let didChange = callbacks.didChange {
-                    gate.withLock { _ in
-                        if !removed.load(ordering: .acquiring) { didChange() }
-                    }
-                    continue
-                }
-            }
             if let answering {
                 // Wait for inotify, the answering socket and the open conversations together.
                 guard conversations.wait(inotify: inotify, listener: answering.listener) else { continue }
@@ -351,9 +233,8 @@ private final class PresenterWatch: TaskExecutor, Sendable {
                 }
             }
             // A few rounds at most, so that a stream of writes cannot postpone the call forever.
-            // A journal's reader waits for the lock itself.
             var rounds = 0
-            while changed, !servesTasks, rounds < 8, waitForWriters() {
+            while changed, rounds < 8, waitForWriters() {
                 rounds += 1
                 var pending: CInt = 0
                 guard ioctl(inotify, UInt(FIONREAD), &pending) == 0, pending > 0,

@@ -9,12 +9,15 @@ import SystemPackage
 
 /// One side of a file presenter conversation.
 ///
-/// A client appends its records to the listener's inbox and reads its own journal, which it
-/// presents: the presenter's thread reads what the listener appended each time the journal
-/// changes. On the listener, one presenter thread reads the inbox for every client and hands
-/// each client's frames to its connection. Either way, sends append on the calling thread; an
-/// `async` send or request that finds the peer's journal locked or full suspends its task and
-/// waits on a thread of its own instead.
+/// A client appends its records to the listener's inbox and reads its own journal on the
+/// process's event loop: an inotify watch on the journal (``JournalWatch``) wakes the loop,
+/// which reads what the listener appended; a read that finds the journal locked tries again
+/// from a loop timer, so no thread is kept per connection and the loop never waits for a lock.
+/// On the listener, the loop reads the inbox for every client the same way and hands each
+/// client's frames to its connection. Sends append on the calling thread when the peer's journal
+/// is free and has room; otherwise an `async` send or request suspends its task between tries,
+/// a synchronous one waits on its own thread, and one made on the loop's thread (an on-loop
+/// handler's reply) is kept, in order, and appended by a task.
 ///
 /// The other side's end is seen on the rendezvous socket the connection was set up over, which
 /// both keep open: its end of file comes as soon as the peer's process closes its descriptors
@@ -46,26 +49,27 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         case server(clientJournalPath: String, drain: @Sendable () -> Void, onInvalidated: @Sendable (FilePresenterConnection) -> Void)
     }
 
-    /// What a client reads: its journal, and the presenter that says when to read it.
+    /// What a client reads: its journal, and the watch that says when to read it.
     final class Inbound: Sendable {
         let path: String
         let reader = JournalReaderSlot()
-        let presenter = Mutex<FilePresenter?>(nil)
+        let watch = Mutex<JournalWatch?>(nil)
+        /// The next try of a read that found the journal locked, and whether its timer is armed.
+        let retry = Mutex<(backoff: JournalRetry, armed: Bool)>((JournalRetry(), false))
 
         init(path: String) {
             self.path = path
         }
     }
 
-    /// - Parameter readerExecutor: the executor of the thread that reads for this connection (a
-    ///   listener's inbox presenter), where ``RequestHandlerExecutor/eventLoop`` starts its
-    ///   request handler's tasks; `nil`: the global executor.
-    init(
-        peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions, loop: EventLoop,
-        readerExecutor: (any TaskExecutor)? = nil
-    ) {
+    /// Frames a send on the loop's thread could not append at once, with their deadlines, in
+    /// order; one task appends them (`draining`).
+    private let deferred = Mutex<(frames: [(JournalAppender.Prepared, UInt64)], draining: Bool)>(([], false))
+
+    init(peer: PeerCredentials?, outbound: JournalAppender, sender: SenderID, role: Role, options: ConnectionOptions, loop: EventLoop) {
         self.peer = peer
-        self.core = ConnectionCore(options: options, loop: loop, loopExecutor: readerExecutor)
+        // Both sides' journals are read on the loop: handlers' tasks may start there.
+        self.core = ConnectionCore(options: options, loop: loop, loopExecutor: loop)
         self.loop = loop
         self.outbound = Mutex(outbound)
         self.sender = sender
@@ -164,7 +168,44 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
 
     public func sendFrame(_ frame: Frame, timeout: Duration) throws {
         let (appender, record) = try prepare(frame)
+        if loop.inEventLoop {
+            return try sendFromLoop(appender, record, until: deadline(after: timeout))
+        }
         try appendWaiting(appender, record, until: deadline(after: timeout)) { false }
+    }
+
+    /// A send on the loop's thread never waits: appended at once if nothing is kept before it and
+    /// the journal is free and has room, else kept, in order, for a task that appends it; if
+    /// that task cannot by the deadline, the connection ends (nobody waits to be told).
+    private func sendFromLoop(_ appender: JournalAppender, _ record: JournalAppender.Prepared, until giveUp: UInt64) throws {
+        if deferred.withLock({ $0.frames.isEmpty && !$0.draining }),
+            try invalidatingOnCorruption({ try appender.tryAppend(record, unrung: readerUnreachable) }) == nil
+        {
+            return
+        }
+        let start: Bool = deferred.withLock { deferred in
+            deferred.frames.append((record, giveUp))
+            defer { deferred.draining = true }
+            return !deferred.draining
+        }
+        guard start else { return }
+        Task { [self] in
+            while let (kept, keptDeadline) = deferred.withLock({ deferred -> (JournalAppender.Prepared, UInt64)? in
+                guard !deferred.frames.isEmpty else {
+                    deferred.draining = false
+                    return nil
+                }
+                return deferred.frames.removeFirst()
+            }) {
+                do {
+                    try await appendSuspending(appender, kept, until: keptDeadline)
+                } catch {
+                    deferred.withLock { $0 = ([], false) }
+                    invalidate(InvalidationReason(.transportFailure, error: error as? IPCError ?? IPCError(code: .transportFailure, message: "\(error)")))
+                    return
+                }
+            }
+        }
     }
 
     /// Sends a one-way message without holding a thread while it waits: if the peer's journal
@@ -192,7 +233,12 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
     private func sendFrameSuspending(_ frame: Frame, timeout: Duration) async throws {
         try Task.checkCancellation()
         let (appender, record) = try prepare(frame)
-        let giveUp = deadline(after: timeout)
+        try await appendSuspending(appender, record, until: deadline(after: timeout))
+    }
+
+    /// The tries of ``sendFrameSuspending(_:timeout:)``, until `giveUp`.
+    private func appendSuspending(_ appender: JournalAppender, _ record: JournalAppender.Prepared, until giveUp: UInt64) async throws {
+        let timeout = Duration.nanoseconds(Int64(clamping: giveUp &- min(giveUp, monotonicNanoseconds())))
         var attempt = 0
         while true {
             guard let obstacle = try invalidatingOnCorruption({ try appender.tryAppend(record, unrung: readerUnreachable) }) else { return }
@@ -319,24 +365,20 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         return core.lend(header, payload, replyNow: cachedReplySender(timeout: replySendTimeout)) ? .taken : .declined
     }
 
-    /// The application made room after the presenter's thread stopped reading: asks that thread
-    /// to read again.
+    /// The application made room after the loop stopped reading: reads again, on the loop.
     private func resumeReading() {
-        guard case .client(let inbound) = role else { return }
-        inbound.presenter.withLock { $0 }?.requestDidChange()
+        guard case .client = role else { return }
+        loop.execute { [weak self] in self?.readJournal() }
     }
 
-    /// A client's replies are read on its journal presenter's thread: a task that prefers that
-    /// thread is resumed there, without a hand-over to another thread. A listener's side has
-    /// none (its messages are read on the inbox presenter's thread, and handlers that reply on
-    /// the receive path already run there).
-    public var preferredTaskExecutor: (any TaskExecutor)? {
-        guard case .client(let inbound) = role else { return nil }
-        return inbound.presenter.withLock { $0?.taskExecutor }
-    }
+    /// Both sides' frames are read on the event loop: a task that prefers it is resumed there,
+    /// without a hand-over to another thread.
+    public var preferredTaskExecutor: (any TaskExecutor)? { loop }
 
-    /// The client's presenter calls this when its journal changed: reads what was appended.
-    /// Skipped while another thread reads (the lifeline's drain, which reads everything).
+    /// The journal changed (the loop's thread, woken by the client's ``JournalWatch``), or the
+    /// lifeline's drain (a thread of its own, `waitingForRoom`): reads what was appended. On the
+    /// loop it never waits: a journal found locked is read again from a timer. Skipped while
+    /// another thread reads (the lifeline's drain, which reads everything).
     /// - Parameter waitingForRoom: see ``receive(_:waitingForRoom:)``.
     func readJournal(waitingForRoom: Bool = false) {
         guard case .client(let inbound) = role else { return }
@@ -348,12 +390,34 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         }
         do {
             let lend: JournalLender? = core.lendsMessages ? { [self] _, header, payload in self.lend(header, payload) } : nil
-            try inbound.reader.read(isActive: { core.latch.isValid }, ifFree: !waitingForRoom, lend: lend) {
+            let read = try inbound.reader.read(
+                isActive: { core.latch.isValid }, ifFree: !waitingForRoom, lockTimeout: waitingForRoom ? .seconds(1) : .zero, lend: lend
+            ) {
                 receive($0, waitingForRoom: waitingForRoom)
             }
+            if !waitingForRoom { retryIfLocked(inbound, read: read) }
         } catch {
             let error = error as? IPCError
             invalidate(InvalidationReason(error?.code == .transportFailure ? .transportFailure : .protocolError, error: error))
+        }
+    }
+
+    /// After a read on the loop: if it found the journal locked, reads again from a loop timer
+    /// (one armed at a time), sooner the first times.
+    private func retryIfLocked(_ inbound: Inbound, read: Bool) {
+        let delay: UInt64? = inbound.retry.withLock { retry in
+            guard !read else {
+                retry.backoff.reset()
+                return nil
+            }
+            guard !retry.armed, core.latch.isValid else { return nil }
+            retry.armed = true
+            return retry.backoff.next()
+        }
+        guard let delay else { return }
+        loop.schedule(at: monotonicNanoseconds() &+ delay) { [weak self] in
+            inbound.retry.withLock { $0.armed = false }
+            self?.readJournal()
         }
     }
 
@@ -378,7 +442,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             case .client(let inbound):
                 // Not waiting for a read in progress on the presenter's thread: this may run
                 // inside a read on another thread (the lifeline's drain), which that read waits for.
-                inbound.presenter.withLock { $0.take() }?.removeWithoutWaiting()
+                inbound.watch.withLock { $0.take() }?.cancel()
                 inbound.reader.release()
                 _ = unlink(inbound.path)
             case .server(let clientJournalPath, _, let onInvalidated):

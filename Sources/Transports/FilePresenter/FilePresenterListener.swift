@@ -6,8 +6,9 @@ import IPCPosix
 import Synchronization
 
 /// The listening side of a file presenter endpoint: an inbox journal that every client appends
-/// to, presented by one thread that reads it for all clients and answers requests in arrival
-/// order, and a rendezvous socket (`G/<endpoint>.rendezvous`) that clients connect over: it
+/// to, which the process's event loop reads for all clients (woken by an inotify watch; a read
+/// that finds the inbox locked tries again from a loop timer, never waiting), and a rendezvous
+/// socket (`G/<endpoint>.rendezvous`) that clients connect over: it
 /// gives the listener each client's kernel-verified credentials (so an accept filter works and
 /// a client cannot claim another's pid), and stays open for the connection's life.
 public final class FilePresenterListener: MessageListener, @unchecked Sendable {
@@ -20,7 +21,9 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     private let loop: EventLoop
     private let inboxPath: String
     private let reader = JournalReaderSlot()
-    private let presenter = Mutex<FilePresenter?>(nil)
+    private let watch = Mutex<JournalWatch?>(nil)
+    /// The next try of an inbox read that found it locked, and whether its timer is armed.
+    private let retry = Mutex<(backoff: JournalRetry, armed: Bool)>((JournalRetry(), false))
     private let connectionSink: AsyncStream<FilePresenterConnection>.Continuation
     private let identity = SenderID(pid: getpid(), serial: 0)
     private let rendezvousPath: String
@@ -57,11 +60,9 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         self.options = options
         (connections, connectionSink) = AsyncStream.makeStream(of: FilePresenterConnection.self)
         do {
-            let presenter = try FilePresenter(presentingJournal: inboxPath) { [weak self] in self?.readInbox() }
-            let inboxReader = JournalReader(inbox, maximumPayloadLength: options.maximumPayloadLength)
-            inboxReader.presenter = presenter
-            reader.install(inboxReader)
-            self.presenter.withLock { $0 = presenter }
+            reader.install(JournalReader(inbox, maximumPayloadLength: options.maximumPayloadLength))
+            let watch = try JournalWatch(path: inboxPath, loop: loop) { [weak self] in self?.readInbox() }
+            self.watch.withLock { $0 = watch }
         } catch {
             close()
             throw error
@@ -99,7 +100,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         }
         guard let clients else { return }
         acceptor.withLock { $0.take() }?.close()
-        presenter.withLock { $0.take() }?.remove()
+        watch.withLock { $0.take() }?.cancel()
         reader.release()
         // Remove the inbox and the socket before giving up the name, so a successor's are never removed.
         _ = unlink(rendezvousPath)
@@ -111,22 +112,44 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
 
     private var isOpen: Bool { state.withLock { !$0.closed } }
 
-    /// The presenter calls this when the inbox changed: reads what clients appended.
-    private func readInbox() {
+    /// The inbox changed (the loop's thread, woken by its ``JournalWatch``), or a connection's
+    /// lifeline drain (a thread of its own, `waiting`): reads what clients appended. On the loop
+    /// it never waits for the inbox's lock: a read that finds it taken tries again from a timer.
+    private func readInbox(waiting: Bool = false) {
         do {
             // A record whose sender is not a connection yet is not offered here; if its
             // connection exists by the time the record is routed, it offers it then.
-            try reader.read(isActive: { isOpen }, lend: { record, header, payload in
+            let read = try reader.read(isActive: { isOpen }, lockTimeout: waiting ? .seconds(1) : .zero, lend: { record, header, payload in
                 self.state.withLock({ $0.clients[record.sender] })?.lend(header, payload) ?? .notOffered
             }) { record in
                 route(record)
                 return true
             }
+            if !waiting { retryIfLocked(read: read) }
         } catch {
             // The inbox cannot be read on, for anyone.
             let reason = InvalidationReason(.protocolError, error: error as? IPCError)
             for client in activeConnections { client.invalidate(reason) }
             close()
+        }
+    }
+
+    /// After a read on the loop: if it found the inbox locked, reads again from a loop timer
+    /// (one armed at a time), sooner the first times.
+    private func retryIfLocked(read: Bool) {
+        let delay: UInt64? = retry.withLock { retry in
+            guard !read else {
+                retry.backoff.reset()
+                return nil
+            }
+            guard !retry.armed, isOpen else { return nil }
+            retry.armed = true
+            return retry.backoff.next()
+        }
+        guard let delay else { return }
+        loop.schedule(at: monotonicNanoseconds() &+ delay) { [weak self] in
+            self?.retry.withLock { $0.armed = false }
+            self?.readInbox()
         }
     }
 
@@ -158,14 +181,13 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
             peer: peer,
             outbound: JournalAppender(journal),
             sender: identity,
-            role: .server(clientJournalPath: journalPath, drain: { [weak self] in self?.readInbox() }) { [weak self] connection in
+            role: .server(clientJournalPath: journalPath, drain: { [weak self] in self?.readInbox(waiting: true) }) { [weak self] connection in
                 _ = self?.state.withLock { state in
                     if state.clients[client] === connection { state.clients[client] = nil }
                 }
             },
             options: options,
-            loop: loop,
-            readerExecutor: presenter.withLock { $0?.taskExecutor }
+            loop: loop
         )
         let admitted = state.withLock { state in
             guard !state.closed, state.clients[client] == nil else { return false }

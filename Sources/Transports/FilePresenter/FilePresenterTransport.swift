@@ -105,11 +105,9 @@ public struct FilePresenterTransport: MessageTransport {
         let inbound = FilePresenterConnection.Inbound(path: journalPath)
         let connection = FilePresenterConnection(peer: peer, outbound: JournalAppender(inbox), sender: identity, role: .client(inbound), options: options, loop: loop)
         do {
-            let presenter = try FilePresenter(presentingJournal: journalPath) { [weak connection] in connection?.readJournal() }
-            let reader = JournalReader(journal, maximumPayloadLength: options.maximumPayloadLength)
-            reader.presenter = presenter
-            inbound.reader.install(reader)
-            inbound.presenter.withLock { $0 = presenter }
+            inbound.reader.install(JournalReader(journal, maximumPayloadLength: options.maximumPayloadLength))
+            let watch = try JournalWatch(path: journalPath, loop: loop) { [weak connection] in connection?.readJournal() }
+            inbound.watch.withLock { $0 = watch }
             let hello = RendezvousHello.bytes(identity)
             let sent = hello.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_NOSIGNAL)) }
             // A listener that refuses at once (accept filter, busy) may have answered and closed

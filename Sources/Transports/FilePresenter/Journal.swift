@@ -281,8 +281,6 @@ struct JournalAppender: Sendable {
 final class JournalReader: @unchecked Sendable {
     // @unchecked: used by one thread at a time, under its JournalReaderSlot's lock.
     let journal: JournalFile
-    /// The journal's presenter, which is not told about compaction (this reader's own writes).
-    var presenter: FilePresenter?
     private let maximumPayloadLength: Int
     private let capacity: Int
     private var consumed = JournalHeader.length
@@ -299,7 +297,7 @@ final class JournalReader: @unchecked Sendable {
 
     private var file: CoordinatedFile { journal.file }
 
-    private var coordinator: FileCoordinator { .journal(filePresenter: presenter) }
+    private var coordinator: FileCoordinator { .journal() }
 
     /// Reads every record committed since the last call and hands each to `handle`, in order,
     /// until `handle` returns `false`: the records after that one are kept, unread, and handed
@@ -307,20 +305,24 @@ final class JournalReader: @unchecked Sendable {
     ///
     /// The records are read under a coordinated read, so no write is half done in them; a
     /// partial record left by a writer that died is past the committed end and never read.
-    /// - Parameter keepWaiting: asked every second while a writer holds the journal; return
-    ///   `false` to give up (the records stay for the next call).
+    /// - Parameter lockTimeout: how long one wait for a writer to release the journal lasts
+    ///   (`.zero`: one try, for a reader on the event loop, which must not wait).
+    /// - Parameter keepWaiting: asked after each such wait while a writer holds the journal;
+    ///   return `false` to give up (the records stay for the next call).
+    /// - Returns: `false` if it gave up waiting for the lock; `true` once it read.
     /// - Throws: ``IPCError/Code/malformedFrame``, ``IPCError/Code/truncatedFrame`` or
     ///   ``IPCError/Code/frameTooLarge`` if the journal cannot be read on;
     ///   ``IPCError/Code/transportFailure``.
     /// - Parameter lend: offered each one-way message in place first (see ``JournalRecord/decode(_:maximumPayloadLength:lend:)``).
-    func readCommitted(keepWaiting: () -> Bool, lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool) throws {
+    @discardableResult
+    func readCommitted(lockTimeout: Duration = .seconds(1), keepWaiting: () -> Bool, lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool) throws -> Bool {
         if !pending.isEmpty {
-            guard try handleRecords(in: pending, lend: lend, handle) else { return }
+            guard try handleRecords(in: pending, lend: lend, handle) else { return true }
         }
         var available = 0
         while true {
             do {
-                available = try coordinator.coordinate(readingItem: file, timeout: .seconds(1)) { access in
+                available = try coordinator.coordinate(readingItem: file, timeout: lockTimeout) { access in
                     let end = try journal.committedEnd()
                     guard end >= consumed else {
                         throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back from \(consumed) to \(end)")
@@ -339,17 +341,18 @@ final class JournalReader: @unchecked Sendable {
                 }
                 break
             } catch let error as IPCError where error.code == .coordinationTimeout {
-                if !keepWaiting() { return }
+                if !keepWaiting() { return false }
             }
         }
-        guard available > 0 else { return }
+        guard available > 0 else { return true }
         consumed += available
         let finished = try handleRecords(in: 0..<available, lend: lend, handle)
         if finished, buffer.count > 4 * JournalHeader.compactionThreshold(capacity: capacity) {
             buffer = []
         }
         // Kept records are in memory already: the file's may be compacted.
-        try compactIfDue()
+        try compactIfDue(lockTimeout: min(lockTimeout, .milliseconds(20)))
+        return true
     }
 
     /// Hands the records in `range` of `buffer` to `handle`; if it asks to stop, keeps the rest
@@ -375,12 +378,12 @@ final class JournalReader: @unchecked Sendable {
     /// Once the consumed records reach the threshold, moves the unread ones (if they are no more
     /// than the consumed ones, so the copying stays proportional to what was read) to the start,
     /// and shortens the file. Skipped, to be tried after the next read, if writers keep the lock.
-    private func compactIfDue() throws {
+    private func compactIfDue(lockTimeout: Duration) throws {
         let threshold = JournalHeader.compactionThreshold(capacity: capacity)
         let consumedBytes = consumed - JournalHeader.length
         guard consumedBytes >= threshold else { return }
         do {
-            try coordinator.coordinate(writingItem: file, timeout: .milliseconds(20)) { access in
+            try coordinator.coordinate(writingItem: file, timeout: lockTimeout) { access in
                 let unread = try journal.committedEnd() - consumed
                 guard unread >= 0 else {
                     throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back before \(consumed)")
@@ -415,18 +418,23 @@ final class JournalReaderSlot: Sendable {
     /// - Parameter ifFree: skip the read if another thread is reading (it reads what this would).
     /// - Throws: what ``JournalReader/readCommitted(keepWaiting:lend:_:)`` throws.
     /// - Parameter lend: see ``JournalReader/readCommitted(keepWaiting:lend:_:)``.
-    func read(isActive: () -> Bool, ifFree: Bool = false, lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool) throws {
+    /// - Parameter lockTimeout: see ``JournalReader/readCommitted(lockTimeout:keepWaiting:lend:_:)``.
+    /// - Returns: `false` if the read gave up waiting for the journal's lock (try again later).
+    @discardableResult
+    func read(
+        isActive: () -> Bool, ifFree: Bool = false, lockTimeout: Duration = .seconds(1), lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool
+    ) throws -> Bool {
         defer {
             if !isActive() { reader.withLock { $0 = nil } }
         }
         if ifFree {
-            _ = try reader.withLockIfAvailable { reader in
-                try reader?.readCommitted(keepWaiting: isActive, lend: lend, handle)
-            }
-        } else {
-            try reader.withLock { reader in
-                try reader?.readCommitted(keepWaiting: isActive, lend: lend, handle)
-            }
+            // Another thread reading now reads what this would have.
+            return try reader.withLockIfAvailable { reader in
+                try reader?.readCommitted(lockTimeout: lockTimeout, keepWaiting: { lockTimeout > .zero && isActive() }, lend: lend, handle) ?? true
+            } ?? true
+        }
+        return try reader.withLock { reader in
+            try reader?.readCommitted(lockTimeout: lockTimeout, keepWaiting: { lockTimeout > .zero && isActive() }, lend: lend, handle) ?? true
         }
     }
 

@@ -1,0 +1,132 @@
+import Glibc
+import IPCCore
+import IPCEngine
+import IPCPosix
+import Synchronization
+import SystemPackage
+
+/// Wakes a client's journal reader on the process's event loop: a watch for `IN_MODIFY` (a
+/// writer's ring, or its write of a large record) on the process's one inotify instance
+/// (``JournalInotify``), which the loop reads. No thread of its own, and no inotify instance per
+/// connection (a user has 128 by default, `fs.inotify.max_user_instances`; watches are many more,
+/// `fs.inotify.max_user_watches`): the reads it starts run on the loop's thread, and a read that
+/// finds the journal locked tries again from a loop timer (``JournalRetry``).
+final class JournalWatch: Sendable {
+    private let inotify: JournalInotify
+    private let descriptor: CInt
+
+    /// - Parameter didChange: runs on the loop's thread after the journal changed.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the journal cannot be watched (naming
+    ///   `fs.inotify.max_user_watches` or `max_user_instances` when one of them ran out).
+    init(path: String, loop: EventLoop, didChange: @escaping @Sendable () -> Void) throws {
+        inotify = try JournalInotify.shared(loop)
+        descriptor = try inotify.watch(path, didChange)
+    }
+
+    /// Stops watching, once; `didChange` does not start afterwards, unless the loop is about to
+    /// call it right now (once more, harmlessly: a read of an ended connection reads nothing).
+    func cancel() {
+        inotify.unwatch(descriptor)
+    }
+
+    deinit {
+        cancel()
+    }
+}
+
+/// The process's inotify instance for journals, read by the event loop, with the handler of
+/// each watch.
+final class JournalInotify: Sendable {
+    private let inotify: CInt
+    private let handlers = Mutex<[CInt: @Sendable () -> Void]>([:])
+    private static let instance = Mutex<JournalInotify?>(nil)
+
+    /// The instance, made (and registered with `loop`) the first time.
+    static func shared(_ loop: EventLoop) throws -> JournalInotify {
+        try instance.withLock { instance in
+            if let instance { return instance }
+            let made = try JournalInotify(loop: loop)
+            instance = made
+            return made
+        }
+    }
+
+    private init(loop: EventLoop) throws {
+        let inotify = inotify_init1(CInt(IN_NONBLOCK | IN_CLOEXEC))
+        guard inotify >= 0 else {
+            let error = Errno(rawValue: errno)
+            if error == .tooManyOpenFiles {
+                throw IPCError(code: .transportFailure, message: "cannot watch journals: this user's inotify instances (fs.inotify.max_user_instances) are used up", cause: error)
+            }
+            throw IPCError.syscall("inotify_init1", error, context: "journals")
+        }
+        self.inotify = inotify
+        do {
+            // For the life of the process, as the loop's.
+            _ = try loop.watchReadable(FileDescriptor(rawValue: inotify), label: "the file-presenter clients' journal reads") { [self] in
+                readEvents()
+            }
+        } catch {
+            closeDescriptor(inotify)
+            throw error
+        }
+    }
+
+    /// Watches `path`; `handler` runs on the loop's thread after it changed.
+    func watch(_ path: String, _ handler: @escaping @Sendable () -> Void) throws -> CInt {
+        let descriptor = inotify_add_watch(inotify, path, UInt32(IN_MODIFY))
+        guard descriptor >= 0 else {
+            let error = Errno(rawValue: errno)
+            if error == .noSpace {
+                throw IPCError(code: .transportFailure, message: "cannot watch \(path): this user's inotify watches (fs.inotify.max_user_watches) are used up", cause: error)
+            }
+            throw IPCError.syscall("inotify_add_watch", error, context: path)
+        }
+        handlers.withLock { $0[descriptor] = handler }
+        return descriptor
+    }
+
+    func unwatch(_ descriptor: CInt) {
+        guard handlers.withLock({ $0.removeValue(forKey: descriptor) }) != nil else { return }
+        _ = inotify_rm_watch(inotify, descriptor)
+    }
+
+    /// Reads every queued event and runs each changed journal's handler once (loop thread).
+    private func readEvents() {
+        var changed = Set<CInt>()
+        withUnsafeTemporaryAllocation(byteCount: 16 * 1024, alignment: 8) { buffer in
+            while true {
+                let count = read(inotify, buffer.baseAddress, buffer.count)
+                guard count > 0 else { return }
+                var offset = 0
+                while offset + MemoryLayout<inotify_event>.size <= count {
+                    let event = buffer.baseAddress!.advanced(by: offset).loadUnaligned(as: inotify_event.self)
+                    changed.insert(event.wd)
+                    offset += MemoryLayout<inotify_event>.size + Int(event.len)
+                }
+            }
+        }
+        for descriptor in changed {
+            // Looked up now: a watch removed meanwhile is not called.
+            handlers.withLock { $0[descriptor] }?()
+        }
+    }
+}
+
+/// When a read on the loop found the journal locked (a writer appending, or compaction), the
+/// next try: 10 µs, doubling to 1 ms, from a loop timer, so that the loop never waits for a
+/// lock. A writer stopped while it holds the lock costs the loop one try a millisecond.
+struct JournalRetry {
+    private var delay: UInt64 = 0
+
+    /// The delay before the next try, after one more that found the lock taken.
+    mutating func next() -> UInt64 {
+        delay = delay == 0 ? 10_000 : min(delay * 2, 1_000_000)
+        return delay
+    }
+
+    /// A read got through.
+    mutating func reset() {
+        delay = 0
+    }
+}
