@@ -91,24 +91,29 @@ final class JournalInotify: Sendable {
         _ = inotify_rm_watch(inotify, descriptor)
     }
 
-    /// Reads every queued event and runs each changed journal's handler once (loop thread).
+    /// Reads the queued events and runs the handler of each journal they name (loop thread):
+    /// one `read` when the events fit the buffer (the loop is level-triggered, so any left, or
+    /// any that come meanwhile, are reported again), and one call per run of events for the same
+    /// journal, which is what a message makes.
     private func readEvents() {
-        var changed = Set<CInt>()
         withUnsafeTemporaryAllocation(byteCount: 16 * 1024, alignment: 8) { buffer in
+            var last: CInt = -1
             while true {
                 let count = read(inotify, buffer.baseAddress, buffer.count)
                 guard count > 0 else { return }
                 var offset = 0
                 while offset + MemoryLayout<inotify_event>.size <= count {
                     let event = buffer.baseAddress!.advanced(by: offset).loadUnaligned(as: inotify_event.self)
-                    changed.insert(event.wd)
                     offset += MemoryLayout<inotify_event>.size + Int(event.len)
+                    guard event.wd != last else { continue }
+                    last = event.wd
+                    // Looked up now: a watch removed meanwhile is not called.
+                    handlers.withLock { $0[event.wd] }?()
                 }
+                // Room was left for another event (at most 16 + NAME_MAX + 1 bytes): nothing
+                // more was queued when the kernel filled it.
+                guard buffer.count - count < MemoryLayout<inotify_event>.size + 256 else { return }
             }
-        }
-        for descriptor in changed {
-            // Looked up now: a watch removed meanwhile is not called.
-            handlers.withLock { $0[descriptor] }?()
         }
     }
 }
