@@ -240,6 +240,19 @@ public struct FileCoordinator: FileCoordinating {
         FileCoordinator(journalPresenter: filePresenter)
     }
 
+    /// For a journal coordinator (``journal(filePresenter:)``): runs `accessor` holding the lock
+    /// on `file` (shared, or `exclusive`) if nobody holds it now, else returns `nil` at once,
+    /// with nothing allocated: for a reader on the event loop, which tries again later instead
+    /// of waiting.
+    /// - Throws: ``IPCError/Code/transportFailure``; what `accessor` throws.
+    func tryCoordinate<T>(_ file: CoordinatedFile, exclusive: Bool, byAccessor accessor: (FileAccess) throws -> T) throws -> T? {
+        guard try file.tryLock(exclusive: exclusive) else { return nil }
+        defer { file.unlock() }
+        if exclusive { filePresenter?.beginOwnWrite() }
+        defer { if exclusive { filePresenter?.endOwnWrite() } }
+        return try accessor(FileAccess(file: file, isWriting: exclusive))
+    }
+
     /// Runs `accessor` holding a shared lock on `file`.
     /// - Throws: ``IPCError/Code/coordinationTimeout`` if a writer held the file, or a presenter
     ///   did not answer, for all of `timeout`; ``IPCError/Code/presenterFailed`` if a presenter

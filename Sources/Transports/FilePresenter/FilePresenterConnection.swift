@@ -74,6 +74,13 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
         self.outbound = Mutex(outbound)
         self.sender = sender
         self.role = role
+        callbacks.lend = { [weak self] _, header, payload in self?.lend(header, payload) ?? .notOffered }
+        if case .client(let inbound) = role {
+            callbacks.retry = { [weak self] in
+                inbound.retry.withLock { $0.armed = false }
+                self?.readJournal()
+            }
+        }
     }
 
     /// Watches the peer's process; its death invalidates the connection.
@@ -389,7 +396,7 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             return
         }
         do {
-            let lend: JournalLender? = core.lendsMessages ? { [self] _, header, payload in self.lend(header, payload) } : nil
+            let lend: JournalLender? = core.lendsMessages ? callbacks.lend : nil
             let read = try inbound.reader.read(
                 isActive: { core.latch.isValid }, ifFree: !waitingForRoom, lockTimeout: waitingForRoom ? .seconds(1) : .zero, lend: lend
             ) {
@@ -401,6 +408,9 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             invalidate(InvalidationReason(error?.code == .transportFailure ? .transportFailure : .protocolError, error: error))
         }
     }
+
+    /// The lender and the retry timer's action, made once (``JournalReadCallbacks``).
+    private let callbacks = JournalReadCallbacks()
 
     /// After a read on the loop: if it found the journal locked, reads again from a loop timer
     /// (one armed at a time), sooner the first times.
@@ -415,10 +425,8 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             return retry.backoff.next()
         }
         guard let delay else { return }
-        loop.schedule(at: monotonicNanoseconds() &+ delay) { [weak self] in
-            inbound.retry.withLock { $0.armed = false }
-            self?.readJournal()
-        }
+        guard let retry = callbacks.retry else { return }
+        loop.schedule(at: monotonicNanoseconds() &+ delay, retry)
     }
 
     /// Releases everything, once, and reports the invalidation last.

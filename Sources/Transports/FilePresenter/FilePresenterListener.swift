@@ -60,6 +60,13 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         self.options = options
         (connections, connectionSink) = AsyncStream.makeStream(of: FilePresenterConnection.self)
         do {
+            callbacks.lend = { [weak self] record, header, payload in
+                self?.state.withLock({ $0.clients[record.sender] })?.lend(header, payload) ?? .notOffered
+            }
+            callbacks.retry = { [weak self] in
+                self?.retry.withLock { $0.armed = false }
+                self?.readInbox()
+            }
             reader.install(JournalReader(inbox, maximumPayloadLength: options.maximumPayloadLength))
             let watch = try JournalWatch(path: inboxPath, loop: loop) { [weak self] in self?.readInbox() }
             self.watch.withLock { $0 = watch }
@@ -119,9 +126,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         do {
             // A record whose sender is not a connection yet is not offered here; if its
             // connection exists by the time the record is routed, it offers it then.
-            let read = try reader.read(isActive: { isOpen }, lockTimeout: waiting ? .seconds(1) : .zero, lend: { record, header, payload in
-                self.state.withLock({ $0.clients[record.sender] })?.lend(header, payload) ?? .notOffered
-            }) { record in
+            let read = try reader.read(isActive: { isOpen }, lockTimeout: waiting ? .seconds(1) : .zero, lend: callbacks.lend) { record in
                 route(record)
                 return true
             }
@@ -133,6 +138,9 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
             close()
         }
     }
+
+    /// The lender and the retry timer's action, made once (``JournalReadCallbacks``).
+    private let callbacks = JournalReadCallbacks()
 
     /// After a read on the loop: if it found the inbox locked, reads again from a loop timer
     /// (one armed at a time), sooner the first times.
@@ -147,10 +155,8 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
             return retry.backoff.next()
         }
         guard let delay else { return }
-        loop.schedule(at: monotonicNanoseconds() &+ delay) { [weak self] in
-            self?.retry.withLock { $0.armed = false }
-            self?.readInbox()
-        }
+        guard let retry = callbacks.retry else { return }
+        loop.schedule(at: monotonicNanoseconds() &+ delay, retry)
     }
 
     private func route(_ record: JournalRecord) {

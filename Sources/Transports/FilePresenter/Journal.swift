@@ -322,7 +322,7 @@ final class JournalReader: @unchecked Sendable {
         var available = 0
         while true {
             do {
-                available = try coordinator.coordinate(readingItem: file, timeout: lockTimeout) { access in
+                func read(_ access: FileAccess) throws -> Int {
                     let end = try journal.committedEnd()
                     guard end >= consumed else {
                         throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back from \(consumed) to \(end)")
@@ -338,6 +338,13 @@ final class JournalReader: @unchecked Sendable {
                         throw IPCError(code: .truncatedFrame, message: "\(file.path) ends before its committed end")
                     }
                     return count
+                }
+                if lockTimeout == .zero {
+                    // One try, no error made when a writer holds it: the loop tries again later.
+                    guard let count = try coordinator.tryCoordinate(file, exclusive: false, byAccessor: read) else { return false }
+                    available = count
+                } else {
+                    available = try coordinator.coordinate(readingItem: file, timeout: lockTimeout, byAccessor: read)
                 }
                 break
             } catch let error as IPCError where error.code == .coordinationTimeout {
@@ -383,7 +390,7 @@ final class JournalReader: @unchecked Sendable {
         let consumedBytes = consumed - JournalHeader.length
         guard consumedBytes >= threshold else { return }
         do {
-            try coordinator.coordinate(writingItem: file, timeout: lockTimeout) { access in
+            func compact(_ access: FileAccess) throws {
                 let unread = try journal.committedEnd() - consumed
                 guard unread >= 0 else {
                     throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back before \(consumed)")
@@ -396,6 +403,12 @@ final class JournalReader: @unchecked Sendable {
                 let keep = JournalHeader.length + max(unread, threshold)
                 if try access.size() > keep { try access.truncate(to: keep) }
                 consumed = JournalHeader.length
+            }
+            if lockTimeout == .zero {
+                // Skipped, to be tried after the next read, if a writer holds the lock now.
+                _ = try coordinator.tryCoordinate(file, exclusive: true, byAccessor: compact)
+            } else {
+                try coordinator.coordinate(writingItem: file, timeout: lockTimeout, byAccessor: compact)
             }
         } catch let error as IPCError where error.code == .coordinationTimeout {
             return

@@ -36,9 +36,20 @@ final class JournalWatch: Sendable {
 
 /// The process's inotify instance for journals, read by the event loop, with the handler of
 /// each watch.
-final class JournalInotify: Sendable {
+final class JournalInotify: @unchecked Sendable {
+    // @unchecked: `buffer` is used on the loop's thread only; the rest is immutable or a Mutex.
     private let inotify: CInt
-    private let handlers = Mutex<[CInt: @Sendable () -> Void]>([:])
+    /// Where events are read to, once for the process's life: a buffer made per wake would be
+    /// an allocation per message.
+    private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8)
+    /// Each watch's handler, in a box: a closure kept in a dictionary comes back wrapped in a
+    /// reabstraction thunk, an allocation per wake.
+    private let handlers = Mutex<[CInt: Handler]>([:])
+
+    private final class Handler: Sendable {
+        let call: @Sendable () -> Void
+        init(_ call: @escaping @Sendable () -> Void) { self.call = call }
+    }
     private static let instance = Mutex<JournalInotify?>(nil)
 
     /// The instance, made (and registered with `loop`) the first time.
@@ -82,7 +93,7 @@ final class JournalInotify: Sendable {
             }
             throw IPCError.syscall("inotify_add_watch", error, context: path)
         }
-        handlers.withLock { $0[descriptor] = handler }
+        handlers.withLock { $0[descriptor] = Handler(handler) }
         return descriptor
     }
 
@@ -96,24 +107,22 @@ final class JournalInotify: Sendable {
     /// any that come meanwhile, are reported again), and one call per run of events for the same
     /// journal, which is what a message makes.
     private func readEvents() {
-        withUnsafeTemporaryAllocation(byteCount: 16 * 1024, alignment: 8) { buffer in
-            var last: CInt = -1
-            while true {
-                let count = read(inotify, buffer.baseAddress, buffer.count)
-                guard count > 0 else { return }
-                var offset = 0
-                while offset + MemoryLayout<inotify_event>.size <= count {
-                    let event = buffer.baseAddress!.advanced(by: offset).loadUnaligned(as: inotify_event.self)
-                    offset += MemoryLayout<inotify_event>.size + Int(event.len)
-                    guard event.wd != last else { continue }
-                    last = event.wd
-                    // Looked up now: a watch removed meanwhile is not called.
-                    handlers.withLock { $0[event.wd] }?()
-                }
-                // Room was left for another event (at most 16 + NAME_MAX + 1 bytes): nothing
-                // more was queued when the kernel filled it.
-                guard buffer.count - count < MemoryLayout<inotify_event>.size + 256 else { return }
+        var last: CInt = -1
+        while true {
+            let count = read(inotify, buffer.baseAddress, buffer.count)
+            guard count > 0 else { return }
+            var offset = 0
+            while offset + MemoryLayout<inotify_event>.size <= count {
+                let event = buffer.baseAddress!.advanced(by: offset).loadUnaligned(as: inotify_event.self)
+                offset += MemoryLayout<inotify_event>.size + Int(event.len)
+                guard event.wd != last else { continue }
+                last = event.wd
+                // Looked up now: a watch removed meanwhile is not called.
+                handlers.withLock { $0[event.wd] }?.call()
             }
+            // Room was left for another event (at most 16 + NAME_MAX + 1 bytes): nothing more
+            // was queued when the kernel filled it.
+            guard buffer.count - count < MemoryLayout<inotify_event>.size + 256 else { return }
         }
     }
 }
@@ -134,4 +143,16 @@ struct JournalRetry {
     mutating func reset() {
         delay = 0
     }
+}
+
+/// What a journal's reader on the loop calls back, made once and kept at its own type: a closure
+/// made per read, or handed back by a generic container such as a `Mutex`, which wraps it in a
+/// reabstraction thunk each time, would be an allocation per read. Set once, before the owner is
+/// shared; read-only afterwards.
+final class JournalReadCallbacks: @unchecked Sendable {
+    // @unchecked: written once by the owner's initializer, before anything else can see it.
+    /// Offers a record's message to a borrowing handler, in place.
+    var lend: JournalLender?
+    /// Reads again after a read that found the journal locked (the retry timer's action).
+    var retry: (@Sendable () -> Void)?
 }
