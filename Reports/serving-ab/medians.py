@@ -1,5 +1,5 @@
 import json,statistics as st,sys
-d0=sys.argv[1]; rounds=int(sys.argv[2]) if len(sys.argv)>2 else 3
+d0=sys.argv[1]; rounds=int(sys.argv[2]) if len(sys.argv)>2 else 8
 samework={'unix-socket':'floor:unix-stream+epoll','message-port':'floor:mqueue+epoll','notify':'floor:eventfd+epoll','file-presenter':'floor:journal'}
 res={}
 for kind in ['base','new','tol']:
