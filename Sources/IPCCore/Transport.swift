@@ -101,8 +101,7 @@ public enum RequestHandlerExecutor: Sendable {
     /// thread, whatever it does. The reply is written from the handler's thread; reading the
     /// request and running the handler are one thread hand-over apart.
     case global
-    /// The executor of the event loop that read the request (a file-presenter listener's: its
-    /// inbox presenter's thread): no thread hand-over to start the handler,
+    /// The executor of the event loop that read the request: no thread hand-over to start the handler,
     /// and a reply computed at once goes out before the loop reads on. The handler's code
     /// runs **on the loop** until it first suspends, and again each time it resumes there:
     /// code that blocks instead of suspending stalls every connection. A transport without a

@@ -316,11 +316,11 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
 
     /// Acts on one record from the peer. Called by the thread that reads for this connection.
     /// Returns whether that thread should read on: `false` once ``messages``' buffer is full on
-    /// a client's presenter thread, which then stops reading until the application takes a
-    /// message (the rest of the records stay in the reader). It never waits for the
-    /// application: tasks that take messages may prefer that very thread
-    /// (``preferredTaskExecutor``), and it runs them between reads.
-    /// - Parameter waitingForRoom: wait for room instead (a thread that is not the presenter's).
+    /// a client's reading on the loop, which then stops until the application takes a message
+    /// (the rest of the records stay in the reader). It never waits for the application: tasks
+    /// that take messages may prefer the loop (``preferredTaskExecutor``), which runs them
+    /// between reads.
+    /// - Parameter waitingForRoom: wait for room instead (the lifeline's drain, on a thread of its own).
     @discardableResult
     func receive(_ record: JournalRecord, waitingForRoom: Bool = false) -> Bool {
         guard core.latch.isValid else { return true }
@@ -448,8 +448,8 @@ public final class FilePresenterConnection: FrameConnection, @unchecked Sendable
             }
             switch role {
             case .client(let inbound):
-                // Not waiting for a read in progress on the presenter's thread: this may run
-                // inside a read on another thread (the lifeline's drain), which that read waits for.
+                // Stops the journal's watch; a read in progress (on the loop, or the lifeline's
+                // drain) releases the reader when it is over.
                 inbound.watch.withLock { $0.take() }?.cancel()
                 inbound.reader.release()
                 _ = unlink(inbound.path)
