@@ -4,7 +4,7 @@ import IPCBenchKit
 struct CompareCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "compare",
-        abstract: "Compare two result files; exit 1 if a measurement regressed.",
+        abstract: "Compare two result files (or run directories); exit 1 if a measurement regressed.",
         discussion: """
         Latency and throughput are compared (throughput as time per message, so that up is worse \
         for both). Each measurement's samples are recorded as 10 repetition blocks; a change is a \
@@ -19,10 +19,10 @@ struct CompareCommand: ParsableCommand {
         """
     )
 
-    @Argument(help: "The baseline results.json.")
+    @Argument(help: "The baseline: a results.json, or the run directory that holds one.")
     var baseline: String
 
-    @Argument(help: "The current results.json.")
+    @Argument(help: "The current run: a results.json, or the run directory that holds one.")
     var current: String
 
     @Option(help: "Significance level of the U test.")

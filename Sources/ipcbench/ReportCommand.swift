@@ -8,7 +8,7 @@ struct ReportCommand: ParsableCommand {
         abstract: "Render result files as Markdown and one self-contained HTML page with charts."
     )
 
-    @Argument(help: "results.json files written by ipcbench.")
+    @Argument(help: "results.json files written by ipcbench, or the run directories that hold them.")
     var files: [String]
 
     @Option(help: "Directory for report.md and report.html. Default: the first file's directory.")

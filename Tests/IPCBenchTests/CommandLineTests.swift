@@ -1,5 +1,6 @@
 import Foundation
 @testable import IPCBenchKit
+import IPCConformance
 import IPCFraming
 import IPCPosix
 import IPCTestSupport
@@ -162,6 +163,37 @@ struct CommandLineTests {
         let better = try await PeerProcess.runToCompletion(["compare", group.directory.path + "/b/results.json", group.directory.path + "/a/results.json"])
         #expect(better.status == 0)
         #expect(better.output.contains("improvement"))
+    }
+
+    @Test("compare takes run directories as well as result files, and says in words what is wrong with a path")
+    func compareDirectoriesAndErrors() async throws {
+        let group = try TestGroup()
+        let base = group.directory.path
+        try ResultStore.write(ReportFixtures.results(scale: 1), to: base + "/a")
+        try ResultStore.write(ReportFixtures.results(scale: 1), to: base + "/b")
+        let directories = try await PeerProcess.runToCompletion(["compare", base + "/a", base + "/b/"])
+        #expect(directories.status == 0, "\(directories.output)")
+        #expect(directories.output.contains("no regression"))
+        try FileManager.default.createDirectory(atPath: base + "/empty", withIntermediateDirectories: true)
+        try Data("{\"schema\": 3}".utf8).write(to: URL(fileURLWithPath: base + "/other.json"))
+        try Data("not json".utf8).write(to: URL(fileURLWithPath: base + "/text.json"))
+        for (path, words) in [
+            (base + "/missing", "does not exist"),
+            (base + "/empty", "is a directory without a results.json"),
+            (base + "/other.json", "is not an ipcbench result file"),
+            (base + "/text.json", "it is not JSON"),
+        ] {
+            // Its standard error, where the error is printed, joins its standard output.
+            let process = Process()
+            process.executableURL = try PeerProcess.executableURL()
+            process.arguments = ["compare", path, base + "/a"]
+            let output = try ChildProcess.run(process, output: true, errorToOutput: true).output!
+            let text = String(decoding: output.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            let refused = (status: process.terminationStatus, output: text)
+            #expect(refused.status != 0 && refused.output.contains(words), "\(path): \(refused.output)")
+            #expect(!refused.output.contains("NSCocoaErrorDomain"), "\(path): \(refused.output)")
+        }
     }
 
     @Test("compare across machines says so first and judges ratios to the floor: twice as slow everywhere is no regression; a transport slower than its floor is")
