@@ -126,7 +126,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         do {
             // A record whose sender is not a connection yet is not offered here; if its
             // connection exists by the time the record is routed, it offers it then.
-            let read = try reader.read(isActive: { isOpen }, lockTimeout: waiting ? .seconds(1) : .zero, lend: callbacks.lend) { record in
+            let read = try reader.read(isActive: { isOpen }, ifFree: !waiting, lockTimeout: waiting ? .seconds(1) : .zero, lend: callbacks.lend) { record in
                 route(record)
                 return true
             }

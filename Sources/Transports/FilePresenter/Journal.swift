@@ -427,24 +427,27 @@ final class JournalReaderSlot: Sendable {
     }
 
     /// Reads what was committed since the last read, unless the reader was released; then
-    /// releases it if `isActive` says its user has ended. `handle` returns whether to read on.
-    /// - Parameter ifFree: skip the read if another thread is reading (it reads what this would).
-    /// - Throws: what ``JournalReader/readCommitted(keepWaiting:lend:_:)`` throws.
-    /// - Parameter lend: see ``JournalReader/readCommitted(keepWaiting:lend:_:)``.
+    /// releases it if `isActive` says its user has ended (unless another thread reads now: the
+    /// last reader releases it). `handle` returns whether to read on.
+    /// - Parameter ifFree: never wait for the reader: skip the read if another thread is reading
+    ///   (the event loop's way: that thread may wait for a lock, or for room).
+    /// - Throws: what ``JournalReader/readCommitted(lockTimeout:keepWaiting:lend:_:)`` throws.
+    /// - Parameter lend: see ``JournalReader/readCommitted(lockTimeout:keepWaiting:lend:_:)``.
     /// - Parameter lockTimeout: see ``JournalReader/readCommitted(lockTimeout:keepWaiting:lend:_:)``.
-    /// - Returns: `false` if the read gave up waiting for the journal's lock (try again later).
+    /// - Returns: `false` if the read gave up waiting for the journal's lock, or was skipped
+    ///   (`ifFree`): try again later, since records committed after the other thread's read
+    ///   would otherwise wait for the next change.
     @discardableResult
     func read(
         isActive: () -> Bool, ifFree: Bool = false, lockTimeout: Duration = .seconds(1), lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool
     ) throws -> Bool {
         defer {
-            if !isActive() { reader.withLock { $0 = nil } }
+            if !isActive() { _ = reader.withLockIfAvailable { $0 = nil } }
         }
         if ifFree {
-            // Another thread reading now reads what this would have.
             return try reader.withLockIfAvailable { reader in
                 try reader?.readCommitted(lockTimeout: lockTimeout, keepWaiting: { lockTimeout > .zero && isActive() }, lend: lend, handle) ?? true
-            } ?? true
+            } ?? false
         }
         return try reader.withLock { reader in
             try reader?.readCommitted(lockTimeout: lockTimeout, keepWaiting: { lockTimeout > .zero && isActive() }, lend: lend, handle) ?? true
