@@ -415,7 +415,13 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             }
             if events.isEmpty, !timerFired {
                 sleeping.store(true, ordering: .sequentiallyConsistent)
-                timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: hasJobs() ? 0 : -1)
+                // Looked at after `sleeping` is set: a job queued, or an earliest timer
+                // scheduled, by a thread that saw the loop awake (and so did not wake it) since
+                // the top of this round is seen here, and the loop goes round instead of
+                // sleeping past it. (A timer scheduled from another thread while the loop was
+                // about to sleep once waited for an unrelated event: a sender's retry stalled.)
+                let somethingCame = hasJobs() || timersChanged.load(ordering: .sequentiallyConsistent)
+                timerFired = poller.wait(into: &events, capacity: 64, timeoutMilliseconds: somethingCame ? 0 : -1)
                 sleeping.store(false, ordering: .relaxed)
             }
             // Each callback is timed with one clock read: the reading after it is the start of
