@@ -24,10 +24,29 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// How ``descriptor`` reports progress. `.level` (a socket's) unless the channel says otherwise.
     var readiness: ChannelReadiness { get }
 
-    /// Where inbound bytes come from: read from ``descriptor`` (`.descriptor`, the default), or
-    /// handed over by whoever reads a descriptor that several connections share
-    /// (`.delivered`; see ``EngineConnection/readDelivered()``).
+    /// Where inbound bytes come from: read from ``descriptor`` (`.descriptor`, the default),
+    /// handed over by whoever reads a descriptor that several connections share (`.delivered`),
+    /// or read by the channel from where it keeps them when it says so (`.pulled`); see
+    /// ``EngineConnection/readNow()``.
     var inbound: ChannelInbound { get }
+
+    /// For a channel that does not read its descriptor (``ChannelInbound/delivered``,
+    /// ``ChannelInbound/pulled``): whether the loop watches the descriptor all the same, for the
+    /// peer's end only (a rendezvous socket both sides keep open for the connection's life).
+    /// The watch is edge-triggered: each report calls ``descriptorReported()`` once, then the
+    /// engine reads (``readAvailable()``) unless reading is paused, so the channel must remember
+    /// what it saw. `false` unless the channel says otherwise.
+    var watchesDescriptorForEnd: Bool { get }
+
+    /// The descriptor watched for the end (``watchesDescriptorForEnd``) was reported readable:
+    /// look at it now, without blocking (loop thread). The default does nothing.
+    func descriptorReported()
+
+    /// How a write that took less than it was given learns that it can go on: when the
+    /// descriptor written to is writable (`.descriptor`, the default), or by trying again from
+    /// a loop timer (`.retried`: nothing can be watched for room, as with a file's lock and a
+    /// journal's capacity).
+    var writeWait: ChannelWriteWait { get }
 
     /// The descriptor ``write(_:from:)`` writes to, when it is not ``descriptor`` (a message
     /// queue read one way and written the other): the loop watches it for room on a
@@ -118,12 +137,31 @@ public enum ChannelInbound: Sendable {
     case descriptor
     /// From a reader that serves several connections (a listener reading one queue that every
     /// client writes to): it hands this connection's bytes to the channel, then calls
-    /// ``EngineConnection/readDelivered()`` on the loop's thread, which reads them as
+    /// ``EngineConnection/readNow()`` on the loop's thread, which reads them as
     /// ``EngineChannel/readAvailable()`` returns them. Such a connection cannot stop reading
     /// (the shared reader serves the others): when the application leaves
     /// ``ConnectionOptions/messageBufferLimit`` messages untaken, it ends with
     /// ``IPCError/Code/receiveBufferFull``.
     case delivered
+    /// From where the channel keeps them (a journal file), read when the channel says there is
+    /// something (``EngineConnection/readNow()`` on the loop's thread: a file watch fired, a
+    /// retry timer) and when its descriptor reports the peer's end
+    /// (``EngineChannel/watchesDescriptorForEnd``). Such a connection pauses like one that
+    /// reads its descriptor: while ``ConnectionOptions/messageBufferLimit`` messages wait, it
+    /// reads nothing, and when the application makes room it reads again by itself. The channel
+    /// keeps one promise: a ``EngineChannel/readAvailable()`` that leaves something behind (a
+    /// locked file, the end still to report) calls ``EngineConnection/readNow()`` again later.
+    case pulled
+}
+
+/// How the engine learns that a channel's writes can go on after one took less than it was given.
+public enum ChannelWriteWait: Sendable {
+    /// The ``EngineChannel/writeDescriptor`` is writable (or, for a doorbell, its bell rang).
+    case descriptor
+    /// Nothing says so: the loop tries the waiting frames again from a timer, 10 µs after the
+    /// first try that found no room, doubling to 1 ms between tries, until they are written or
+    /// their deadlines pass.
+    case retried
 }
 
 /// How an ``EngineChannel``'s descriptor tells the loop that there is something to do.
@@ -145,6 +183,9 @@ extension EngineChannel {
     public var readiness: ChannelReadiness { .level }
     public var inbound: ChannelInbound { .descriptor }
     public var writeDescriptor: FileDescriptor { descriptor }
+    public var watchesDescriptorForEnd: Bool { false }
+    public func descriptorReported() {}
+    public var writeWait: ChannelWriteWait { .descriptor }
     public func ending(_ reason: InvalidationReason) {}
 
     public func startPollingWhileSpinning() -> Bool { false }

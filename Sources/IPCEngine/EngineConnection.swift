@@ -30,7 +30,7 @@ import Synchronization
 ///
 /// **Replies without a hand-over**: a task that prefers ``eventLoop`` as its executor is resumed
 /// on the loop's thread right after the loop reads its reply.
-public final class EngineConnection: FrameConnection, @unchecked Sendable {
+public final class EngineConnection: MessageConnection, @unchecked Sendable {
     // @unchecked: the reading state (`paused`, `bytesRead`, `stallTimerArmed`, `finished`) is
     // touched only on the loop's thread; everything else is immutable or behind `writeState`.
 
@@ -47,8 +47,16 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// descriptor: watched for room only, while frames wait to be written.
     private let writeToken: UInt64?
     /// The loop reads ``EngineChannel/descriptor`` (``ChannelInbound/descriptor``); else the
-    /// bytes are delivered (``readDelivered()``), and a full message buffer ends the connection.
+    /// bytes are delivered or pulled (``readNow()``).
     private let readsDescriptor: Bool
+    /// Reading can pause for the message buffer's bound: every channel but a
+    /// ``ChannelInbound/delivered`` one, whose full buffer ends the connection instead.
+    private let pausable: Bool
+    /// The descriptor is not read but watched for the peer's end
+    /// (``EngineChannel/watchesDescriptorForEnd``), edge-triggered.
+    private let watchesEnd: Bool
+    /// Waiting frames are tried again from a timer (``ChannelWriteWait/retried``).
+    private let retriesWrites: Bool
     /// Senders on threads of their own leave their frames to the loop and wait for its word,
     /// rather than wait for room on the descriptor themselves: a doorbell announces room to the
     /// loop only, and a message queue cannot be woken by ``EngineChannel/shutdown()``.
@@ -79,6 +87,10 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         /// The deadline of the earliest write-deadline timer armed and not yet fired, if any:
         /// one timer for the queue, not one per frame.
         var deadlineTimer: UInt64?
+        /// For a channel whose writes are retried (``ChannelWriteWait/retried``): a retry timer
+        /// is armed, and the delay it was armed with (0 after a flush that emptied the queue).
+        var retryArmed = false
+        var retryDelay: UInt64 = 0
     }
 
     private let writeState = Mutex(WriteState())
@@ -91,7 +103,10 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     private var stallTimerArmed = false
     /// What a request delivered through ``messages`` replies with: weak, so that a request
     /// kept by the application does not keep the connection; made the first time one is.
-    private lazy var responder: @Sendable (Frame) throws -> Void = replySender(timeout: replySendTimeout)
+    private lazy var responder: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in
+        guard let self else { throw IPCError(code: .invalidated, message: "the connection is gone") }
+        try self.sendFrame(frame, timeout: replySendTimeout)
+    }
     /// What ``ConnectionOptions/requestHandler``'s tasks reply with: a send that suspends
     /// while the peer's buffer is full. Strong: the request server lets go of it when the
     /// connection finishes. Made the first time a request is served (loop thread).
@@ -131,7 +146,11 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         let readsDescriptor = channel.inbound == .descriptor
         let separateWriter = channel.writeDescriptor != channel.descriptor
         self.readsDescriptor = readsDescriptor
-        self.writesThroughLoop = doorbell || separateWriter || !readsDescriptor
+        self.pausable = channel.inbound != .delivered
+        let watchesEnd = !readsDescriptor && channel.watchesDescriptorForEnd
+        self.watchesEnd = watchesEnd
+        self.retriesWrites = channel.writeWait == .retried
+        self.writesThroughLoop = doorbell || separateWriter || !readsDescriptor || retriesWrites
         // A spinning connection whose channel polls itself is polled by the spinning loop
         // (EngineChannel.pollWhileSpinning).
         let stallLabel = "the receive path of \(label)\(peer.map { " (peer pid \($0.pid))" } ?? "") and the on-loop handlers it ran"
@@ -142,7 +161,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         self.readiness = handler
         let writeHandler = separateWriter ? ReadinessHandler(polled: nil, stallLabel: stallLabel) : nil
         do {
-            let interest: Poller.Interest = !readsDescriptor ? [] : doorbell ? [.readable, .edgeTriggered] : .readable
+            let interest: Poller.Interest = !readsDescriptor ? (watchesEnd ? [.readable, .edgeTriggered] : []) : doorbell ? [.readable, .edgeTriggered] : .readable
             token = try serving.register(channel.descriptor.rawValue, interest: interest, waitStrategy: options.waitStrategy, handler: handler)
         } catch {
             channel.close()
@@ -202,8 +221,22 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
 
     // MARK: MessageConnection
 
-    // `messages`, `invalidationReason`, `setInvalidationHandler`, `invalidate()` and the
-    // synchronous `send` come from FrameConnection, as for every connection on ConnectionCore.
+    public var messages: AsyncStream<ReceivedMessage> { core.messages }
+
+    public var invalidationReason: InvalidationReason? { core.latch.reason }
+
+    public func setInvalidationHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
+        core.latch.setHandler(handler)
+    }
+
+    public func invalidate() {
+        invalidate(InvalidationReason(.invalidatedLocally))
+    }
+
+    /// Sends a one-way message; see the type's notes on sending.
+    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) throws {
+        try sendFrame(Frame(kind: .message, msgid: msgid, payload: payload), timeout: timeout)
+    }
 
     /// Messages received and not yet taken from ``messages``.
     public var bufferedMessageCount: Int { core.bufferedMessageCount }
@@ -292,15 +325,19 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
 
     // MARK: Reading (loop thread)
 
-    /// Reads what was handed to a ``ChannelInbound/delivered`` channel, as the loop reads a
-    /// descriptor: called on the loop's thread by the reader that delivered it, right after.
-    package func readDelivered() {
+    /// Reads what was handed to a ``ChannelInbound/delivered`` channel, or what a
+    /// ``ChannelInbound/pulled`` channel says is there, as the loop reads a descriptor: called
+    /// on the loop's thread (by the reader that delivered it, right after; by whatever told a
+    /// pulled channel). Does nothing while reading is paused: a pulled channel is read again
+    /// when the application makes room.
+    package func readNow() {
         if !paused, !finished { readSome() }
     }
 
     private func handleEvent(readable: Bool, writable: Bool) {
         // A doorbell's ring may mean room for what waits to be written as well as bytes to read.
         if writable || (doorbell && readable) { flush() }
+        if readable, watchesEnd, !finished { channel.descriptorReported() }
         if readable, !paused, !finished { readSome() }
     }
 
@@ -325,6 +362,9 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
             do {
                 try channel.finishReading()
                 invalidate(InvalidationReason(.peerClosed))
+            } catch let error as IPCError where error.code == .peerInvalidated {
+                // The channel knows the peer went without a goodbye.
+                invalidate(InvalidationReason(.peerDied, error: error))
             } catch {
                 invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
             }
@@ -347,7 +387,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
                     var full = false
                     if case .owned(let frame) = next {
                         full = core.dispatch(
-                            frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep, offered: true,
+                            frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, offered: true,
                             taskResponder: { self.taskResponder }
                         )
                     }
@@ -361,7 +401,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
             }
             while let frame = try channel.nextFrame() {
                 let full = core.dispatch(
-                    frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, whenFull: .keep,
+                    frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder },
                     taskResponder: { self.taskResponder }
                 )
                 if finished || !core.latch.isValid { return false }
@@ -378,14 +418,15 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     }
 
     private func pauseReading() {
-        guard readsDescriptor else {
+        guard pausable else {
             // A shared reader cannot wait for this connection's application.
             invalidate(InvalidationReason(.transportFailure, error: .receiveBufferFull))
             return
         }
         paused = true
         readiness.probing = false
-        updateInterest { $0.watchingReadable = false }
+        // A pulled channel's end watch stays: the channel remembers what it reports.
+        if readsDescriptor { updateInterest { $0.watchingReadable = false } }
         core.whenMessagesHaveRoom { [weak self] in
             guard let self else { return }
             eventLoop.execute { self.resumeReading() }
@@ -398,7 +439,12 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         readiness.probing = true
         // Frames already read first; they may fill the buffer again.
         guard dispatchFrames() else { return }
-        updateInterest { $0.watchingReadable = true }
+        if readsDescriptor {
+            updateInterest { $0.watchingReadable = true }
+        } else {
+            // Nothing will report what a pulled channel kept while paused: read it now.
+            readSome()
+        }
     }
 
     private func armStallTimer() {
@@ -510,6 +556,7 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         }
         if close { channel.close() }
         if flushSoon { eventLoop.execute { [self] in flush() } }
+        if retriesWrites { armWriteRetry() }
     }
 
     /// Writes what the kernel takes now. Errors invalidate the connection when they must.
@@ -674,6 +721,26 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         }
         if flushSoon { eventLoop.execute { [self] in flush() } }
         if armTimer { armDeadlineTimer(write.deadline) }
+        if retriesWrites { armWriteRetry() }
+    }
+
+    /// For a channel whose writes are retried (``ChannelWriteWait/retried``): unless one is
+    /// armed already, or nothing waits, or a writer is active (it arms one when it stops), arms
+    /// the timer that tries the queue again, 10 µs after the last try that found no room,
+    /// doubling to 1 ms.
+    private func armWriteRetry() {
+        let delay: UInt64? = writeState.withLock { state in
+            guard !state.closed, !state.retryArmed, !state.writerActive, !state.queue.isEmpty else { return nil }
+            state.retryArmed = true
+            state.retryDelay = state.retryDelay == 0 ? 10_000 : min(state.retryDelay * 2, 1_000_000)
+            return state.retryDelay
+        }
+        guard let delay else { return }
+        // Strong, for at most a millisecond: a retry after the end finds the queue closed.
+        eventLoop.schedule(at: monotonicNanoseconds() &+ delay) { [self] in
+            writeState.withLock { $0.retryArmed = false }
+            flush()
+        }
     }
 
     /// One timer for the outbound queue, at its earliest deadline; a timer that finds nothing
@@ -804,13 +871,17 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
         let close: Bool = writeState.withLock { state in
             state.writerActive = false
             if state.closed { return true }
-            if state.queue.isEmpty, state.watchingWritable {
-                state.watchingWritable = false
-                applyInterest(state)
+            if state.queue.isEmpty {
+                state.retryDelay = 0
+                if state.watchingWritable {
+                    state.watchingWritable = false
+                    applyInterest(state)
+                }
             }
             return false
         }
         if close { channel.close() }
+        if retriesWrites { armWriteRetry() }
     }
 
     private func updateInterest(_ change: (inout WriteState) -> Void) {
@@ -823,9 +894,12 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
     /// Tells the loop what to watch for; called with the lock held, so changes apply in order.
     private func applyInterest(_ state: WriteState) {
         guard !state.closed else { return }
+        // What reading asks of the descriptor: readable while not paused, or, for a channel
+        // that does not read it, its end only (edge-triggered), always.
+        let reading: Poller.Interest = readsDescriptor ? (state.watchingReadable ? .readable : []) : (watchesEnd ? [.readable, .edgeTriggered] : [])
         if let writeToken {
-            eventLoop.setInterest(token, readsDescriptor && state.watchingReadable ? .readable : [])
-            eventLoop.setInterest(writeToken, state.watchingWritable ? .writable : [])
+            eventLoop.setInterest(token, reading)
+            eventLoop.setInterest(writeToken, state.watchingWritable && !retriesWrites ? .writable : [])
             return
         }
         if doorbell {
@@ -833,9 +907,25 @@ public final class EngineConnection: FrameConnection, @unchecked Sendable {
             eventLoop.setInterest(token, state.watchingReadable || state.watchingWritable ? [.readable, .edgeTriggered] : [])
             return
         }
-        var interest: Poller.Interest = []
-        if readsDescriptor, state.watchingReadable { interest.insert(.readable) }
-        if state.watchingWritable { interest.insert(.writable) }
+        var interest = reading
+        // Nothing to watch for room when writes are retried from a timer.
+        if state.watchingWritable, !retriesWrites { interest.insert(.writable) }
         eventLoop.setInterest(token, interest)
+    }
+}
+
+extension Sequence where Element == EngineConnection {
+    /// Sends a one-way message to every connection and returns how many took it. A connection
+    /// whose send fails is invalidated; the others still get the message.
+    package func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
+        reduce(0) { delivered, connection in
+            do {
+                try connection.send(payload, msgid: msgid, timeout: timeout)
+                return delivered + 1
+            } catch {
+                connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+                return delivered
+            }
+        }
     }
 }

@@ -9,7 +9,7 @@ import IPCCore
 /// the receive path stops reading until the application takes one: the kernel's buffer fills,
 /// and the peer's sends wait and then time out (`sendTimeout`). Nothing is dropped. The event
 /// loop stops watching the connection and asks to be told when there is room
-/// (``whenRoom(_:)``); a receive thread of its own waits (``push(_:waitForRoom:)``).
+/// (``whenRoom(_:)``); a reader that serves several connections ends this one instead.
 /// One consumer, as for any `AsyncStream`; cancelling it ends its iteration.
 final class MessageBuffer: Sendable {
     private struct State {
@@ -35,22 +35,13 @@ final class MessageBuffer: Sendable {
 
     private var isFull: Bool { state.queue.count >= limit.messages || state.bytes >= limit.bytes }
 
-    /// Whether a ``push(_:waitForRoom:)`` that waits for room would wait now.
-    var pushWouldWait: Bool { lock.withLock { isFull && !state.finished && state.consumer == nil } }
-
-    /// Adds a message, or hands it straight to a consumer that is waiting. With `waitForRoom`,
-    /// first waits while the buffer is full (a receive thread's backpressure); without, the
-    /// message is added anyway and the caller should stop reading (see the return value).
-    /// Returns whether the buffer is full now. After ``finish()`` the message is dropped, as
-    /// the connection is over.
+    /// Adds a message (even to a full buffer: the caller then stops reading, see the return
+    /// value), or hands it straight to a consumer that is waiting. Returns whether the buffer
+    /// is full now. After ``finish()`` the message is dropped, as the connection is over.
     @discardableResult
-    func push(_ message: ReceivedMessage, waitForRoom: Bool) -> Bool {
+    func push(_ message: ReceivedMessage) -> Bool {
         lock.lock()
-        while waitForRoom, isFull, !state.finished, state.consumer == nil {
-            lock.wait()
-        }
         // A consumer waits only when nothing is buffered: handing it this message keeps the order.
-        // (Checked after waiting: the consumer may have emptied the buffer and begun to wait.)
         if let consumer = state.consumer {
             state.consumer = nil
             lock.unlock()
@@ -77,15 +68,13 @@ final class MessageBuffer: Sendable {
         if now { handler() }
     }
 
-    /// No more messages: the consumer gets what is buffered, then the end; a producer waiting
-    /// for room stops waiting.
+    /// No more messages: the consumer gets what is buffered, then the end.
     func finish() {
         lock.lock()
         state.finished = true
         state.roomHandler = nil
         let consumer = state.queue.isEmpty ? state.consumer : nil
         if consumer != nil { state.consumer = nil }
-        lock.broadcast()
         lock.unlock()
         consumer?.resume(returning: nil)
     }
@@ -97,7 +86,6 @@ final class MessageBuffer: Sendable {
                 lock.lock()
                 if let message = state.queue.popFirst() {
                     state.bytes -= message.payload.count
-                    lock.signal()
                     var room: (@Sendable () -> Void)?
                     if !isFull {
                         room = state.roomHandler

@@ -8,7 +8,7 @@ import IPCCore
 /// Up to ``ConnectionOptions/maximumConcurrentRequests`` requests are handled at once; one
 /// task serves them one after another while more wait, so a serial connection makes one task
 /// per burst, not one per request. Requests beyond the bound wait here, counted against
-/// ``ConnectionOptions/messageBufferLimit``: once that much waits, ``accept(_:send:waitForRoom:)``
+/// ``ConnectionOptions/messageBufferLimit``: once that much waits, ``accept(_:send:)``
 /// says so and the receive path stops reading the connection until a handler takes one
 /// (``whenRoom(_:)``), so a peer that sends faster than its handlers answer cannot make the
 /// process grow without bound. ``close()`` cancels the running tasks and drops what waits.
@@ -50,13 +50,11 @@ final class RequestServer: Sendable {
     private var isFull: Bool { state.waiting.count >= limit.messages || state.waitingBytes >= limit.bytes }
 
     /// Takes a request from the receive path: starts a task for it if fewer than the bound run,
-    /// else queues it. `send` makes the reply sender (called once per connection). With
-    /// `waitForRoom` (a receive thread of its own), first waits while the queue is full.
-    /// Returns whether the queue is full now (the caller should stop reading).
-    func accept(_ request: Frame, send: () -> ReplySender, waitForRoom: Bool) -> Bool {
+    /// else queues it. `send` makes the reply sender (called once per connection). Returns
+    /// whether the queue is full now (the caller should stop reading).
+    func accept(_ request: Frame, send: () -> ReplySender) -> Bool {
         lock.lock()
         defer { lock.unlock() }
-        while waitForRoom, isFull, !state.closed { lock.wait() }
         guard !state.closed else { return false }
         if state.send == nil { state.send = send() }
         guard state.running.count < concurrency else {
@@ -91,7 +89,6 @@ final class RequestServer: Sendable {
             state.waitingBytes = 0
             state.roomHandler = nil
             state.send = nil
-            lock.broadcast()
             return Array(state.running.values)
         }
         for task in running { task.cancel() }
@@ -109,7 +106,6 @@ final class RequestServer: Sendable {
                     return nil
                 }
                 state.waitingBytes -= next.payload.count
-                lock.signal()
                 if !isFull {
                     room = state.roomHandler
                     state.roomHandler = nil

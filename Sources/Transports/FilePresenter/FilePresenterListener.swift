@@ -12,7 +12,8 @@ import Synchronization
 /// gives the listener each client's kernel-verified credentials (so an accept filter works and
 /// a client cannot claim another's pid), and stays open for the connection's life.
 public final class FilePresenterListener: MessageListener, @unchecked Sendable {
-    // @unchecked: every stored property is immutable or a Mutex; the reader slot locks itself.
+    // @unchecked: every stored property is immutable or a Mutex, but `reader` and
+    // `retryArmed`/`retry`, which the loop's thread alone uses.
     public let endpoint: Endpoint
     public let connections: AsyncStream<FilePresenterConnection>
 
@@ -20,10 +21,12 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     private let options: ConnectionOptions
     private let loop: EventLoop
     private let inboxPath: String
-    private let reader = JournalReaderSlot()
+    /// The inbox's reader (loop thread), let go of on the loop when the listener closes.
+    private var reader: JournalReader?
     private let watch = Mutex<JournalWatch?>(nil)
-    /// The next try of an inbox read that found it locked, and whether its timer is armed.
-    private let retry = Mutex<(backoff: JournalRetry, armed: Bool)>((JournalRetry(), false))
+    /// The next try of an inbox read that found it locked, and whether its timer is armed (loop thread).
+    private var retry = JournalRetry()
+    private var retryArmed = false
     private let connectionSink: AsyncStream<FilePresenterConnection>.Continuation
     private let identity = SenderID(pid: getpid(), serial: 0)
     private let rendezvousPath: String
@@ -33,7 +36,16 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
 
     private struct State {
         var closed = false
-        var clients: [SenderID: FilePresenterConnection] = [:]
+        var clients: [SenderID: Client] = [:]
+        /// Server connections whose peer ended while the inbox was locked: told once it is read.
+        var awaitingDrain: [FilePresenterChannel] = []
+    }
+
+    /// One admitted client: the channel the listener delivers its records to, and its
+    /// connection (from the moment the handshake is answered).
+    private struct Client {
+        let channel: FilePresenterChannel
+        var connection: EngineConnection?
     }
 
     private let state = Mutex(State())
@@ -61,14 +73,14 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         (connections, connectionSink) = AsyncStream.makeStream(of: FilePresenterConnection.self)
         do {
             callbacks.lend = { [weak self] record, header, payload in
-                self?.state.withLock({ $0.clients[record.sender] })?.lend(header, payload) ?? .notOffered
+                self?.lend(record, header, payload) ?? .notOffered
             }
             callbacks.retry = { [weak self] in
-                self?.retry.withLock { $0.armed = false }
+                self?.retryArmed = false
                 self?.readInbox()
             }
-            reader.install(JournalReader(inbox, maximumPayloadLength: options.maximumPayloadLength))
-            let watch = try JournalWatch(path: inboxPath, loop: loop) { [weak self] in self?.readInbox() }
+            reader = JournalReader(inbox, maximumPayloadLength: options.maximumPayloadLength)
+            let watch = try JournalWatch(path: inboxPath, loop: loop) { [weak self] in _ = self?.readInbox() }
             self.watch.withLock { $0 = watch }
         } catch {
             close()
@@ -91,7 +103,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     }
 
     public var activeConnections: [FilePresenterConnection] {
-        state.withLock { Array($0.clients.values) }
+        state.withLock { $0.clients.values.compactMap(\.connection) }
     }
 
     @discardableResult
@@ -103,12 +115,12 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         let clients: [FilePresenterConnection]? = state.withLock { state in
             guard !state.closed else { return nil }
             state.closed = true
-            return Array(state.clients.values)
+            return state.clients.values.compactMap(\.connection)
         }
         guard let clients else { return }
         acceptor.withLock { $0.take() }?.close()
         watch.withLock { $0.take() }?.cancel()
-        reader.release()
+        loop.execute { [self] in reader = nil }
         // Remove the inbox and the socket before giving up the name, so a successor's are never removed.
         _ = unlink(rendezvousPath)
         _ = unlink(inboxPath)
@@ -119,48 +131,87 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
 
     private var isOpen: Bool { state.withLock { !$0.closed } }
 
-    /// The inbox changed (the loop's thread, woken by its ``JournalWatch``), or a connection's
-    /// lifeline drain (a thread of its own, `waiting`): reads what clients appended. On the loop
-    /// it never waits for the inbox's lock: a read that finds it taken tries again from a timer.
-    private func readInbox(waiting: Bool = false) {
+    /// The inbox changed (the loop's thread, woken by its ``JournalWatch``; or a retry; or a
+    /// connection whose peer ended, `drain`): reads what clients appended, and hands each
+    /// client's records to its connection. Never waits for the inbox's lock: a read that finds
+    /// it taken tries again from a timer. Returns whether it read.
+    @discardableResult
+    private func readInbox() -> Bool {
+        guard isOpen, let reader else { return true }
         do {
+            guard try reader.fill() != nil else {
+                retryLater()
+                return false
+            }
+            retry.reset()
+            let offering = callbacks.lend != nil
             // A record whose sender is not a connection yet is not offered here; if its
             // connection exists by the time the record is routed, it offers it then.
-            let read = try reader.read(isActive: { isOpen }, ifFree: !waiting, lockTimeout: waiting ? .seconds(1) : .zero, lend: callbacks.lend) { record in
+            while let record = try reader.next(offering: offering, lend: callbacks.lend ?? { _, _, _ in .notOffered }) {
                 route(record)
-                return true
             }
-            if !waiting { retryIfLocked(read: read) }
         } catch {
             // The inbox cannot be read on, for anyone.
             let reason = InvalidationReason(.protocolError, error: error as? IPCError)
             for client in activeConnections { client.invalidate(reason) }
             close()
+            return true
         }
+        for channel in state.withLock({ state -> [FilePresenterChannel] in
+            defer { state.awaitingDrain.removeAll() }
+            return state.awaitingDrain
+        }) {
+            channel.inboxDrained()
+        }
+        return true
     }
 
     /// The lender and the retry timer's action, made once (``JournalReadCallbacks``).
     private let callbacks = JournalReadCallbacks()
 
-    /// After a read on the loop: if it found the inbox locked, reads again from a loop timer
-    /// (one armed at a time), sooner the first times.
-    private func retryIfLocked(read: Bool) {
-        let delay: UInt64? = retry.withLock { retry in
-            guard !read else {
-                retry.backoff.reset()
-                return nil
-            }
-            guard !retry.armed, isOpen else { return nil }
-            retry.armed = true
-            return retry.backoff.next()
+    /// After a read that found the inbox locked: reads again from a loop timer (one armed at a
+    /// time), sooner the first times.
+    private func retryLater() {
+        guard !retryArmed, isOpen, let action = callbacks.retry else { return }
+        retryArmed = true
+        loop.schedule(at: monotonicNanoseconds() &+ retry.next(), action)
+    }
+
+    /// A connection's peer ended (loop thread): reads the inbox once more, so that what the
+    /// peer appended before it went arrives first. Returns whether it could; if not, the
+    /// channel is told when the inbox has been read (``FilePresenterChannel/inboxDrained()``).
+    private func drain(for channel: FilePresenterChannel) -> Bool {
+        if readInbox() { return true }
+        state.withLock { $0.awaitingDrain.append(channel) }
+        return false
+    }
+
+    /// Offers a one-way message, in place, to its client's connection, if that connection
+    /// borrows (loop thread): handed over while the payload is valid; taken either way.
+    private func lend(_ record: RecordHeader, _ header: FrameHeader, _ payload: UnsafeRawBufferPointer) -> JournalLending {
+        guard let client = state.withLock({ $0.clients[record.sender] }), let connection = client.connection, connection.core.lendsMessages else {
+            return .notOffered
         }
-        guard let delay else { return }
-        guard let retry = callbacks.retry else { return }
-        loop.schedule(at: monotonicNanoseconds() &+ delay, retry)
+        client.channel.deliver(.inPlace(header, payload)) { connection.readNow() }
+        return .taken
     }
 
     private func route(_ record: JournalRecord) {
-        state.withLock { $0.clients[record.header.sender] }?.receive(record)
+        let delivered: FilePresenterChannel.Delivered
+        switch record {
+        case .lent:
+            return
+        case .frame(_, let frame, let offered):
+            delivered = .frame(frame, offered: offered)
+        case .oversized(_, let error):
+            delivered = .error(error)
+        case .control(let header):
+            // Version 1's handshake records: skipped.
+            guard header.kind == .goodbye else { return }
+            delivered = .goodbye
+        }
+        guard let client = state.withLock({ $0.clients[record.header.sender] }), let connection = client.connection else { return }
+        client.channel.deliver(delivered) { connection.readNow() }
     }
 
     /// Takes a client's hello from its rendezvous socket (loop thread): checks that the pid it
@@ -183,33 +234,48 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         guard fstat(journal.file.descriptor, &status) == 0, status.st_uid == peer.uid, status.st_mode & S_IFMT == S_IFREG else {
             return .finished(.malformed)
         }
-        let connection = FilePresenterConnection(
-            peer: peer,
+        let channel = FilePresenterChannel(
+            role: .server(clientJournalPath: journalPath, drain: { [weak self] channel in self?.drain(for: channel) ?? true }),
+            lifeline: fd,
             outbound: JournalAppender(journal),
             sender: identity,
-            role: .server(clientJournalPath: journalPath, drain: { [weak self] in self?.readInbox(waiting: true) }) { [weak self] connection in
-                _ = self?.state.withLock { state in
-                    if state.clients[client] === connection { state.clients[client] = nil }
-                }
-            },
-            options: options,
+            peerPID: client.pid,
+            reader: nil,
+            maximumPayloadLength: options.maximumPayloadLength,
             loop: loop
         )
         let admitted = state.withLock { state in
             guard !state.closed, state.clients[client] == nil else { return false }
-            state.clients[client] = connection
+            state.clients[client] = Client(channel: channel)
             return true
         }
         guard admitted else { return .finished(.malformed) }
-        do {
-            try connection.watchPeer(pid: client.pid)
-        } catch {
-            connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
-            return .finished(.malformed)
-        }
-        return .accepted { [connectionSink] in
-            connection.adopt(lifeline: fd)
-            connectionSink.yield(connection)
+        return .accepted { [weak self, options, loop, connectionSink, endpoint] in
+            // The acceptor has stopped watching the socket: the connection watches it from now on.
+            do {
+                let connection = try EngineConnection(
+                    channel: channel, peer: peer, options: options, loop: loop, label: "a file-presenter connection to \(endpoint)"
+                ) { [weak self] connection in
+                    _ = self?.state.withLock { state in
+                        if state.clients[client]?.channel === channel { state.clients[client] = nil }
+                    }
+                }
+                channel.attach(connection)
+                _ = self?.state.withLock { state in
+                    if state.clients[client]?.channel === channel { state.clients[client]?.connection = connection }
+                }
+                do {
+                    try connection.watchPeerProcess(client.pid)
+                } catch {
+                    return connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+                }
+                guard self?.isOpen == true else { return connection.invalidate() }
+                connectionSink.yield(connection)
+            } catch {
+                _ = self?.state.withLock { state in
+                    if state.clients[client]?.channel === channel { state.clients[client] = nil }
+                }
+            }
         }
     }
 

@@ -102,32 +102,44 @@ public struct FilePresenterTransport: MessageTransport {
         let identity = SenderID(pid: getpid(), serial: Self.nextSerial())
         let journalPath = JournalNames.clientJournal(endpoint, sender: identity)
         let journal = try Journal.create(at: journalPath, in: endpoint.group, capacity: journalCapacity)
-        let inbound = FilePresenterConnection.Inbound(path: journalPath)
-        let connection = FilePresenterConnection(peer: peer, outbound: JournalAppender(inbox), sender: identity, role: .client(inbound), options: options, loop: loop)
+        var journalOwned = true
+        defer { if journalOwned { _ = unlink(journalPath) } }
+        let channel = FilePresenterChannel(
+            role: .client(journalPath: journalPath),
+            lifeline: socket,
+            outbound: JournalAppender(inbox),
+            sender: identity,
+            peerPID: peer.pid,
+            reader: JournalReader(journal, maximumPayloadLength: options.maximumPayloadLength),
+            maximumPayloadLength: options.maximumPayloadLength,
+            loop: loop
+        )
+        // Watched before the hello: the listener may write as soon as it has answered.
+        channel.keep(try JournalWatch(path: journalPath, loop: loop) { [weak channel] in channel?.journalChanged() })
+        let hello = RendezvousHello.bytes(identity)
+        let sent = hello.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_NOSIGNAL)) }
+        // A listener that refuses at once (accept filter, busy) may have answered and closed
+        // before the hello went: the answer is still there to read.
+        guard sent == hello.count || errno == EPIPE || errno == ECONNRESET else {
+            throw IPCError.syscall("send", Errno(rawValue: errno), context: "file presenter hello")
+        }
+        try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds, listener: "file presenter")
+        // From here the channel owns the socket and the journal (the engine closes it if it
+        // cannot serve it).
+        socketOwned = false
+        journalOwned = false
+        let connection = try EngineConnection(channel: channel, peer: peer, options: options, loop: loop, label: "a file-presenter connection to \(endpoint)")
+        channel.attach(connection)
         do {
-            inbound.reader.install(JournalReader(journal, maximumPayloadLength: options.maximumPayloadLength))
-            let watch = try JournalWatch(path: journalPath, loop: loop) { [weak connection] in connection?.readJournal() }
-            inbound.watch.withLock { $0 = watch }
-            let hello = RendezvousHello.bytes(identity)
-            let sent = hello.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_NOSIGNAL)) }
-            // A listener that refuses at once (accept filter, busy) may have answered and closed
-            // before the hello went: the answer is still there to read.
-            guard sent == hello.count || errno == EPIPE || errno == ECONNRESET else {
-                throw IPCError.syscall("send", Errno(rawValue: errno), context: "file presenter hello")
-            }
-            try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds, listener: "file presenter")
-            socketOwned = false
-            connection.adopt(lifeline: socket)
             // Watched too, for a listener whose socket outlives it in a forked child.
-            try connection.watchPeer(pid: peer.pid)
-            if let reason = connection.invalidationReason {
-                throw IPCError(code: .endpointNotFound, message: "the connection to \(endpoint) ended while it was set up (\(reason))")
-            }
+            try connection.watchPeerProcess(peer.pid)
         } catch {
             // Invalidated as if by its user, so a listener that admitted it hears goodbye.
             connection.invalidate()
             throw error
         }
+        // What the listener appended before the connection could be told.
+        loop.execute { connection.readNow() }
         return connection
     }
 

@@ -227,9 +227,12 @@ extension JournalRecord {
     /// - Returns: the record and its length.
     /// - Throws: ``IPCError/Code/malformedFrame`` or ``IPCError/Code/truncatedFrame``: the
     ///   journal cannot be read on from here.
-    /// - Parameter lend: offered each one-way message within the maximum first, in place; a
-    ///   message it takes is `.lent` and never copied.
-    static func decode(_ bytes: UnsafeRawBufferPointer, maximumPayloadLength: Int, lend: JournalLender? = nil) throws -> (JournalRecord, Int) {
+    /// - Parameter lend: with `offering`, offered each one-way message within the maximum
+    ///   first, in place; a message it takes is `.lent` and never copied. It does not escape,
+    ///   so a closure made per call costs no allocation.
+    static func decode(
+        _ bytes: UnsafeRawBufferPointer, maximumPayloadLength: Int, offering: Bool, _ lend: (RecordHeader, FrameHeader, UnsafeRawBufferPointer) -> JournalLending
+    ) throws -> (JournalRecord, Int) {
         let header = try RecordHeader(parsing: bytes)
         guard header.kind == .frame else { return (.control(header), RecordHeader.length) }
         let frameBytes = UnsafeRawBufferPointer(rebasing: bytes[RecordHeader.length...])
@@ -244,7 +247,7 @@ extension JournalRecord {
         var decoder = BinaryFrameDecoder(maximumPayloadLength: maximumPayloadLength)
         do {
             var offered = false
-            if let lend, case .frame(let frameHeader, let headerLength)? = try decoder.decodeInPlace(frameBytes), frameHeader.kind == .message {
+            if offering, case .frame(let frameHeader, let headerLength)? = try decoder.decodeInPlace(frameBytes), frameHeader.kind == .message {
                 switch lend(header, frameHeader, UnsafeRawBufferPointer(rebasing: frameBytes[headerLength..<(headerLength + frameHeader.payloadLength)])) {
                 case .taken: return (.lent(header), length)
                 case .declined: offered = true

@@ -174,7 +174,7 @@ struct JournalAppender: Sendable {
     struct Prepared: Sendable {
         fileprivate let head: [UInt8]
         fileprivate let payload: [UInt8]?
-        fileprivate var length: Int { head.count + (payload?.count ?? 0) }
+        var length: Int { head.count + (payload?.count ?? 0) }
         /// Whether it goes through the journal's mapping, if it fits there.
         fileprivate let mappable: Bool
     }
@@ -277,9 +277,9 @@ struct JournalAppender: Sendable {
 }
 
 /// Reads this process's own journal from the last consumed offset, and compacts it.
-/// Used by one thread at a time: a ``JournalReaderSlot`` holds it under a lock.
+/// Used on the event loop's thread only (a client's channel, or the listener, reads with it).
 final class JournalReader: @unchecked Sendable {
-    // @unchecked: used by one thread at a time, under its JournalReaderSlot's lock.
+    // @unchecked: used on the loop's thread only.
     let journal: JournalFile
     private let maximumPayloadLength: Int
     private let capacity: Int
@@ -299,163 +299,91 @@ final class JournalReader: @unchecked Sendable {
 
     private var coordinator: FileCoordinator { .journal() }
 
-    /// Reads every record committed since the last call and hands each to `handle`, in order,
-    /// until `handle` returns `false`: the records after that one are kept, unread, and handed
-    /// out first by the next call (which reads nothing new from the file until they are done).
-    ///
-    /// The records are read under a coordinated read, so no write is half done in them; a
-    /// partial record left by a writer that died is past the committed end and never read.
-    /// - Parameter lockTimeout: how long one wait for a writer to release the journal lasts
-    ///   (`.zero`: one try, for a reader on the event loop, which must not wait).
-    /// - Parameter keepWaiting: asked after each such wait while a writer holds the journal;
-    ///   return `false` to give up (the records stay for the next call).
-    /// - Returns: `false` if it gave up waiting for the lock; `true` once it read.
+    /// For a reader on the event loop, record by record: reads what was committed since the
+    /// last read, with one try of the lock, for ``next(lend:)`` to hand out. Records read and
+    /// not yet handed out are handed out first: nothing new is read until they are.
+    /// - Returns: `nil` if a writer holds the lock (try again later); else the bytes of records
+    ///   waiting to be handed out (0: none).
     /// - Throws: ``IPCError/Code/malformedFrame``, ``IPCError/Code/truncatedFrame`` or
     ///   ``IPCError/Code/frameTooLarge`` if the journal cannot be read on;
     ///   ``IPCError/Code/transportFailure``.
-    /// - Parameter lend: offered each one-way message in place first (see ``JournalRecord/decode(_:maximumPayloadLength:lend:)``).
-    @discardableResult
-    func readCommitted(lockTimeout: Duration = .seconds(1), keepWaiting: () -> Bool, lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool) throws -> Bool {
-        if !pending.isEmpty {
-            guard try handleRecords(in: pending, lend: lend, handle) else { return true }
-        }
-        var available = 0
-        while true {
-            do {
-                func read(_ access: FileAccess) throws -> Int {
-                    let end = try journal.committedEnd()
-                    guard end >= consumed else {
-                        throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back from \(consumed) to \(end)")
-                    }
-                    let count = end - consumed
-                    // Bounded by the capacity writers respect, plus one record allowed past it.
-                    guard count <= capacity + maximumPayloadLength + 64 else {
-                        throw IPCError(code: .frameTooLarge, message: "\(count) committed bytes in \(file.path) are more than its capacity and one frame")
-                    }
-                    if buffer.count < count { buffer = [UInt8](repeating: 0, count: count) }
-                    let got = try buffer.withUnsafeMutableBytes { try access.read(into: UnsafeMutableRawBufferPointer(rebasing: $0[..<count]), at: consumed) }
-                    guard got == count else {
-                        throw IPCError(code: .truncatedFrame, message: "\(file.path) ends before its committed end")
-                    }
-                    return count
-                }
-                if lockTimeout == .zero {
-                    // One try, no error made when a writer holds it: the loop tries again later.
-                    guard let count = try coordinator.tryCoordinate(file, exclusive: false, byAccessor: read) else { return false }
-                    available = count
-                } else {
-                    available = try coordinator.coordinate(readingItem: file, timeout: lockTimeout, byAccessor: read)
-                }
-                break
-            } catch let error as IPCError where error.code == .coordinationTimeout {
-                if !keepWaiting() { return false }
-            }
-        }
-        guard available > 0 else { return true }
-        consumed += available
-        let finished = try handleRecords(in: 0..<available, lend: lend, handle)
-        if finished, buffer.count > 4 * JournalHeader.compactionThreshold(capacity: capacity) {
-            buffer = []
-        }
-        // Kept records are in memory already: the file's may be compacted.
-        try compactIfDue(lockTimeout: min(lockTimeout, .milliseconds(20)))
-        return true
+    func fill() throws -> Int? {
+        if !pending.isEmpty { return pending.count }
+        guard let available = try readOnce() else { return nil }
+        pending = 0..<available
+        // The records are in memory already: the file's may be compacted.
+        if available > 0 { try compactIfDue() }
+        return available
     }
 
-    /// Hands the records in `range` of `buffer` to `handle`; if it asks to stop, keeps the rest
-    /// as ``pending`` and returns `false`.
-    private func handleRecords(in range: Range<Int>, lend: JournalLender?, _ handle: (JournalRecord) -> Bool) throws -> Bool {
-        pending = 0..<0
-        return try buffer.withUnsafeBytes { bytes in
-            var offset = range.lowerBound
-            while offset < range.upperBound {
-                let (record, length) = try JournalRecord.decode(
-                    UnsafeRawBufferPointer(rebasing: bytes[offset..<range.upperBound]), maximumPayloadLength: maximumPayloadLength, lend: lend
-                )
-                offset += length
-                if !handle(record) {
-                    pending = offset..<range.upperBound
-                    return false
-                }
-            }
-            return true
+    /// The next record ``fill()`` read, or `nil` once all are handed out. `lend` is offered
+    /// each one-way message in place (``JournalRecord/decode(_:maximumPayloadLength:offering:_:)``).
+    /// - Throws: ``IPCError/Code/malformedFrame`` or ``IPCError/Code/truncatedFrame``.
+    func next(offering: Bool, lend: (RecordHeader, FrameHeader, UnsafeRawBufferPointer) -> JournalLending) throws -> JournalRecord? {
+        guard !pending.isEmpty else {
+            trimBuffer()
+            return nil
         }
+        let (record, length) = try buffer.withUnsafeBytes { bytes in
+            try JournalRecord.decode(UnsafeRawBufferPointer(rebasing: bytes[pending]), maximumPayloadLength: maximumPayloadLength, offering: offering, lend)
+        }
+        pending = (pending.lowerBound + length)..<pending.upperBound
+        return record
+    }
+
+    /// Lets a buffer grown for a burst go, once nothing in it waits.
+    private func trimBuffer() {
+        if buffer.count > 4 * JournalHeader.compactionThreshold(capacity: capacity) { buffer = [] }
+    }
+
+    /// One try of the lock: the bytes read, `nil` if a writer holds it.
+    private func readOnce() throws -> Int? {
+        guard let count = try coordinator.tryCoordinate(file, exclusive: false, byAccessor: readLocked) else { return nil }
+        consumed += count
+        return count
+    }
+
+    /// Under the lock: reads what was committed since ``consumed`` into ``buffer``.
+    private func readLocked(_ access: FileAccess) throws -> Int {
+        let end = try journal.committedEnd()
+        guard end >= consumed else {
+            throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back from \(consumed) to \(end)")
+        }
+        let count = end - consumed
+        // Bounded by the capacity writers respect, plus one record allowed past it.
+        guard count <= capacity + maximumPayloadLength + 64 else {
+            throw IPCError(code: .frameTooLarge, message: "\(count) committed bytes in \(file.path) are more than its capacity and one frame")
+        }
+        if buffer.count < count { buffer = [UInt8](repeating: 0, count: count) }
+        let got = try buffer.withUnsafeMutableBytes { try access.read(into: UnsafeMutableRawBufferPointer(rebasing: $0[..<count]), at: consumed) }
+        guard got == count else {
+            throw IPCError(code: .truncatedFrame, message: "\(file.path) ends before its committed end")
+        }
+        return count
     }
 
     /// Once the consumed records reach the threshold, moves the unread ones (if they are no more
     /// than the consumed ones, so the copying stays proportional to what was read) to the start,
     /// and shortens the file. Skipped, to be tried after the next read, if writers keep the lock.
-    private func compactIfDue(lockTimeout: Duration) throws {
+    private func compactIfDue() throws {
         let threshold = JournalHeader.compactionThreshold(capacity: capacity)
         let consumedBytes = consumed - JournalHeader.length
         guard consumedBytes >= threshold else { return }
-        do {
-            func compact(_ access: FileAccess) throws {
-                let unread = try journal.committedEnd() - consumed
-                guard unread >= 0 else {
-                    throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back before \(consumed)")
-                }
-                guard unread <= consumedBytes else { return }
-                if unread > 0 {
-                    try access.write(try access.read(at: consumed, count: unread), at: JournalHeader.length)
-                }
-                try journal.commit(JournalHeader.length + unread)
-                let keep = JournalHeader.length + max(unread, threshold)
-                if try access.size() > keep { try access.truncate(to: keep) }
-                consumed = JournalHeader.length
+        func compact(_ access: FileAccess) throws {
+            let unread = try journal.committedEnd() - consumed
+            guard unread >= 0 else {
+                throw IPCError(code: .malformedFrame, message: "the committed end of \(file.path) moved back before \(consumed)")
             }
-            if lockTimeout == .zero {
-                // Skipped, to be tried after the next read, if a writer holds the lock now.
-                _ = try coordinator.tryCoordinate(file, exclusive: true, byAccessor: compact)
-            } else {
-                try coordinator.coordinate(writingItem: file, timeout: lockTimeout, byAccessor: compact)
+            guard unread <= consumedBytes else { return }
+            if unread > 0 {
+                try access.write(try access.read(at: consumed, count: unread), at: JournalHeader.length)
             }
-        } catch let error as IPCError where error.code == .coordinationTimeout {
-            return
+            try journal.commit(JournalHeader.length + unread)
+            let keep = JournalHeader.length + max(unread, threshold)
+            if try access.size() > keep { try access.truncate(to: keep) }
+            consumed = JournalHeader.length
         }
-    }
-}
-
-/// A journal's reader, which one thread at a time reads with, released (closing the journal)
-/// when its connection or listener ends: by the ending thread if no read is in progress, else by
-/// the reading thread once its read is over.
-final class JournalReaderSlot: Sendable {
-    private let reader = Mutex<JournalReader?>(nil)
-
-    func install(_ newReader: JournalReader) {
-        reader.withLock { $0 = newReader }
-    }
-
-    /// Reads what was committed since the last read, unless the reader was released; then
-    /// releases it if `isActive` says its user has ended (unless another thread reads now: the
-    /// last reader releases it). `handle` returns whether to read on.
-    /// - Parameter ifFree: never wait for the reader: skip the read if another thread is reading
-    ///   (the event loop's way: that thread may wait for a lock, or for room).
-    /// - Throws: what ``JournalReader/readCommitted(lockTimeout:keepWaiting:lend:_:)`` throws.
-    /// - Parameter lend: see ``JournalReader/readCommitted(lockTimeout:keepWaiting:lend:_:)``.
-    /// - Parameter lockTimeout: see ``JournalReader/readCommitted(lockTimeout:keepWaiting:lend:_:)``.
-    /// - Returns: `false` if the read gave up waiting for the journal's lock, or was skipped
-    ///   (`ifFree`): try again later, since records committed after the other thread's read
-    ///   would otherwise wait for the next change.
-    @discardableResult
-    func read(
-        isActive: () -> Bool, ifFree: Bool = false, lockTimeout: Duration = .seconds(1), lend: JournalLender? = nil, _ handle: (JournalRecord) -> Bool
-    ) throws -> Bool {
-        defer {
-            if !isActive() { _ = reader.withLockIfAvailable { $0 = nil } }
-        }
-        if ifFree {
-            return try reader.withLockIfAvailable { reader in
-                try reader?.readCommitted(lockTimeout: lockTimeout, keepWaiting: { lockTimeout > .zero && isActive() }, lend: lend, handle) ?? true
-            } ?? false
-        }
-        return try reader.withLock { reader in
-            try reader?.readCommitted(lockTimeout: lockTimeout, keepWaiting: { lockTimeout > .zero && isActive() }, lend: lend, handle) ?? true
-        }
-    }
-
-    /// Releases the reader now, unless a read is in progress (which releases it when it is over).
-    func release() {
-        _ = reader.withLockIfAvailable { $0 = nil }
+        // Skipped, to be tried after the next read, if a writer holds the lock now.
+        _ = try coordinator.tryCoordinate(file, exclusive: true, byAccessor: compact)
     }
 }

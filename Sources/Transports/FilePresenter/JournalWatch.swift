@@ -115,6 +115,14 @@ final class JournalInotify: @unchecked Sendable {
             while offset + MemoryLayout<inotify_event>.size <= count {
                 let event = buffer.baseAddress!.advanced(by: offset).loadUnaligned(as: inotify_event.self)
                 offset += MemoryLayout<inotify_event>.size + Int(event.len)
+                if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
+                    // The kernel's queue for this instance (fs.inotify.max_queued_events) ran
+                    // over and dropped events: any journal may have changed unseen, so every
+                    // watch's reader looks.
+                    for handler in handlers.withLock({ Array($0.values) }) { handler.call() }
+                    last = -1
+                    continue
+                }
                 guard event.wd != last else { continue }
                 last = event.wd
                 // Looked up now: a watch removed meanwhile is not called.

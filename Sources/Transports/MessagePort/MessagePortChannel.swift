@@ -93,7 +93,7 @@ final class MessagePortChannel: EngineChannel, @unchecked Sendable {
     }
 
     /// The listener hands over one fragment of this client's (loop thread): `read` (the
-    /// connection's ``EngineConnection/readDelivered()``) reads it while `body` is valid.
+    /// connection's ``EngineConnection/readNow()``) reads it while `body` is valid.
     func deliver(_ header: PortFragmentHeader, _ body: UnsafeRawBufferPointer, read: () -> Void) {
         delivered = (header, body)
         read()

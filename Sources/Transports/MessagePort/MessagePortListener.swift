@@ -223,7 +223,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             return
         default:
             guard let client = state.withLock({ $0.clients[header.sender] }) else { return }
-            client.channel.deliver(header, body) { client.connection.readDelivered() }
+            client.channel.deliver(header, body) { client.connection.readNow() }
         }
     }
 
