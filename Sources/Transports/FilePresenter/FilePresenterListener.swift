@@ -144,11 +144,14 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
                 return false
             }
             retry.reset()
-            let offering = callbacks.lend != nil
             // A record whose sender is not a connection yet is not offered here; if its
-            // connection exists by the time the record is routed, it offers it then.
-            while let record = try reader.next(offering: offering, lend: callbacks.lend ?? { _, _, _ in .notOffered }) {
-                route(record)
+            // connection exists by the time the record is routed, it offers it then. (`if let`,
+            // not `??`: a closure that comes out of a generic operator is wrapped in a thunk,
+            // an allocation per read.)
+            if let lend = callbacks.lend {
+                while let record = try reader.next(offering: true, lend: lend) { route(record) }
+            } else {
+                while let record = try reader.next(offering: false, lend: { _, _, _ in .notOffered }) { route(record) }
             }
         } catch {
             // The inbox cannot be read on, for anyone.
