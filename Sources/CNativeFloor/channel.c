@@ -32,6 +32,8 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_SHM_SPIN: return &nf_shm_spin_operations;
     case NF_JOURNAL: return &nf_journal_operations;
     case NF_UNIX_STREAM_EPOLL_HANDOFF: return &nf_unix_stream_operations;
+    case NF_UNIX_STREAM_IO_URING: return &nf_unix_stream_operations;
+    case NF_EVENTFD_IO_URING: return &nf_eventfd_operations;
     }
     return NULL;
 }
@@ -167,6 +169,8 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_SHM_SPIN: return "shm+spin";
     case NF_JOURNAL: return "journal";
     case NF_UNIX_STREAM_EPOLL_HANDOFF: return "unix-stream+epoll+handoff";
+    case NF_UNIX_STREAM_IO_URING: return "unix-stream+io_uring";
+    case NF_EVENTFD_IO_URING: return "eventfd+io_uring";
     }
     return NULL;
 }
@@ -392,10 +396,12 @@ int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t co
     uint32_t parameters[2] = {(uint32_t)count, (uint32_t)length};
     if (operations->send(channel, NF_STREAM, NULL) != 0 || receive_acknowledgement(channel, operations) != 0) return -1;
     uint64_t start = monotonic_nanoseconds();
+    channel->streaming = true;
     if (operations->send(channel, sizeof(parameters), parameters) != 0) return -1;
     for (size_t index = 0; index < count; index++) {
         if (operations->send(channel, (uint32_t)length, payload) != 0) return -1;
     }
+    channel->streaming = false;
     if (receive_acknowledgement(channel, operations) != 0) return -1;
     *nanoseconds = monotonic_nanoseconds() - start;
     return 0;
@@ -431,6 +437,7 @@ void nf_close(nf_channel *channel) {
     nf_close_fd(&channel->epoll_fd);
     nf_close_fd(&channel->ring_fd);
     nf_close_fd(&channel->bell_fd);
+    nf_uring_close(channel);
     if (channel->mapping != NULL) munmap(channel->mapping, channel->mapping_length);
     free(channel->buffer);
     free(channel->scratch);

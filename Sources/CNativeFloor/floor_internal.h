@@ -77,6 +77,11 @@ struct nf_channel {
     /// eventfd+epoll: the doorbell this end rings (the other's) and the one it waits on.
     int ring_fd;
     int bell_fd;
+    /// The io_uring variants: the ring, made at first use (uring.c).
+    struct nf_uring *uring;
+    /// Initiator: a one-way stream is being sent (nf_stream), so sends may run ahead of the
+    /// replies and each is tracked until it completes.
+    bool streaming;
     /// futex: the shared mapping and the last sequence numbers sent and seen.
     void *mapping;
     size_t mapping_length;
@@ -116,6 +121,18 @@ extern const struct nf_operations nf_pipe_operations;
 extern const struct nf_operations nf_eventfd_operations;
 extern const struct nf_operations nf_shm_spin_operations;
 extern const struct nf_operations nf_journal_operations;
+
+/// unix-stream+io_uring (uring.c): a send queued until the next wait; one message received
+/// (submitting what is queued); a stream's messages drained.
+int nf_uring_stream_send(nf_channel *channel, uint32_t length, const void *payload);
+int nf_uring_stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity);
+int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length);
+/// eventfd+io_uring (uring.c): the other end's doorbell rung (a write(2): see uring.c); a wait
+/// for this end's doorbell (its count read through the ring).
+int nf_uring_ring(nf_channel *channel);
+int nf_uring_wait_bell(nf_channel *channel);
+/// Releases the ring, if any.
+void nf_uring_close(nf_channel *channel);
 
 /// Tells the CPU the caller is spinning (x86 pause, ARM yield).
 static inline void nf_cpu_relax(void) {

@@ -175,7 +175,8 @@ static int eventfd_create(nf_channel *channel) {
     if (futex_create(channel) != 0) return -1;
     int bells[2];
     for (int lane = 0; lane < 2; lane++) {
-        bells[lane] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        // io_uring's read of a non-blocking eventfd would fail with EAGAIN instead of waiting.
+        bells[lane] = eventfd(0, EFD_CLOEXEC | (channel->mechanism == NF_EVENTFD_IO_URING ? 0 : EFD_NONBLOCK));
         if (bells[lane] < 0) return -1;
     }
     // The responder waits on lane 0 and rings lane 1.
@@ -208,6 +209,7 @@ static int eventfd_open(nf_channel *channel) {
 
 static int eventfd_send(nf_channel *channel, uint32_t length, const void *payload) {
     publish(channel, length, payload);
+    if (channel->mechanism == NF_EVENTFD_IO_URING) return nf_uring_ring(channel);
     uint64_t one = 1;
     return NF_RETRY(write(channel->ring_fd, &one, sizeof(one))) == sizeof(one) ? 0 : -1;
 }
@@ -216,7 +218,11 @@ static int eventfd_receive(nf_channel *channel, uint32_t *length, void *payload,
     struct lane *lane = &header_of(channel)->lanes[incoming(channel)];
     uint32_t sequence;
     while ((sequence = atomic_load_explicit(&lane->sequence, memory_order_acquire)) == channel->seen) {
-        if (nf_epoll_wait_readable(channel, channel->bell_fd, true) != 0) return -1;
+        if (channel->mechanism == NF_EVENTFD_IO_URING) {
+            if (nf_uring_wait_bell(channel) != 0) return -1;
+        } else if (nf_epoll_wait_readable(channel, channel->bell_fd, true) != 0) {
+            return -1;
+        }
     }
     return take(channel, lane, sequence, length, payload, capacity);
 }

@@ -23,6 +23,7 @@ static int stream_send(nf_channel *channel, uint32_t length, const void *payload
 }
 
 static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
+    if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_receive(channel, length, payload, capacity);
     return nf_read_message(channel->in_fd, false, length, payload, capacity);
 }
 
@@ -30,6 +31,7 @@ static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, 
 /// what a receiver that only drains the stream costs. unix-stream+epoll waits in epoll_wait
 /// before each read, as an event loop does.
 static int stream_sink(nf_channel *channel, size_t count, size_t length) {
+    if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_sink(channel, count, length);
     bool polling = channel->mechanism == NF_UNIX_STREAM_EPOLL;
     size_t remaining = count * (NF_HEADER_LENGTH + length);
     size_t capacity = 1 << 20;
@@ -96,6 +98,7 @@ static int unix_open(nf_channel *channel) {
 }
 
 static int unix_send(nf_channel *channel, uint32_t length, const void *payload) {
+    if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_send(channel, length, payload);
     return stream_send(channel, length, payload, true);
 }
 

@@ -290,7 +290,8 @@ public struct LatencyRunner: Sendable {
         guard floors else { return }
         let base = transports.compactMap(FloorMechanism.init(transport:))
         let handingOff = plan.mainServing == .task ? base.compactMap(\.handOff) : []
-        let mechanisms = strategy.spins ? base.compactMap(\.spinning) : base + base.compactMap(\.sameWork) + handingOff
+        // The io_uring floors only where the kernel allows io_uring (a note says when it does not).
+        let mechanisms = (strategy.spins ? base.compactMap(\.spinning) : base + base.flatMap(\.sameWorkFloors) + handingOff).filter(\.isAvailable)
         for mechanism in orderedUnique(mechanisms) {
             for placement in placements where !mechanism.spins || placement.spreadsProcesses {
                 let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))

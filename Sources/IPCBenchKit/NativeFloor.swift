@@ -1,3 +1,4 @@
+import CNativeFloor
 import Foundation
 import IPCCore
 import IPCEngine
@@ -39,6 +40,12 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     /// request by the thread that waits and reads: the kernel work of a server whose request
     /// handler runs off its event loop (unix-socket's async handler on the global executor).
     case unixStreamEpollHandoff = "unix-stream+epoll+handoff"
+    /// ``unixStream`` waited on with io_uring: one `io_uring_enter` per half round trip submits
+    /// the send and waits for the receive (the kernel work of an event loop on io_uring).
+    case unixStreamIoUring = "unix-stream+io_uring"
+    /// ``eventfdEpoll``'s mapping and doorbells, the doorbell written and read through io_uring:
+    /// one `io_uring_enter` per half round trip.
+    case eventfdIoUring = "eventfd+io_uring"
 
     public var description: String { rawValue }
 
@@ -52,7 +59,20 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .mqueue: .mqueueEpoll
         case .futex: .eventfdEpoll
         case .inotify: .journal
-        case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff: nil
+        case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
+            .unixStreamIoUring, .eventfdIoUring: nil
+        }
+    }
+
+    /// Every event-driven floor that does the transport's kernel work: ``sameWork`` (epoll) and
+    /// the same work waited on with io_uring, where there is such a floor. A transport's main
+    /// rows are measured against the fastest of them in the same run, so that a faster kernel
+    /// path the engine does not take still counts against it.
+    public var sameWorkFloors: [FloorMechanism] {
+        switch self {
+        case .unixStream: [.unixStreamEpoll, .unixStreamIoUring]
+        case .futex: [.eventfdEpoll, .eventfdIoUring]
+        default: sameWork.map { [$0] } ?? []
         }
     }
 
@@ -71,7 +91,8 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .unixStream: .unixStreamSpin
         case .mqueue: .mqueueSpin
         case .futex: .shmSpin
-        case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff: nil
+        case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
+            .unixStreamIoUring, .eventfdIoUring: nil
         }
     }
 
@@ -94,6 +115,10 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         default: return nil
         }
     }
+
+    /// Whether this kernel lets the process use the mechanism (the io_uring floors are skipped
+    /// where io_uring is disabled or refused).
+    public var isAvailable: Bool { nf_mechanism_available(cValue) == 1 }
 
     /// What results call this floor in ``LatencyResult/transport``: `floor:<mechanism>`.
     public var resultName: String { "floor:" + rawValue }

@@ -93,8 +93,8 @@ extension FloorMechanism {
     /// has no stream: its sender would block.
     public var streams: Bool {
         switch self {
-        case .unixStream, .mqueue, .pipe, .unixStreamEpoll: true
-        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff: false
+        case .unixStream, .mqueue, .pipe, .unixStreamEpoll, .unixStreamIoUring: true
+        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring: false
         }
     }
 
@@ -113,6 +113,8 @@ extension FloorMechanism {
         case .shmSpin: NF_SHM_SPIN
         case .journal: NF_JOURNAL
         case .unixStreamEpollHandoff: NF_UNIX_STREAM_EPOLL_HANDOFF
+        case .unixStreamIoUring: NF_UNIX_STREAM_IO_URING
+        case .eventfdIoUring: NF_EVENTFD_IO_URING
         }
     }
 }

@@ -248,8 +248,9 @@ public struct LatencyResult: Codable, Sendable {
     }
 
     /// The floor that does the kernel work this measurement's round trip does, same placement
-    /// and payload, from `results`: for a blocking row ``FloorMechanism/sameWork`` of its
-    /// transport's mechanism (event-loop waits, or the journal protocol), for a spinning row
+    /// and payload, from `results`: for a blocking row the fastest (p50) of the
+    /// ``FloorMechanism/sameWorkFloors`` of its transport's mechanism that the run measured
+    /// (epoll or io_uring waits, or the journal protocol), for a spinning row
     /// ``FloorMechanism/spinning``. `nil` for floors and where there is none.
     /// A row whose peer served with the async handler off its loop (``taskHandler``) is divided
     /// by the hand-off floor where the run measured one (``FloorMechanism/handOff``): the
@@ -260,8 +261,8 @@ public struct LatencyResult: Codable, Sendable {
             results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
         }
         if !spins, handler == Self.taskHandler, let handOff = base.handOff, let floor = row(handOff) { return floor }
-        guard let mechanism = spins ? base.spinning : base.sameWork else { return nil }
-        return row(mechanism)
+        if spins { return base.spinning.flatMap(row) }
+        return base.sameWorkFloors.compactMap(row).min { $0.p50 < $1.p50 }
     }
 
     /// Both processes' context switches per round trip.

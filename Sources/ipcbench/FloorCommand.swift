@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import IPCBenchKit
 import IPCPosix
 
@@ -41,7 +42,11 @@ struct FloorCommand: AsyncParsableCommand {
         )
         let progress = ProgressReporter()
         var results: [LatencyResult] = []
-        let chosenMechanisms = mechanisms.isEmpty ? FloorMechanism.allCases : mechanisms
+        let unavailable = (mechanisms.isEmpty ? FloorMechanism.allCases : mechanisms).filter { !$0.isAvailable }
+        for mechanism in unavailable {
+            FileHandle.standardError.write(Data("skipped \(mechanism.resultName): this kernel does not let this process use io_uring (kernel.io_uring_disabled, or a seccomp filter)\n".utf8))
+        }
+        let chosenMechanisms = (mechanisms.isEmpty ? FloorMechanism.allCases : mechanisms).filter(\.isAvailable)
         let runnablePlacements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
         let total = chosenMechanisms.reduce(0) { sum, mechanism in
             sum + runnablePlacements.filter { !mechanism.spins || $0.spreadsProcesses }.count * plan.payloadSizes.count

@@ -40,23 +40,26 @@ struct CommandLineTests {
         let results = try ResultStore.read(output + "/results.json")
         // The transport served by the async handler, from its preferred executor and again from
         // the global executor, then served by the on-loop fast path, then its native floor, its
-        // event-driven floor and that floor with a thread hand-over per request, measured the
-        // same way in the same run.
-        let transports = ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"]
-        let executors: [String?] = ["preferred", "preferred", "global", "global", "preferred", "preferred", nil, nil, nil, nil]
-        let handlers: [String?] = ["task", "task", "task", "task", "on-loop", "on-loop", nil, nil, nil, nil]
+        // event-driven floors (epoll, and io_uring where the kernel allows it) and that floor with
+        // a thread hand-over per request, measured the same way in the same run.
+        let uring = FloorMechanism.unixStreamIoUring.isAvailable ? ["floor:unix-stream+io_uring", "floor:unix-stream+io_uring"] : []
+        let transports = ["unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "unix-socket", "floor:unix-stream", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+epoll"] + uring
+        let executors: [String?] = ["preferred", "preferred", "global", "global", "preferred", "preferred"] + Array(repeating: nil, count: 4 + uring.count)
+        let handlers: [String?] = ["task", "task", "task", "task", "on-loop", "on-loop"] + Array(repeating: nil, count: 4 + uring.count)
         let handOff = ["floor:unix-stream+epoll+handoff", "floor:unix-stream+epoll+handoff"]
         #expect(results.latency.map(\.transport) == transports + handOff)
         #expect(results.latency.map(\.executor) == executors + [nil, nil])
         #expect(results.latency.map(\.handler) == handlers + [nil, nil])
-        #expect(results.latency.map(\.payloadBytes) == [0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64])
+        #expect(results.latency.map(\.payloadBytes) == Array(repeating: [0, 64], count: transports.count / 2 + 1).flatMap { $0 })
         #expect(results.latency.filter(\.onLoopHandler).allSatisfy { $0.name.contains("/on-loop-handler/") && $0.waitDescription == "blocking, on-loop handler" })
         #expect(results.loopStalls == [])
         // Served off the loop, the transport's same work includes the hand-over; on the loop, not.
         let transportRow = try #require(results.latency.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
         #expect(transportRow.sameWorkFloor(in: results.latency)?.transport == "floor:unix-stream+epoll+handoff")
+        // On the loop: the faster of the event-driven floors.
         let onLoopRow = try #require(results.latency.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 && $0.onLoopHandler })
-        #expect(onLoopRow.sameWorkFloor(in: results.latency)?.transport == "floor:unix-stream+epoll")
+        let eventDriven = results.latency.filter { ["floor:unix-stream+epoll", "floor:unix-stream+io_uring"].contains($0.transport) && $0.payloadBytes == 64 }
+        #expect(onLoopRow.sameWorkFloor(in: results.latency)?.transport == eventDriven.min { $0.p50 < $1.p50 }?.transport)
         #expect(transportRow.floor(in: results.latency)?.transport == "floor:unix-stream")
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
@@ -71,11 +74,12 @@ struct CommandLineTests {
         #expect(throughput.filter(\.onGlobalExecutor).allSatisfy { $0.name.contains("/global-executor/") && $0.waitDescription == "blocking, global executor" })
         let streamRow = try #require(throughput.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
         #expect(streamRow.floor(in: throughput)?.transport == "floor:unix-stream")
-        #expect(streamRow.sameWorkFloor(in: throughput)?.transport == "floor:unix-stream+epoll")
+        let eventDrivenStreams = throughput.filter { ["floor:unix-stream+epoll", "floor:unix-stream+io_uring"].contains($0.transport) && $0.payloadBytes == 64 }
+        #expect(streamRow.sameWorkFloor(in: throughput)?.transport == eventDrivenStreams.max { $0.messagesPerSecond < $1.messagesPerSecond }?.transport)
         #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
         #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
         // A benchmark entry per latency and throughput row and per repetition of each.
-        #expect(results.benchmarks.count == 22 * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.count == (22 + 2 * uring.count) * (LatencyResult.repetitions + 1))
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))

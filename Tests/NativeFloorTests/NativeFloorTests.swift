@@ -83,7 +83,7 @@ struct NativeFloorTests {
 
     /// The sender of a stream spends most of it waiting for room in the socket (blocked in the
     /// write, or in epoll_wait for EPOLLOUT): the peer killed then is an error at once, not a hang.
-    @Test("a stream to a peer killed mid-stream fails", arguments: [FloorMechanism.unixStream, .unixStreamEpoll])
+    @Test("a stream to a peer killed mid-stream fails", arguments: [FloorMechanism.unixStream, .unixStreamEpoll, .unixStreamIoUring])
     func peerDeathMidStream(mechanism: FloorMechanism) async throws {
         let group = try TestGroup()
         let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)

@@ -80,10 +80,25 @@ typedef enum nf_mechanism {
     /// wake) and waits again; the worker writes the echo. The kernel work of a server whose
     /// request handler runs off its event loop (one thread hand-over per request).
     NF_UNIX_STREAM_EPOLL_HANDOFF = 12,
+    /// NF_UNIX_STREAM, waited on with io_uring instead of epoll: each end queues its send and,
+    /// when it waits, submits it with a receive in one io_uring_enter that returns once the
+    /// receive has completed (one system call per half round trip). The ring is set up with
+    /// IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN where the kernel allows, the
+    /// socket registered as a fixed file. EPERM or ENOSYS where io_uring is disabled.
+    NF_UNIX_STREAM_IO_URING = 13,
+    /// NF_EVENTFD_EPOLL's mapping and doorbells, with this end's bell read through io_uring (one
+    /// io_uring_enter per wait) and the other's rung with write(2): io_uring has no inline
+    /// write for an eventfd and hands each to a worker thread.
+    NF_EVENTFD_IO_URING = 14,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
 typedef struct nf_channel nf_channel;
+
+/// Whether this kernel lets the calling process use the mechanism: 0 for the io_uring floors
+/// where io_uring is disabled (`kernel.io_uring_disabled`) or refused (a seccomp filter), with
+/// errno saying why; 1 otherwise.
+int nf_mechanism_available(nf_mechanism mechanism);
 
 /// Responder, step 1: creates the mechanism's named objects in `directory` (for NF_MQUEUE,
 /// queues named after the directory's last path component), named after the calling process's
