@@ -248,7 +248,8 @@ static int submit_and_wait(nf_channel *channel, struct nf_uring *ring, unsigned 
     }
 }
 
-/// Waits until the receive (queued or outstanding) has completed; its result.
+/// Waits until the receive (queued or outstanding) has completed: its result (the bytes read),
+/// or -1 with errno (the receive's own failure included).
 static int await_receive(nf_channel *channel, struct nf_uring *ring) {
     while (!ring->received) {
         // Waits for one completion: a round trip's send posts none when it succeeds (and the
@@ -258,6 +259,10 @@ static int await_receive(nf_channel *channel, struct nf_uring *ring) {
         if (submit_and_wait(channel, ring, 1) != 0) return -1;
     }
     ring->received = false;
+    if (ring->receive_result < 0) {
+        errno = -ring->receive_result;
+        return -1;
+    }
     return ring->receive_result;
 }
 
@@ -307,12 +312,7 @@ static ssize_t receive_into(nf_channel *channel, struct nf_uring *ring, int fd, 
     entry->len = (uint32_t)(length < UINT32_MAX ? length : UINT32_MAX);
     entry->user_data = RECEIVE_TAG;
     ring->receiving = true;
-    int result = await_receive(channel, ring);
-    if (result < 0) {
-        errno = -result;
-        return -1;
-    }
-    return result;
+    return await_receive(channel, ring);
 }
 
 // MARK: unix-stream+io_uring
@@ -439,47 +439,7 @@ int nf_uring_wait_bell(nf_channel *channel) {
     entry->len = sizeof(ring->bell_count);
     entry->user_data = RECEIVE_TAG;
     ring->receiving = true;
-    struct timespec period = {.tv_sec = NF_LIVENESS_PERIOD_SECONDS};
-    while (!ring->received) {
-        // The doorbell's write, queued with it, posts no completion when it succeeds. The
-        // initiator wakes once a second to check that the responder is alive.
-        int result = ring_enter(ring->fd, ring->queued, 1, IORING_ENTER_GETEVENTS, channel->responder ? NULL : &period);
-        if (result < 0 && errno == EINTR) continue;
-        if (result < 0 && errno == ETIME) {
-            ring->queued = 0;
-            if (!nf_process_alive(channel->responder_pid)) {
-                errno = ECONNRESET;
-                return -1;
-            }
-            continue;
-        }
-        if (result < 0) return -1;
-        ring->queued = 0;
-        // A failed doorbell write posts a completion tagged past the slots.
-        unsigned head = *ring->cq_head;
-        unsigned tail = atomic_load_explicit((_Atomic unsigned *)ring->cq_tail, memory_order_acquire);
-        int status = 0;
-        while (head != tail) {
-            struct io_uring_cqe *completion = &ring->cqes[head & *ring->cq_mask];
-            head++;
-            if (completion->user_data == RECEIVE_TAG) {
-                ring->received = true;
-                ring->receive_result = completion->res;
-            } else if (completion->res < 0) {
-                errno = -completion->res;
-                status = -1;
-            }
-        }
-        atomic_store_explicit((_Atomic unsigned *)ring->cq_head, head, memory_order_release);
-        if (status != 0) return -1;
-    }
-    ring->received = false;
-    ring->receiving = false;
-    if (ring->receive_result < 0) {
-        errno = -ring->receive_result;
-        return -1;
-    }
-    return 0;
+    return await_receive(channel, ring) < 0 ? -1 : 0;
 }
 
 int nf_mechanism_available(nf_mechanism mechanism) {
