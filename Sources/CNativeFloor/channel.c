@@ -34,6 +34,7 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_UNIX_STREAM_EPOLL_HANDOFF: return &nf_unix_stream_operations;
     case NF_UNIX_STREAM_IO_URING: return &nf_unix_stream_operations;
     case NF_EVENTFD_IO_URING: return &nf_eventfd_operations;
+    case NF_MQUEUE_POLL: return &nf_mqueue_operations;
     }
     return NULL;
 }
@@ -65,13 +66,14 @@ bool nf_still_spinning(uint32_t *polls, uint64_t *end) {
 }
 
 /// Polls `fd` with a zero timeout until it is readable (or hung up), for at most
-/// NF_SPIN_LIMIT_NANOSECONDS; then waits in poll(2) without the CPU.
-static int poll_until_readable(nf_channel *channel, int fd) {
+/// NF_SPIN_LIMIT_NANOSECONDS, then waits in poll(2) without the CPU; with `blocking`, waits in
+/// poll(2) at once.
+static int poll_until_readable(nf_channel *channel, int fd, bool blocking) {
     uint64_t checked = 0;
     nf_liveness_due(&checked);
     uint32_t polls = 0;
     uint64_t end = 0;
-    bool spinning = true;
+    bool spinning = !blocking;
     for (;;) {
         struct pollfd entry = {.fd = fd, .events = POLLIN};
         int count = poll(&entry, 1, spinning ? 0 : (channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
@@ -150,7 +152,8 @@ int nf_epoll_wait_writable(nf_channel *channel, int fd) {
 /// descriptor is readable (one epoll_wait and one read per message, as an event loop does).
 static int receive_message(nf_channel *channel, const struct nf_operations *operations, uint32_t *length, void *payload, size_t capacity) {
     if (waits_through_epoll(channel->mechanism) && nf_epoll_wait_readable(channel, channel->in_fd, false) != 0) return -1;
-    if (waits_by_polling(channel->mechanism) && poll_until_readable(channel, channel->in_fd) != 0) return -1;
+    if (waits_by_polling(channel->mechanism) && poll_until_readable(channel, channel->in_fd, false) != 0) return -1;
+    if (channel->mechanism == NF_MQUEUE_POLL && poll_until_readable(channel, channel->in_fd, true) != 0) return -1;
     return operations->receive(channel, length, payload, capacity);
 }
 
@@ -171,6 +174,7 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_UNIX_STREAM_EPOLL_HANDOFF: return "unix-stream+epoll+handoff";
     case NF_UNIX_STREAM_IO_URING: return "unix-stream+io_uring";
     case NF_EVENTFD_IO_URING: return "eventfd+io_uring";
+    case NF_MQUEUE_POLL: return "mqueue+poll";
     }
     return NULL;
 }
@@ -387,7 +391,7 @@ int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t co
     const struct nf_operations *operations = operations_for(channel->mechanism);
     // A stream through epoll: the socket's (written and drained as an event loop does); the
     // queue's sender would block, so it has none; a one-way stream has nothing to hand over.
-    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && channel->mechanism != NF_UNIX_STREAM_EPOLL_HANDOFF
+    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && channel->mechanism != NF_MQUEUE_POLL && channel->mechanism != NF_UNIX_STREAM_EPOLL_HANDOFF
         && !waits_by_polling(channel->mechanism);
     if (channel->responder || !buffered || length > channel->max_payload || count > UINT32_MAX) {
         errno = channel->responder ? EINVAL : !buffered ? ENOTSUP : EMSGSIZE;
@@ -411,7 +415,7 @@ void nf_remove_names(const nf_channel *channel) {
     for (int index = 0; index < NF_NAME_COUNT; index++) {
         const char *name = channel->names[index];
         if (name[0] == '\0') continue;
-        if (channel->mechanism == NF_MQUEUE || channel->mechanism == NF_MQUEUE_EPOLL || channel->mechanism == NF_MQUEUE_SPIN) {
+        if (channel->mechanism == NF_MQUEUE || channel->mechanism == NF_MQUEUE_EPOLL || channel->mechanism == NF_MQUEUE_SPIN || channel->mechanism == NF_MQUEUE_POLL) {
             mq_unlink(name);
         } else {
             unlink(name);

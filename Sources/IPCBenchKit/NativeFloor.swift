@@ -46,6 +46,8 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     /// ``eventfdEpoll``'s mapping and doorbells, the doorbell written and read through io_uring:
     /// one `io_uring_enter` per half round trip.
     case eventfdIoUring = "eventfd+io_uring"
+    /// ``mqueue`` with a `poll` of the one queue descriptor before every receive.
+    case mqueuePoll = "mqueue+poll"
 
     public var description: String { rawValue }
 
@@ -60,7 +62,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .futex: .eventfdEpoll
         case .inotify: .journal
         case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
-            .unixStreamIoUring, .eventfdIoUring: nil
+            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll: nil
         }
     }
 
@@ -72,6 +74,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         switch self {
         case .unixStream: [.unixStreamEpoll, .unixStreamIoUring]
         case .futex: [.eventfdEpoll, .eventfdIoUring]
+        case .mqueue: [.mqueueEpoll, .mqueuePoll]
         default: sameWork.map { [$0] } ?? []
         }
     }
@@ -92,7 +95,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .mqueue: .mqueueSpin
         case .futex: .shmSpin
         case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
-            .unixStreamIoUring, .eventfdIoUring: nil
+            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll: nil
         }
     }
 

@@ -94,7 +94,7 @@ extension FloorMechanism {
     public var streams: Bool {
         switch self {
         case .unixStream, .mqueue, .pipe, .unixStreamEpoll, .unixStreamIoUring: true
-        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring: false
+        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring, .mqueuePoll: false
         }
     }
 
@@ -115,6 +115,7 @@ extension FloorMechanism {
         case .unixStreamEpollHandoff: NF_UNIX_STREAM_EPOLL_HANDOFF
         case .unixStreamIoUring: NF_UNIX_STREAM_IO_URING
         case .eventfdIoUring: NF_EVENTFD_IO_URING
+        case .mqueuePoll: NF_MQUEUE_POLL
         }
     }
 }

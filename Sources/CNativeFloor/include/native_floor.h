@@ -90,6 +90,9 @@ typedef enum nf_mechanism {
     /// io_uring_enter per wait) and the other's rung with write(2): io_uring has no inline
     /// write for an eventfd and hands each to a worker thread.
     NF_EVENTFD_IO_URING = 14,
+    /// NF_MQUEUE, with every wait a poll(2) of the one queue descriptor before the receive: the
+    /// event-driven wait with the least kernel bookkeeping for a single descriptor.
+    NF_MQUEUE_POLL = 15,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
