@@ -85,7 +85,7 @@ let package = Package(
         ),
         // MMWormhole's mailbox: the last message per identifier, stored in the group directory,
         // listeners told through any NamedNotificationCenter.
-        .target(name: "Wormhole", dependencies: ["IPCCore", "IPCPosix"]),
+        .target(name: "Wormhole", dependencies: ["IPCCore", "IPCPosix", "IPCSecureCoding"]),
         // The conformance suite as a library any transport's tests can run: cases, the peer
         // service a peer executable runs, reports. No test framework: assertions throw.
         .target(
@@ -127,7 +127,7 @@ let package = Package(
             name: "NotifyTransportTests",
             dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "CIPCShims", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
-        .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
+        .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "IPCSecureCoding", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
             dependencies: ["CIPCShims", "IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]

@@ -3,6 +3,7 @@ import Glibc
 import IPCBenchKit
 import IPCConformance
 import IPCCore
+import IPCSecureCoding
 import IPCTestSupport
 import NotifyTransport
 import Synchronization
@@ -19,6 +20,41 @@ struct WormholeTests {
 
     private func tool(_ group: borrowing TestGroup, _ arguments: [String]) throws -> (status: Int32, output: String) {
         try PeerProcess.runToCompletionSynchronously(["wormhole", "--group", group.directory.path] + arguments)
+    }
+
+    @Test("objects pass through the secure codecs: read back as their type, refused when their type is not allowed, a garbage message from another process a typed error; the bytes stay")
+    func objects() throws {
+        let group = try TestGroup()
+        let wormhole = try wormhole(group)
+        let order = Order(
+            id: 7, customer: "wormhole", items: [Order.LineItem(sku: "A-1", quantity: 2, unitPriceCents: 250)], tags: ["x"],
+            placedAt: Date(timeIntervalSince1970: 1_700_000_000), attachment: Data([1, 2, 3])
+        )
+        for codec in [BinaryCodablePayloadCodec() as any PayloadCodec, JSONPayloadCodec()] {
+            try wormhole.passMessageObject(order, identifier: "order", codec: codec)
+            #expect(try wormhole.messageObject(Order.self, withIdentifier: "order", codec: codec) == order)
+            let any = try #require(try wormhole.messageObject(withIdentifier: "order", allowing: AllowList([Order.self]), codec: codec))
+            #expect(any as? Order == order)
+            // Nothing allowed: refused, and the stored message is untouched.
+            let stored = try wormhole.message(withIdentifier: "order")
+            do {
+                _ = try wormhole.messageObject(withIdentifier: "order", allowing: AllowList(), codec: codec)
+                Issue.record("an order decoded with nothing allowed (\(codec.name))")
+            } catch let error as IPCError {
+                #expect(error.code == .disallowedType, "\(error)")
+            }
+            #expect(try wormhole.message(withIdentifier: "order") == stored)
+        }
+        #expect(try wormhole.messageObject(Order.self, withIdentifier: "never-passed") == nil)
+        // Another process stores bytes that are no object at all.
+        #expect(try tool(group, ["--pass", "order=not an object"]).status == 0)
+        do {
+            _ = try wormhole.messageObject(Order.self, withIdentifier: "order")
+            Issue.record("garbage decoded as an order")
+        } catch let error as IPCError {
+            #expect(error.code == .malformedPayload, "\(error)")
+        }
+        #expect(try wormhole.message(withIdentifier: "order") == Array("not an object".utf8))
     }
 
     @Test("a message passed by a process that has exited is read later by one that was not running; clear removes it")
