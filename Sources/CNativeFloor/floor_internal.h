@@ -127,9 +127,8 @@ extern const struct nf_operations nf_journal_operations;
 int nf_uring_stream_send(nf_channel *channel, uint32_t length, const void *payload);
 int nf_uring_stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity);
 int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length);
-/// eventfd+io_uring (uring.c): the other end's doorbell rung (a write(2): see uring.c); a wait
-/// for this end's doorbell (its count read through the ring).
-int nf_uring_ring(nf_channel *channel);
+/// eventfd+io_uring (uring.c): a wait for this end's doorbell (its count read through the ring;
+/// the other end's is rung with write(2), see eventfd_send).
 int nf_uring_wait_bell(nf_channel *channel);
 /// Releases the ring, if any.
 void nf_uring_close(nf_channel *channel);

@@ -208,8 +208,10 @@ static int eventfd_open(nf_channel *channel) {
 }
 
 static int eventfd_send(nf_channel *channel, uint32_t length, const void *payload) {
+    // eventfd+io_uring rings this way too: io_uring has no inline write for an eventfd and hands
+    // each IORING_OP_WRITE to an io-wq worker thread (131 µs and 6 context switches a round trip
+    // on one core, measured on a debug build, against 7-10 µs with write(2)).
     publish(channel, length, payload);
-    if (channel->mechanism == NF_EVENTFD_IO_URING) return nf_uring_ring(channel);
     uint64_t one = 1;
     return NF_RETRY(write(channel->ring_fd, &one, sizeof(one))) == sizeof(one) ? 0 : -1;
 }

@@ -2,7 +2,7 @@
 // epoll. Each end keeps its sends queued until it waits: one io_uring_enter per half round trip
 // submits the send (and the receive) and waits for the receive's completion, where the epoll
 // floors make an epoll_wait, a read and a write (eventfd+io_uring rings with write(2), see
-// nf_uring_ring). The ring is set up the fastest way the kernel
+// eventfd_send). The ring is set up the fastest way the kernel
 // allows here (IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN, else COOP_TASKRUN, else
 // plain), with the socket or eventfds registered as fixed files. Raw system calls: no liburing
 // is needed to build the package.
@@ -419,14 +419,6 @@ int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length) {
 static struct nf_uring *bell_ring(nf_channel *channel) {
     int fds[2] = {channel->bell_fd, channel->ring_fd};
     return ring_of(channel, fds, 2);
-}
-
-int nf_uring_ring(nf_channel *channel) {
-    // A write(2), not an IORING_OP_WRITE: an eventfd's write has no non-blocking form that
-    // io_uring can try inline, so the ring hands each one to an io-wq worker thread (measured:
-    // 131 µs and 6 context switches a round trip on one core, against 7-10 µs this way).
-    uint64_t one = 1;
-    return NF_RETRY(write(channel->ring_fd, &one, sizeof(one))) == sizeof(one) ? 0 : -1;
 }
 
 int nf_uring_wait_bell(nf_channel *channel) {
