@@ -47,8 +47,8 @@ final class ConnectionProbe: Sendable {
         var lastProgress = ContinuousClock.now
         while seen < count {
             let now = ContinuousClock.now
-            try check(now < deadline, "\(what): \(seen) of \(count) messages arrived within \(limit)")
-            try check(now - lastProgress < stall, "\(what): \(seen) of \(count) messages arrived, then none for \(stall)")
+            try check(now < deadline, "\(what): \(seen) of \(count) messages arrived within \(limit)\(endState)")
+            try check(now - lastProgress < stall, "\(what): \(seen) of \(count) messages arrived, then none for \(stall)\(endState)")
             try? await Task.sleep(for: .milliseconds(2))
             let current = messageCount
             if current != seen {
@@ -57,6 +57,13 @@ final class ConnectionProbe: Sendable {
             }
         }
         return Array(messages.prefix(count))
+    }
+
+    /// What a failure to receive adds: whether the connection ended meanwhile, and why, so that
+    /// a lost message is told from a connection that ended.
+    private var endState: String {
+        if let first = firstInvalidation { return " (the connection was invalidated: \(first.reason))" }
+        return streamFinishedAt != nil ? " (the message stream ended)" : " (the connection is still valid)"
     }
 
     /// Waits for the invalidation handler to run; returns when it ran, or `nil` if it did not

@@ -831,17 +831,55 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
         guard mayWrite else { return }
         while true {
+            let wroteAll = writeQueued()
+            let (close, again): (Bool, Bool) = writeState.withLock { state in
+                if state.closed {
+                    state.writerActive = false
+                    return (true, false)
+                }
+                if state.queue.isEmpty {
+                    state.writerActive = false
+                    state.retryDelay = 0
+                    if state.watchingWritable {
+                        state.watchingWritable = false
+                        applyInterest(state)
+                    }
+                    return (false, false)
+                }
+                // A frame another thread queued after the last look (it saw the writer active,
+                // so it neither flushed nor watched): written now, keeping the right to write, as
+                // nothing else would report it (a doorbell rings only for room a write lacked).
+                if wroteAll { return (false, true) }
+                state.writerActive = false
+                if !state.watchingWritable {
+                    state.watchingWritable = true
+                    applyInterest(state)
+                }
+                return (false, false)
+            }
+            if again { continue }
+            if close { channel.close() }
+            if retriesWrites { armWriteRetry() }
+            return
+        }
+    }
+
+    /// Writes the queue's frames in order while the kernel takes them, holding the right to
+    /// write (loop thread). Returns `true` if it found the queue empty, `false` if it stopped at
+    /// a frame the kernel had no room for (or a write failed, or a frame was cancelled).
+    private func writeQueued() -> Bool {
+        while true {
             guard let head = writeState.withLock({ state -> PendingWrite? in
                 let head = state.queue.first
                 head?.inFlight = true
                 return head
-            }) else { break }
+            }) else { return true }
             let count: Int
             do {
                 count = try writeNow(head.frame, from: head.written)
             } catch {
                 writeState.withLock { _ in head.inFlight = false }
-                break
+                return false
             }
             // The head stays the head while in flight: nothing else takes a frame out then.
             enum Outcome { case finished, cancelled, more }
@@ -866,22 +904,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             case .cancelled: head.complete(.failure(CancellationError()))
             case .more: break
             }
-            guard case .finished = outcome else { break }
+            guard case .finished = outcome else { return false }
         }
-        let close: Bool = writeState.withLock { state in
-            state.writerActive = false
-            if state.closed { return true }
-            if state.queue.isEmpty {
-                state.retryDelay = 0
-                if state.watchingWritable {
-                    state.watchingWritable = false
-                    applyInterest(state)
-                }
-            }
-            return false
-        }
-        if close { channel.close() }
-        if retriesWrites { armWriteRetry() }
     }
 
     private func updateInterest(_ change: (inout WriteState) -> Void) {
