@@ -146,7 +146,7 @@ let package = Package(
             name: "HostileTests",
             dependencies: [
                 "IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
-                "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench",
+                "FilePresenterTransport", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench",
             ]
         ),
         .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCPosix", "IPCTestSupport", "ipcbench"]),

@@ -51,6 +51,14 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
 
     public var description: String { rawValue }
 
+    /// Whether the floor's channel is a pair of POSIX message queues.
+    var usesMessageQueues: Bool {
+        switch self {
+        case .mqueue, .mqueueEpoll, .mqueueSpin, .mqueuePoll: true
+        default: false
+        }
+    }
+
     /// The floor that does the kernel work the transport's blocking round trip does: the
     /// mechanism waited on as an event loop waits (`epoll_wait`, then the read) for the
     /// transports on the event loop, the journal protocol for file-presenter. A transport's

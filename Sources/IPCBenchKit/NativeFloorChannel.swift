@@ -1,6 +1,7 @@
 import CNativeFloor
 import Foundation
 import IPCCore
+import IPCPosix
 import Synchronization
 
 /// The responder end, in the floor peer process.
@@ -16,7 +17,14 @@ final class FloorResponder: @unchecked Sendable {
     /// - Throws: ``IPCError`` (``IPCError/Code/transportFailure``, or
     ///   ``IPCError/Code/invalidEndpoint`` for a directory whose paths are too long).
     init(mechanism: FloorMechanism, directory: String, maximumPayload: Int) throws {
-        guard let channel = nf_responder_create(mechanism.cValue, directory, maximumPayload) else {
+        var made = nf_responder_create(mechanism.cValue, directory, maximumPayload)
+        if made == nil, errno == EMFILE, mechanism.usesMessageQueues {
+            // This user's queue memory is used up: by queues killed runs left, most often. They
+            // are removed (those no live process holds open), and the queues made again, once.
+            let removed = MessageQueue.removeAbandoned { $0.hasPrefix("ipcb.") || $0.contains(".floor-") }
+            if !removed.isEmpty { made = nf_responder_create(mechanism.cValue, directory, maximumPayload) }
+        }
+        guard let channel = made else {
             throw IPCError.floor("creating the responder", mechanism: mechanism, errno: errno)
         }
         self.mechanism = mechanism
@@ -131,6 +139,10 @@ extension IPCError {
         case ENAMETOOLONG: kind = .invalidEndpoint
         case ENOTSUP: kind = .unsupportedOperation
         default: kind = .transportFailure
+        }
+        if code == EMFILE, mechanism.usesMessageQueues {
+            // mq_open's EMFILE is rarely about descriptors: it is the per-user queue memory.
+            return IPCError(code: kind, message: "native floor \(mechanism): \(operation) failed: this user's message queue memory (RLIMIT_MSGQUEUE, `ulimit -q`, 800 KiB by default) is used up by queues live processes hold open; `ls -l /dev/mqueue` lists them (errno \(code), EMFILE)")
         }
         return IPCError(code: kind, message: "native floor \(mechanism): \(operation) failed: \(String(cString: strerror(code))) (errno \(code))")
     }

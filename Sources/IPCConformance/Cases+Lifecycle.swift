@@ -5,7 +5,7 @@ import Synchronization
 /// Area 5: endpoints have one live listener and outlive no dead one; a connection is
 /// invalidated exactly once, and reports nothing after that.
 enum LifecycleCases {
-    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry, acceptFilter]
+    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry, acceptFilter, refusalIsAccessDenied]
 
     static let secondListener = ConformanceCase("5.1", "A second listener on a live endpoint is refused with endpointInUse, from another process or this one") { context in
         let endpoint = try context.endpoint("taken")
@@ -110,6 +110,43 @@ enum LifecycleCases {
         try check(asked.allSatisfy { $0.uid == uid && $0.gid == gid }, "the filter saw uid/gid \(asked.map { "\($0.uid)/\($0.gid)" }), not \(uid)/\(gid)")
         try check(connection.connection.peer?.pid == accepted.pid, "the accepted connection's peer is \(connection.connection.peer.map { "pid \($0.pid)" } ?? "unknown"), not the client process \(accepted.pid)")
         return .passed("the filter saw both client processes' kernel credentials; nothing of the refused one was accepted, the accepted one is the connection's peer")
+    }
+
+    static let refusalIsAccessDenied = ConformanceCase(
+        "5.10",
+        "A client the accept filter refuses is told so, never left to guess a crash: its connect fails with accessDenied, or, where the connect completes before the listener decides (a stream socket), its first request does, and so do its later calls",
+        requires: .acceptFilter, .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("refusing")
+        let listener = try context.listen(endpoint, acceptFilter: { _ in false })
+        var outcomes: [String] = []
+        // At once, and after the listener has surely refused and closed (the client's write
+        // then meets a closed socket, and the refusal must still be what it reports).
+        for (round, pause) in [Duration.zero, .milliseconds(300)].enumerated() {
+            let connection: ConnectionProbe
+            do {
+                connection = try await context.connect(endpoint)
+            } catch let error as IPCError where error.code == .accessDenied {
+                outcomes.append("connect")
+                continue
+            } catch {
+                throw ConformanceFailure("round \(round + 1): the refused connect failed with \(error), not accessDenied")
+            }
+            if pause > .zero { try await Task.sleep(for: pause) }
+            do {
+                _ = try await connection.connection.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+                throw ConformanceFailure("round \(round + 1): a refused client's request was answered")
+            } catch let error as IPCError {
+                try check(error.code == .accessDenied, "round \(round + 1): the refused client's first request failed with \(error), not accessDenied")
+            }
+            try await checkError([.accessDenied], "round \(round + 1): a refused client's second request") {
+                try await connection.connection.request([2], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+            }
+            try check(connection.connection.invalidationReason?.error?.code == .accessDenied, "round \(round + 1): the refused connection was invalidated for \(connection.connection.invalidationReason.map { "\($0)" } ?? "nothing"), not accessDenied")
+            outcomes.append("first request")
+        }
+        try check(listener.takeAccepted().isEmpty, "the listener accepted a client its filter refused")
+        return .passed("refused twice (at once, and after 300 ms): accessDenied from the \(Set(outcomes).sorted().joined(separator: " and ")), and from later calls")
     }
 
     static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in

@@ -5,7 +5,7 @@ import Synchronization
 /// transport: a ``ServiceConnection`` is interrupted, not invalidated, when its service dies,
 /// and reaches the service again once it is back.
 enum ServiceCases {
-    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal, startedOnDemand, restartedAfterIdleExit]
+    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal, startedOnDemand, restartedAfterIdleExit, goneForGood]
 
     static let interruption = ConformanceCase(
         "7.1",
@@ -131,6 +131,64 @@ enum ServiceCases {
         }
         try check(service.invalidationReason == nil, "the service connection was invalidated")
         return .passed("3 rounds of 5 requests, each round's first request starting the service again after it exited")
+    }
+
+    static let goneForGood = ConformanceCase(
+        "7.5",
+        "A service connection whose service dies for good fails each request at once (interrupted) while it waits, and is invalidated once its policy's limit passes (serviceUnavailable, the handler once, no connect afterwards); so is one whose on-demand start fails",
+        requires: .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("gone")
+        let transport = context.transport
+        let options = context.connectionOptions
+        let limit = Duration.seconds(2)
+        let service = ServiceConnection(connecting: { try transport.connect(endpoint, options) }, policy: ServiceConnection.Policy(outageLimit: limit))
+        defer { service.invalidate() }
+        let invalidations = Mutex<[InvalidationReason]>([])
+        service.setInvalidationHandler { reason in invalidations.withLock { $0.append(reason) } }
+        let peer = try await context.launchPeer(.server, at: endpoint)
+        let echoed = try await service.request(Array("hello".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        try check(echoed == Array("hello".utf8), "the echo came back different")
+        _ = peer.kill()
+        await peer.shutDown()
+        // Each request may take 10 s to send; while the service is gone, none should.
+        let started = ContinuousClock.now
+        var slowest: Duration = .zero
+        var codes: [String] = []
+        while ContinuousClock.now - started < .seconds(60), codes.last != "invalidated" {
+            let began = ContinuousClock.now
+            do {
+                _ = try await service.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+                throw ConformanceFailure("a request to the dead service was answered")
+            } catch let error as IPCError {
+                codes.append("\(error.code)")
+            }
+            slowest = max(slowest, ContinuousClock.now - began)
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let gaveUpAfter = ContinuousClock.now - started
+        try check(codes.last == "invalidated", "no invalidation within 60 s of the service's death (the policy allows \(limit)); errors: \(Set(codes))")
+        try check(codes.dropLast().allSatisfy { $0 == "interrupted" || $0 == "peerInvalidated" }, "while the service was gone, requests failed with \(Set(codes.dropLast())), not interrupted")
+        try check(slowest < .seconds(5), "a request took \(slowest) to fail while the service was gone (its send timeout is 10 s)")
+        try check(service.invalidationReason?.kind == .serviceUnavailable, "invalidated for \(service.invalidationReason.map { "\($0)" } ?? "nothing"), not serviceUnavailable")
+        try check(await poll(within: context.deadline) { invalidations.withLock { $0.count } == 1 }, "the invalidation handler ran \(invalidations.withLock { $0.count }) times")
+        let attempts = service.connectAttempts
+        try await checkError([.invalidated], "a request after the service was given up") {
+            try await service.request([2], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+        }
+        try check(service.connectAttempts == attempts, "it connected again after it was invalidated")
+
+        // An on-demand start that fails gives the service up at once.
+        let nobody = try context.endpoint("unstartable")
+        let unstartable = ServiceConnection(connecting: { try transport.connect(nobody, options) }, startingOnDemand: {
+            throw ConformanceFailure("this service cannot be started")
+        })
+        defer { unstartable.invalidate() }
+        try await checkError([.invalidated], "a request whose service failed to start") {
+            try await unstartable.request([3], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+        }
+        try check(unstartable.invalidationReason?.kind == .serviceUnavailable, "a failed start invalidated for \(unstartable.invalidationReason.map { "\($0)" } ?? "nothing"), not serviceUnavailable")
+        return .passed("\(codes.count - 1) requests failed with interrupted (the slowest in \(slowest.formatted(.units(allowed: [.milliseconds])))), then the connection was invalidated with serviceUnavailable \(gaveUpAfter.formatted(.units(allowed: [.milliseconds]))) after the death; a failed on-demand start invalidated too")
     }
 
     /// A service connection to `endpoint` that starts a server peer there on demand, and the peers it started.

@@ -13,6 +13,10 @@ public struct InvalidationReason: Sendable, Hashable, CustomStringConvertible {
         case protocolError
         /// A system call failed; the error says which.
         case transportFailure
+        /// A ``ServiceConnection``'s service stayed unreachable for longer than its
+        /// ``ServiceConnection/Policy`` allows, or starting it on demand failed; the error is
+        /// the last connect's (or the start's).
+        case serviceUnavailable
     }
 
     public var kind: Kind

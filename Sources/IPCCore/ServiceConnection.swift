@@ -11,9 +11,47 @@ import Synchronization
 /// the invalidation handler runs once, waiting requests fail with
 /// ``IPCError/Code/invalidated``, and nothing reconnects afterwards.
 ///
+/// Failures back off, whatever the error: a connect that fails, or a connection that ends
+/// before any operation on it succeeded (a service that accepts and closes, refuses, or crashes
+/// at once), counts as one, and the next attempt waits as ``Policy`` says (exponential, with
+/// jitter, capped at 1 s by default), so a failing service costs each client a few connects a
+/// second at most. An operation that would have to wait beyond its own timeout for the next
+/// attempt fails at once with ``IPCError/Code/interrupted``, as does one that finds a service it
+/// reached before not listening: it does not spend its whole timeout retrying. Only the first
+/// connection (a client that may start before its service) and a service started on demand
+/// are waited for within the operation's timeout.
+///
+/// A service gone for good invalidates the connection: once connects have failed for
+/// ``Policy/outageLimit`` (or ``Policy/maximumFailures`` times in a row), or starting the service
+/// on demand failed, the invalidation handler runs with
+/// ``InvalidationReason/Kind/serviceUnavailable`` and the last error, and every operation fails
+/// with ``IPCError/Code/invalidated`` — as XPC invalidates a connection whose service cannot be
+/// found.
+///
 /// Messages the service sends on its own (one-way) are not carried across reconnections; use
 /// a ``MessageConnection`` for those.
 public final class ServiceConnection: Sendable {
+    /// How a service connection spaces its attempts after failures, and when it gives its service
+    /// up for gone.
+    public struct Policy: Sendable, Hashable {
+        /// The spacing of attempts after consecutive failures (its ``ConnectRetry/limit`` is not
+        /// used): by default 10 ms after the first, doubling to 1 s, half of each at random.
+        public var backoff: ConnectRetry
+        /// How long connects may keep failing, from the first failure of an outage, before the
+        /// connection is invalidated; `nil`: no time limit.
+        public var outageLimit: Duration?
+        /// How many failures in a row invalidate the connection; `nil`: no count limit.
+        public var maximumFailures: Int?
+
+        public init(backoff: ConnectRetry = ConnectRetry(for: .zero), outageLimit: Duration? = .seconds(30), maximumFailures: Int? = nil) {
+            self.backoff = backoff
+            self.outageLimit = outageLimit
+            self.maximumFailures = maximumFailures.map { max($0, 1) }
+        }
+
+        /// 30 seconds of failures, spaced from 10 ms to 1 s.
+        public static var `default`: Policy { Policy() }
+    }
     /// Makes a new connection to the service (a transport's ``MessageTransport/connect(to:options:)``).
     public typealias Connect = @Sendable () throws -> any MessageConnection
 
@@ -25,26 +63,38 @@ public final class ServiceConnection: Sendable {
         var interruptionHandler: (@Sendable (InvalidationReason) -> Void)?
         var invalidationHandler: (@Sendable (InvalidationReason) -> Void)?
         var interruptions = 0
+        /// An operation on the connection of `generation` succeeded.
+        var succeeded = false
+        /// The service was reached once (a connection was made).
+        var reached = false
+        /// Failures in a row, when the current outage began, and when the next attempt may go.
+        var failures = 0
+        var outageStarted: ContinuousClock.Instant?
+        var notBefore: ContinuousClock.Instant?
+        /// Connect attempts made (for tests and reports).
+        var attempts = 0
     }
 
     private let connect: Connect
     private let state = Mutex(State())
     /// The on-demand start, for a connection that has one.
     private let starts: OnDemandStart?
+    private let policy: Policy
 
     /// A service connection that connects with `connect` whenever it needs a connection.
-    public convenience init(connecting connect: @escaping Connect) {
-        self.init(connecting: connect, starts: nil)
+    public convenience init(connecting connect: @escaping Connect, policy: Policy = .default) {
+        self.init(connecting: connect, starts: nil, policy: policy)
     }
 
-    private init(connecting connect: @escaping Connect, starts: OnDemandStart?) {
+    private init(connecting connect: @escaping Connect, starts: OnDemandStart?, policy: Policy) {
         self.connect = connect
         self.starts = starts
+        self.policy = policy
     }
 
     /// A service connection to `endpoint` over `transport`.
-    public convenience init<Transport: MessageTransport>(to endpoint: Endpoint, over transport: Transport, options: ConnectionOptions = .defaults) {
-        self.init { try transport.connect(to: endpoint, options: options) }
+    public convenience init<Transport: MessageTransport>(to endpoint: Endpoint, over transport: Transport, options: ConnectionOptions = .defaults, policy: Policy = .default) {
+        self.init(connecting: { try transport.connect(to: endpoint, options: options) }, policy: policy)
     }
 
     /// A service connection that starts its service on demand, as launchd starts a registered
@@ -57,26 +107,39 @@ public final class ServiceConnection: Sendable {
     ///
     /// What counts as delivered is a request's reply: a one-way message sent just as the service
     /// decides to exit can be lost with its process, as on any transport.
-    /// - Parameter start: starts the service; an error it throws fails the operation.
-    public convenience init(connecting connect: @escaping Connect, startInterval: Duration = .seconds(1), startingOnDemand start: @escaping @Sendable () throws -> Void) {
+    /// - Parameter start: starts the service; an error it throws invalidates the connection
+    ///   (``InvalidationReason/Kind/serviceUnavailable``, the error as its cause) and fails the
+    ///   operation with ``IPCError/Code/invalidated``.
+    public convenience init(
+        connecting connect: @escaping Connect, startInterval: Duration = .seconds(1), policy: Policy = .default,
+        startingOnDemand start: @escaping @Sendable () throws -> Void
+    ) {
         let starter = OnDemandStart(interval: startInterval, start: start)
         self.init(connecting: {
             do {
                 return try connect()
             } catch let error as IPCError where error.code == .endpointNotFound {
-                try starter.startIfDue()
+                do { try starter.startIfDue() } catch { throw StartFailure(error: error) }
                 throw error
             }
-        }, starts: starter)
+        }, starts: starter, policy: policy)
     }
 
-    /// ``init(connecting:startInterval:startingOnDemand:)`` to `endpoint` over `transport`.
+    /// ``init(connecting:startInterval:policy:startingOnDemand:)`` to `endpoint` over `transport`.
     public convenience init<Transport: MessageTransport>(
         to endpoint: Endpoint, over transport: Transport, options: ConnectionOptions = .defaults,
-        startInterval: Duration = .seconds(1), startingOnDemand start: @escaping @Sendable () throws -> Void
+        startInterval: Duration = .seconds(1), policy: Policy = .default, startingOnDemand start: @escaping @Sendable () throws -> Void
     ) {
-        self.init(connecting: { try transport.connect(to: endpoint, options: options) }, startInterval: startInterval, startingOnDemand: start)
+        self.init(connecting: { try transport.connect(to: endpoint, options: options) }, startInterval: startInterval, policy: policy, startingOnDemand: start)
     }
+
+    /// Starting the service on demand failed.
+    private struct StartFailure: Error {
+        var error: any Error
+    }
+
+    /// How many connects this connection attempted.
+    public var connectAttempts: Int { state.withLock { $0.attempts } }
 
     /// How many times this connection started its service on demand (0 for one that does not).
     public var startCount: Int { starts?.count ?? 0 }
@@ -128,6 +191,7 @@ public final class ServiceConnection: Sendable {
         let (connection, generation) = try await currentConnection(within: timeout)
         do {
             try await connection.send(payload, msgid: msgid, timeout: timeout)
+            succeeded(generation)
         } catch {
             throw translated(error, connection: connection, generation: generation)
         }
@@ -139,29 +203,69 @@ public final class ServiceConnection: Sendable {
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         let (connection, generation) = try await currentConnection(within: sendTimeout)
         do {
-            return try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)
+            let reply = try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)
+            succeeded(generation)
+            return reply
         } catch {
             throw translated(error, connection: connection, generation: generation)
         }
     }
 
-    /// The connection in use, or a new one (retrying while the service does not listen, for at
-    /// most `limit`).
+    /// An operation on the connection of `generation` succeeded: the service works, and the
+    /// failures so far are forgotten.
+    private func succeeded(_ generation: Int) {
+        state.withLock { state in
+            guard state.generation == generation, !state.succeeded else { return }
+            state.succeeded = true
+            state.failures = 0
+            state.outageStarted = nil
+            state.notBefore = nil
+        }
+    }
+
+    /// The connection in use, or a new one. Waits for the back-off and retries within `limit`
+    /// only while the service was never reached, or is being started on demand; otherwise one
+    /// attempt, or an `interrupted` at once if the back-off does not allow one yet.
     private func currentConnection(within limit: Duration) async throws -> (any MessageConnection, Int) {
-        if let found = try existing() { return found }
-        return try await ConnectRetry(for: limit).run {
+        let clock = ContinuousClock()
+        let deadline = clock.now + limit
+        while true {
             if let found = try existing() { return found }
-            // The connect may wait for the service's answer: not on a cooperative thread.
-            let connection = try await runBlocking(connect)
+            let (notBefore, waits, failures) = state.withLock { ($0.notBefore, !$0.reached || starts != nil, $0.failures) }
+            if let notBefore, clock.now < notBefore {
+                guard waits, notBefore < deadline else {
+                    throw IPCError(code: .interrupted, message: "the service is unavailable (\(failures) failures in a row); the next attempt waits \(clock.now.duration(to: notBefore)) more, and goes with a later operation")
+                }
+                try await Task.sleep(until: notBefore, clock: clock)
+                if let found = try existing() { return found }
+            }
+            state.withLock { $0.attempts += 1 }
+            let connection: any MessageConnection
+            do {
+                // The connect may wait for the service's answer: not on a cooperative thread.
+                connection = try await runBlocking(connect)
+            } catch let failure as StartFailure {
+                throw gaveUp(InvalidationReason(.serviceUnavailable, error: IPCError(code: .transportFailure, message: "starting the service on demand failed: \(failure.error)", cause: failure.error)))
+            } catch {
+                let ipcError = error as? IPCError ?? IPCError(code: .transportFailure, message: "\(error)")
+                if let reason = failed(ipcError) { throw gaveUp(reason) }
+                guard ipcError.code == .endpointNotFound, clock.now < deadline else { throw error }
+                guard waits else {
+                    throw IPCError(code: .interrupted, message: "the service is not listening; a later operation tries again", cause: ipcError)
+                }
+                continue
+            }
             // Operations racing to connect keep the first connection stored; the others' go.
             enum Outcome { case stored(Int, Interruption?), raced((any MessageConnection, Int)), invalidated }
             let outcome: Outcome = state.withLock { state in
                 guard state.invalidated == nil else { return .invalidated }
                 if let current = state.current, current.invalidationReason == nil { return .raced((current, state.generation)) }
                 // A connection that ended before its handler told us: the service went away.
-                let interruption = Self.interrupt(&state)
+                let interruption = Self.interrupt(&state, policy: policy)
                 state.generation += 1
                 state.current = connection
+                state.succeeded = false
+                state.reached = true
                 return .stored(state.generation, interruption)
             }
             switch outcome {
@@ -179,6 +283,50 @@ public final class ServiceConnection: Sendable {
                 throw IPCError(code: .invalidated, message: "the service connection was invalidated")
             }
         }
+    }
+
+    /// Counts a failure (a connect that failed, or a connection that ended before any operation
+    /// on it succeeded) and sets when the next attempt may go. Returns the invalidation reason
+    /// if the policy gives the service up now. Called with the lock held.
+    private static func countFailure(_ state: inout State, error: IPCError?, policy: Policy) -> InvalidationReason? {
+        let now = ContinuousClock.now
+        state.failures += 1
+        let started = state.outageStarted ?? now
+        state.outageStarted = started
+        state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
+        let outOfTime = policy.outageLimit.map { started.duration(to: now) >= $0 } ?? false
+        let outOfAttempts = policy.maximumFailures.map { state.failures >= $0 } ?? false
+        guard outOfTime || outOfAttempts else { return nil }
+        let what = outOfAttempts ? "\(state.failures) failures in a row" : "failures for \(started.duration(to: now))"
+        return InvalidationReason(.serviceUnavailable, error: IPCError(
+            code: error?.code ?? .endpointNotFound, message: "the service stayed unavailable (\(what)); last: \(error.map { "\($0)" } ?? "its connection ended")", cause: error
+        ))
+    }
+
+    /// A connect failed with `error`: counts it; returns the invalidation reason if the
+    /// service is given up now.
+    private func failed(_ error: IPCError) -> InvalidationReason? {
+        state.withLock { state in
+            guard state.invalidated == nil else { return nil }
+            return Self.countFailure(&state, error: error, policy: policy)
+        }
+    }
+
+    /// Invalidates for `reason` (unless invalidated already) and returns the error the
+    /// operation that found it fails with.
+    private func gaveUp(_ reason: InvalidationReason) -> IPCError {
+        let handler: (@Sendable (InvalidationReason) -> Void)?? = state.withLock { state in
+            guard state.invalidated == nil else { return nil }
+            state.invalidated = reason
+            defer {
+                state.current = nil
+                state.invalidationHandler = nil
+                state.interruptionHandler = nil
+            }
+            return .some(state.invalidationHandler)
+        }
+        if case .some(let handler) = handler { handler?(reason) }
+        return IPCError(code: .invalidated, message: "the service connection was invalidated (\(reason))", cause: reason.error)
     }
 
     private func existing() throws -> (any MessageConnection, Int)? {
@@ -199,12 +347,16 @@ public final class ServiceConnection: Sendable {
         func report() { handler?(reason) }
     }
 
-    /// Counts the end of the current connection as an interruption, once, and forgets it.
-    private static func interrupt(_ state: inout State) -> Interruption? {
+    /// Counts the end of the current connection as an interruption, once, and forgets it; a
+    /// connection on which nothing succeeded counts as a failure too (see ``Policy``).
+    private static func interrupt(_ state: inout State, policy: Policy) -> Interruption? {
         guard state.invalidated == nil, let current = state.current else { return nil }
         state.current = nil
         state.interruptions += 1
-        return Interruption(reason: current.invalidationReason ?? InvalidationReason(.peerClosed), handler: state.interruptionHandler)
+        let reason = current.invalidationReason ?? InvalidationReason(.peerClosed)
+        // Giving up happens at the next attempt, which counts again: here only the spacing.
+        if !state.succeeded { _ = countFailure(&state, error: reason.error, policy: Policy(backoff: policy.backoff, outageLimit: nil)) }
+        return Interruption(reason: reason, handler: state.interruptionHandler)
     }
 
     /// The connection of `generation` ended: unless this side invalidated it (or it was
@@ -212,7 +364,7 @@ public final class ServiceConnection: Sendable {
     private func ended(generation: Int, reason: InvalidationReason) {
         let interruption: Interruption? = state.withLock { state in
             guard state.generation == generation else { return nil }
-            return Self.interrupt(&state)
+            return Self.interrupt(&state, policy: policy)
         }
         interruption.map { Interruption(reason: reason, handler: $0.handler) }?.report()
     }

@@ -71,6 +71,7 @@ package final class ConnectionCore: Sendable {
     /// - Throws: ``IPCError/Code/invalidated`` if the connection is no longer valid.
     package func checkValid() throws {
         if let reason = latch.reason {
+            if let refusal = reason.refusal { throw refusal }
             throw IPCError(code: .invalidated, message: "the connection is invalid (\(reason))")
         }
     }
@@ -142,6 +143,12 @@ package final class ConnectionCore: Sendable {
             requests.complete(frame.correlation, with: .success(frame.payload))
         case .failure:
             let description = String(decoding: frame.payload, as: UTF8.self)
+            if frame.correlation == 0 {
+                // No request has correlation 0: the listener refused this connection (its accept
+                // filter), and closes it next. The receive path ends the connection.
+                _ = latch.invalidate(InvalidationReason(.peerClosed, error: IPCError(code: .accessDenied, message: "the listener refused this connection (\(description))")))
+                return false
+            }
             requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))
         }
         return false
@@ -156,7 +163,16 @@ package final class ConnectionCore: Sendable {
         release()
         requestServer?.close()
         buffer.finish()
-        requests.close(with: IPCError(code: .peerInvalidated, message: "the connection became invalid: \(final)"))
+        requests.close(with: final.refusal ?? IPCError(code: .peerInvalidated, message: "the connection became invalid: \(final)"))
         latch.complete()
+    }
+}
+
+extension InvalidationReason {
+    /// The listener's refusal, for a connection that ended because the listener refused it
+    /// (what its requests and later calls fail with).
+    var refusal: IPCError? {
+        guard let error, error.code == .accessDenied else { return nil }
+        return error
     }
 }

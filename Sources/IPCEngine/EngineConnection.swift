@@ -258,9 +258,21 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             if let rest = try startSending(frame) { try await finishSending(rest, timeout: sendTimeout) }
         } catch {
             core.requests.cancel(frame.correlation)
+            if let refusal = await refusal(after: error) { throw refusal }
             throw error
         }
         return try await core.reply(to: frame, receiveTimeout: receiveTimeout)
+    }
+
+    /// A request's write found the peer gone: if the peer was a listener that refused this
+    /// connection, its refusal is in the socket before the end, and the loop reads it first
+    /// (``failedWrite(_:torn:)``). Waits for the loop to have done so, and returns the refusal.
+    private func refusal(after error: any Error) async -> IPCError? {
+        guard readsDescriptor, (error as? IPCError)?.code == .peerInvalidated else { return nil }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            eventLoop.execute { continuation.resume() }
+        }
+        return core.latch.reason?.refusal
     }
 
     // MARK: Invalidation
@@ -391,7 +403,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                             taskResponder: { self.taskResponder }
                         )
                     }
-                    if finished || !core.latch.isValid { return false }
+                    if finished || !core.latch.isValid { return endedByFrame() }
                     if full {
                         pauseReading()
                         return false
@@ -404,7 +416,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                     frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder },
                     taskResponder: { self.taskResponder }
                 )
-                if finished || !core.latch.isValid { return false }
+                if finished || !core.latch.isValid { return endedByFrame() }
                 if full {
                     pauseReading()
                     return false
@@ -415,6 +427,13 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
             return false
         }
+    }
+
+    /// A frame ended the connection (a listener's refusal, see ``ConnectionCore``): finishes
+    /// it now, on the loop, with the latch's reason. Returns `false` (reading stops).
+    private func endedByFrame() -> Bool {
+        if !finished, let reason = core.latch.reason { finish(reason) }
+        return false
     }
 
     private func pauseReading() {
@@ -572,7 +591,17 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     private func failedWrite(_ error: IPCError, torn: Bool) {
         switch error.code {
         case .peerInvalidated:
-            invalidate(InvalidationReason(.peerClosed, error: error))
+            let reason = InvalidationReason(.peerClosed, error: error)
+            guard readsDescriptor else {
+                invalidate(reason)
+                return
+            }
+            // What the peer wrote before it went is read first: its last frames, or a
+            // listener's refusal, which then ends the connection with its own reason.
+            eventLoop.execute { [self] in
+                if !finished, !paused { readSome() }
+                invalidate(reason)
+            }
         case .malformedFrame, .truncatedFrame, .frameTooLarge:
             // What the peer shares with us (a ring's indexes) is broken: nothing more can go.
             invalidate(InvalidationReason(.protocolError, error: error))

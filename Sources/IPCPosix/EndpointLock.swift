@@ -154,6 +154,23 @@ public enum GroupDirectories {
     }
 }
 
+extension GroupDirectories {
+    /// Refuses a listener that cannot have been the one the group directory holds: the directory
+    /// belongs to this process's user or to root (``verify(_:)``), so only they can make a socket
+    /// in it. A client that checked the directory and then connects by path can still reach
+    /// another user's socket, if the directory (or one above it) was swapped in between, by
+    /// someone who can rename in its parent: the kernel's record of who listens (`SO_PEERCRED`)
+    /// tells. Clients call this with the listener's credentials right after they connect.
+    /// - Throws: ``IPCError/Code/accessDenied`` if the listener runs as another user.
+    public static func verifyListener(_ listener: PeerCredentials, at path: String) throws {
+        guard listener.uid != geteuid(), listener.uid != 0 else { return }
+        throw IPCError(
+            code: .accessDenied,
+            message: "the listener at \(path) runs as user \(listener.uid) (pid \(listener.pid)), not as this process's user \(geteuid()) or root, who alone can listen in its group directory: the directory was swapped after it was checked; not connecting"
+        )
+    }
+}
+
 /// Short critical sections between processes.
 public enum FileLocks {
     /// Runs `body` holding an exclusive `flock` on the existing file at `path`. The kernel drops

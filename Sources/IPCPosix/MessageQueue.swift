@@ -29,24 +29,87 @@ public struct MessageQueue: Sendable {
     /// Creates a new queue for reading; fails if one of that name exists.
     /// - Throws: ``IPCError/Code/endpointInUse`` if the name exists; ``IPCError/Code/transportFailure``
     ///   otherwise, naming `RLIMIT_MSGQUEUE` when the per-user queue memory is exhausted.
+    ///
+    /// Queues outlive their processes: a server killed before it removed its queue leaves it,
+    /// and its memory stays counted against its user's `RLIMIT_MSGQUEUE` (800 KiB by default,
+    /// about nine of the package's queues). So when the quota is used up, the package's queues
+    /// (named `/ipcb.…`) of this user that no process holds open are removed
+    /// (``removeAbandoned(prefix:)``), and the queue is created again, once.
     public static func create(name: String, maximumMessages: Int, messageSize: Int) throws -> MessageQueue {
-        let fd = ipc_mq_open(name, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600, maximumMessages, messageSize)
-        guard fd >= 0 else {
+        var swept: [String]?
+        while true {
+            let fd = ipc_mq_open(name, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600, maximumMessages, messageSize)
+            if fd >= 0 { return MessageQueue(descriptor: fd, name: name) }
             let error = Errno(rawValue: errno)
             switch error {
             case .fileExists:
                 throw IPCError(code: .endpointInUse, message: "message queue \(name) exists", cause: error)
             case .tooManyOpenFiles, .noMemory, .noSpace:
+                if swept == nil {
+                    let removed = removeAbandoned()
+                    swept = removed
+                    if !removed.isEmpty { continue }
+                }
                 throw IPCError(
                     code: .transportFailure,
-                    message: "cannot create message queue \(name): the per-user queue memory (RLIMIT_MSGQUEUE, `ulimit -q`) or the queue count (/proc/sys/fs/mqueue/queues_max) is exhausted; queues outlive their processes, so list leftovers with `mount -t mqueue none /dev/mqueue`",
+                    message: "cannot create message queue \(name): this user's queue memory (RLIMIT_MSGQUEUE, `ulimit -q`) or the machine's queue count (/proc/sys/fs/mqueue/queues_max) is used up by queues that live processes hold open (\(swept?.count ?? 0) abandoned ones were removed); `ls -l /dev/mqueue` lists them",
                     cause: error
                 )
             default:
                 throw IPCError.syscall("mq_open", error, context: name)
             }
         }
-        return MessageQueue(descriptor: fd, name: name)
+    }
+
+    /// Removes this user's message queues named `/<prefix>…` that no process holds open: those
+    /// that processes which died (or forgot them) left behind. Lists names through the queue
+    /// file system at `/dev/mqueue` (nothing is removed if it is not mounted) and open queues
+    /// through `/proc/<pid>/fd` (a queue descriptor reads as `/<name>` there), so a queue a live
+    /// process of this user holds is never removed. Returns the names removed.
+    @discardableResult
+    public static func removeAbandoned(prefix: String = "ipcb.") -> [String] {
+        removeAbandoned { $0.hasPrefix(prefix) }
+    }
+
+    /// ``removeAbandoned(prefix:)`` for the names (without the leading `/`) that `matching` picks.
+    @discardableResult
+    public static func removeAbandoned(matching: (String) -> Bool) -> [String] {
+        let uid = geteuid()
+        let candidates = directoryEntries("/dev/mqueue").filter { entry in
+            guard matching(entry) else { return false }
+            var status = stat()
+            return lstat("/dev/mqueue/" + entry, &status) == 0 && status.st_uid == uid
+        }
+        guard !candidates.isEmpty else { return [] }
+        var held = Set<String>()
+        for process in directoryEntries("/proc") where process.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) {
+            let fds = "/proc/\(process)/fd"
+            for fd in directoryEntries(fds) {
+                var target = [CChar](repeating: 0, count: 512)
+                let count = readlink(fds + "/" + fd, &target, target.count - 1)
+                guard count > 1, target[0] == CChar(UInt8(ascii: "/")) else { continue }
+                held.insert(String(decoding: target[1..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            }
+        }
+        var removed: [String] = []
+        for name in candidates where !held.contains(name) {
+            if mq_unlink("/" + name) == 0 { removed.append("/" + name) }
+        }
+        return removed
+    }
+
+    /// The names in directory `path`, without `.` and `..`; empty if it cannot be read.
+    private static func directoryEntries(_ path: String) -> [String] {
+        guard let directory = opendir(path) else { return [] }
+        defer { closedir(directory) }
+        var names: [String] = []
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name != ".", name != ".." { names.append(name) }
+        }
+        return names
     }
 
     /// Opens an existing queue.

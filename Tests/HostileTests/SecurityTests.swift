@@ -1,6 +1,7 @@
 import FilePresenterTransport
 import Foundation
 import IPCBenchKit
+import IPCConformance
 import IPCCore
 import IPCPosix
 import IPCTestSupport
@@ -141,6 +142,73 @@ struct SecurityTests {
         #expect(server.status != 0)
         #expect(server.output.contains("accessDenied") && server.output.contains("another user"), "the listener said: \(server.output)")
         #expect(!server.output.contains("endpointInUse"), "the listener said: \(server.output)")
+    }
+
+    /// Another user's listener: binds `socket`, accepts every client and appends what each sends
+    /// to `log` (both in a directory of that user's).
+    static let foreignListener = """
+    import os, socket, sys, threading
+    path, log = sys.argv[1], sys.argv[2]
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    open(log, "wb").close()
+    def drain(client):
+        while True:
+            data = client.recv(4096)
+            if not data:
+                return
+            with open(log, "ab") as f:
+                f.write(data)
+    while True:
+        client, _ = server.accept()
+        threading.Thread(target=drain, args=(client,), daemon=True).start()
+    """
+
+    @Test("a client whose checked group directory leads, by the time it connects, to another user's socket refuses that listener and sends it nothing",
+          .enabled(if: geteuid() == 0, "needs root to run the second user"), arguments: ["unix-socket", "notify", "file-presenter"])
+    func swappedPathReachesNoForeignListener(_ transport: String) async throws {
+        let attacker: uid_t = 61_003
+        let parent = try TestGroup()
+        chmod(parent.directory.path, 0o755)
+        // The attacker's own directory, where it binds its socket.
+        let evil = parent.directory.path + "/evil"
+        #expect(mkdir(evil, 0o700) == 0 && chown(evil, attacker, attacker) == 0)
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("victim")
+        let socketPath = transport == "unix-socket" ? UnixSocketTransport.socketPath(endpoint) : endpoint.path(suffix: ".rendezvous")
+        let bound = evil + "/listening.sock"
+        let log = evil + "/received"
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        process.arguments = ["--reuid", "\(attacker)", "--regid", "\(attacker)", "--clear-groups", "/usr/bin/python3", "-c", Self.foreignListener, bound, log]
+        process.standardInput = FileHandle.nullDevice
+        _ = try ChildProcess.run(process)
+        defer {
+            _ = Foundation.kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while !FileManager.default.fileExists(atPath: log), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        try #require(FileManager.default.fileExists(atPath: log), "the foreign listener did not start")
+        // The victim's path now leads to the attacker's socket, as a swapped directory makes it
+        // between the client's check and its connect (moving a bound socket's name keeps it bound).
+        #expect(rename(bound, socketPath) == 0)
+        let chosen = try TransportCatalog.transport(named: transport, framing: .binary)
+        await #expect(throws: IPCError.self) {
+            do {
+                let connection = try await chosen.connect(to: endpoint, options: .defaults)
+                defer { connection.invalidate() }
+                _ = try await connection.request(Array("secret".utf8), msgid: PeerRequest.echo, sendTimeout: .seconds(2), receiveTimeout: .seconds(2))
+            } catch let error as IPCError {
+                #expect(error.code == .accessDenied, "\(transport): \(error)")
+                #expect(error.message.contains("user \(attacker)"), "\(transport): \(error)")
+                throw error
+            }
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        let received = try Data(contentsOf: URL(fileURLWithPath: log))
+        #expect(received.isEmpty, "\(transport): the foreign listener received \(received.count) bytes from the client")
     }
 
     @Test("a listener's pid comes from the kernel's lock table, not the lock file's text: overwriting it refuses nobody and misleads nobody", arguments: ["message-port", "file-presenter"])

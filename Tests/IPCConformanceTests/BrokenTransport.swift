@@ -31,6 +31,10 @@ enum Violation: String, Sendable, CaseIterable {
     /// Refuses to listen where a dead listener's socket file is left.
     case refusesStaleEndpoints
     case wrongEndpointNotFoundCode
+    /// A refusal by the accept filter reaches the client as peerInvalidated, like a crash.
+    case refusalLooksLikeACrash
+    /// A connect to an endpoint nobody listens at waits 6 s before it fails.
+    case slowToFindNobody
     case neverInvalidates, invalidatesTwice
     case sendsAfterInvalidation
     /// A handler set after invalidation never runs.
@@ -92,6 +96,9 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
             return BrokenConnection(try base.connect(to: endpoint, options: options), violation: violation)
         } catch let error as IPCError where violation == .wrongEndpointNotFoundCode && error.code == .endpointNotFound {
             throw IPCError(code: .transportFailure, message: error.message)
+        } catch let error as IPCError where violation == .slowToFindNobody && error.code == .endpointNotFound {
+            Thread.sleep(forTimeInterval: 6)
+            throw error
         }
     }
 }
@@ -229,6 +236,8 @@ final class BrokenConnection: MessageConnection, Sendable {
                 throw IPCError(code: .sendTimeout, message: error.message)
             case (.failuresLookLikeTimeouts, .transportFailure):
                 throw IPCError(code: .receiveTimeout, message: error.message)
+            case (.refusalLooksLikeACrash, .accessDenied):
+                throw IPCError(code: .peerInvalidated, message: error.message)
             case (.requestsOutliveTheConnection, .peerInvalidated), (.requestsOutliveTheConnection, .invalidated):
                 try await Task.sleep(for: .seconds(30))
                 throw error

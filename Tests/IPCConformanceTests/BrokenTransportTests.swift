@@ -38,6 +38,8 @@ struct BrokenTransportTests {
         Expectation(violation: .wrongEndpointInUseCode, failingCases: ["5.1"]),
         Expectation(violation: .refusesStaleEndpoints, failingCases: ["5.2"]),
         Expectation(violation: .wrongEndpointNotFoundCode, failingCases: ["5.3", "5.8", "7.3", "7.4"]),
+        Expectation(violation: .slowToFindNobody, failingCases: ["7.5"]),
+        Expectation(violation: .refusalLooksLikeACrash, failingCases: ["5.10"]),
         Expectation(violation: .neverInvalidates, failingCases: ["5.4", "5.6", "6.1", "6.3", "7.1"]),
         Expectation(violation: .invalidatesTwice, failingCases: ["5.4"]),
         Expectation(violation: .sendsAfterInvalidation, failingCases: ["5.5", "6.1"]),

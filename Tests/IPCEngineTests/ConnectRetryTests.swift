@@ -56,6 +56,16 @@ struct ConnectRetryTests {
         #expect(ConnectRetry(for: .seconds(1), initialDelay: .seconds(1), maximumDelay: .milliseconds(1)).delay(afterAttempt: 5) == .seconds(1))
     }
 
+    @Test("each wait is drawn between (1 - jitter) and all of its ceiling, and the draws differ")
+    func waitsAreJittered() {
+        let retry = ConnectRetry(for: .seconds(10), initialDelay: .milliseconds(100), maximumDelay: .seconds(1), jitter: 0.5)
+        let waits = (0..<200).map { _ in retry.wait(afterAttempt: 3) }
+        #expect(waits.allSatisfy { $0 >= .milliseconds(200) && $0 <= .milliseconds(400) })
+        #expect(Set(waits).count > 100)
+        let exact = ConnectRetry(for: .seconds(10), initialDelay: .milliseconds(100), jitter: 0)
+        #expect(exact.wait(afterAttempt: 2) == .milliseconds(200))
+    }
+
     @Test("cancelling the task ends the wait with CancellationError")
     func cancellationEndsTheWait() async throws {
         let task = Task {

@@ -1,3 +1,4 @@
+import CIPCShims
 import Foundation
 import IPCBenchKit
 import IPCCore
@@ -38,6 +39,56 @@ struct MessagePortTests {
             let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ size) }
             #expect(try await echo(connection, payload) == payload, "payload of \(size) bytes")
         }
+    }
+
+    @Test("reply queue names are drawn at random: names squatted in advance, the pid-and-counter ones a neighbour could predict, stop no connect")
+    func replyQueueNamesAreUnpredictable() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("squatted")
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        // What another user could do before: create this process's next names (serials counted
+        // from 1) so that its connects fail. Small queues: every queue counts against the quota.
+        let squatted = (1...4).map { PortNames.replyQueue(endpoint, pid: getpid(), serial: $0) }
+        for name in squatted { _ = try MessageQueue.create(name: name, maximumMessages: 1, messageSize: 64) }
+        defer { for name in squatted { MessageQueue.unlink(name: name) } }
+        var serials: [UInt64] = []
+        for _ in 0..<2 {
+            let connection = try await transport.connect(to: endpoint, options: .defaults)
+            defer { connection.invalidate() }
+            #expect(try await echo(connection, [7]) == [7])
+            let name = try #require(connection.replyQueueName)
+            #expect(!squatted.contains(name))
+            serials.append(try #require(name.split(separator: ".").last.flatMap { UInt64($0) }, "reply queue \(name)"))
+        }
+        // 63 random bits each: two below 2^40, or two in a row, would be a 1 in 2^22 chance.
+        #expect(serials.allSatisfy { $0 >= 1 << 40 } && serials[1] != serials[0] &+ 1, "serials \(serials)")
+    }
+
+    @Test("queues that killed processes left are removed once they use up the user's queue memory: a server and a client still start")
+    func abandonedQueuesAreSwept() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("swept")
+        // What SIGKILLed servers leave: queues no process holds open, still counted against the
+        // user's RLIMIT_MSGQUEUE, until it is used up.
+        var leftovers: [String] = []
+        defer { for name in leftovers { MessageQueue.unlink(name: name) } }
+        let limits = MessageQueue.systemLimits
+        while leftovers.count < 512 {
+            let name = "/ipcb.leftover\(getpid()).\(leftovers.count)"
+            let fd = ipc_mq_open(name, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600, limits.maximumMessages, limits.messageSize)
+            guard fd >= 0 else { break }
+            closeDescriptor(fd)
+            leftovers.append(name)
+        }
+        try #require(!leftovers.isEmpty && leftovers.count < 512, "the queue memory did not run out (\(leftovers.count) queues)")
+        // The server's queue, then the client's reply queue: each creation finds the quota used up.
+        let server = try startServer(endpoint)
+        defer { server.stop() }
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(try await echo(connection, [5]) == [5])
+        #expect(leftovers.allSatisfy { !MessageQueue.exists(name: $0) }, "abandoned queues are left")
     }
 
     @Test("names must begin with the group identifier and a period")

@@ -71,8 +71,9 @@ package enum RendezvousStatus: UInt32, Sendable {
 /// accepts every client waiting on each wake-up (backlog `SOMAXCONN`), takes its
 /// kernel-verified credentials (`SO_PEERCRED`) and asks the accept filter. Then, by ``Mode``:
 ///
-/// - ``Mode/immediate(_:)`` (unix-socket, whose messages travel over the accepted socket): the
-///   client is handed over at once; a refused one is closed without a word.
+/// - ``Mode/immediate(refusal:_:)`` (unix-socket, whose messages travel over the accepted
+///   socket): the client is handed over at once; a refused one is sent the transport's refusal
+///   (bytes the client reads as its first frame) and closed.
 /// - ``Mode/handshake(timeout:maximumPending:_:)`` (notify, file-presenter: a *rendezvous*
 ///   socket that sets each connection up): a refused client is answered
 ///   ``RendezvousStatus/refused``; the transport's handshake is called each time the client's
@@ -97,8 +98,9 @@ package final class SocketAcceptor: Sendable {
 
     /// What happens to a client the accept filter let through (loop thread).
     package enum Mode: Sendable {
-        /// Hand the socket over at once; the callee owns it.
-        case immediate(@Sendable (CInt, PeerCredentials) -> Void)
+        /// Hand the socket over at once; the callee owns it. A refused client is sent `refusal`
+        /// (without waiting: it is small enough for any socket buffer) before it is closed.
+        case immediate(refusal: [UInt8], @Sendable (CInt, PeerCredentials) -> Void)
         /// Wait for the client's hello (see ``Handshake``).
         case handshake(timeout: Duration, maximumPending: Int, @Sendable (CInt, PeerCredentials) -> Handshake)
     }
@@ -197,8 +199,9 @@ package final class SocketAcceptor: Sendable {
                 continue
             }
             switch mode {
-            case .immediate(let accepted):
+            case .immediate(let refusal, let accepted):
                 guard acceptFilter?(peer) ?? true else {
+                    _ = refusal.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
                     closeDescriptor(fd)
                     continue
                 }

@@ -89,6 +89,7 @@ public struct FilePresenterTransport: MessageTransport {
         var socketOwned = true
         defer { if socketOwned { closeDescriptor(socket) } }
         let peer = try UnixSocket.peerCredentials(socket)
+        try GroupDirectories.verifyListener(peer, at: RendezvousHello.socketPath(endpoint))
         let loop = try EventLoop.shared()
         let inbox: JournalFile
         do {

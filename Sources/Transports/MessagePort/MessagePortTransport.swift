@@ -152,10 +152,9 @@ public struct MessagePortTransport: MessageTransport {
             throw IPCError(code: .endpointNotFound, message: "no live process serves the message port \(endpoint.name)")
         }
         let server = try MessageQueue.open(name: PortNames.serverQueue(endpoint), forWriting: true)
-        let replyName = PortNames.replyQueue(endpoint, pid: getpid(), serial: Self.nextSerial())
         let replyQueue: MessageQueue
         do {
-            replyQueue = try MessageQueue.create(name: replyName, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize)
+            replyQueue = try makeReplyQueue(endpoint)
         } catch {
             server.close()
             throw error
@@ -234,10 +233,26 @@ public struct MessagePortTransport: MessageTransport {
         }
     }
 
-    private static let serial = Atomic<Int>(0)
-
-    private static func nextSerial() -> Int {
-        serial.add(1, ordering: .relaxed).newValue
+    /// Makes this client's reply queue, `<server queue>.r<pid>.<serial>` with a random 63-bit
+    /// serial: queue names are one namespace for every user, and a predictable name (the pid
+    /// and a counter, before) could be created first by another user, failing the connect. A
+    /// name taken anyway (by chance, or by someone creating names at random) is drawn again, up
+    /// to 8 times.
+    /// - Throws: ``IPCError/Code/transportFailure`` if 8 names were taken; what creating the
+    ///   queue throws otherwise (``IPCError/Code/transportFailure`` with `EMFILE` when the
+    ///   user's `RLIMIT_MSGQUEUE` is used up).
+    private func makeReplyQueue(_ endpoint: Endpoint) throws -> MessageQueue {
+        var generator = SystemRandomNumberGenerator()
+        var taken: [String] = []
+        for _ in 0..<8 {
+            let name = PortNames.replyQueue(endpoint, pid: getpid(), serial: Int(truncatingIfNeeded: generator.next() >> 1))
+            do {
+                return try MessageQueue.create(name: name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize)
+            } catch let error as IPCError where error.code == .endpointInUse || error.code == .accessDenied {
+                taken.append(name)
+            }
+        }
+        throw IPCError(code: .transportFailure, message: "8 random reply queue names were all taken (\(taken.joined(separator: ", "))): another process is creating names in this port's namespace")
     }
 }
 

@@ -65,6 +65,7 @@ public struct NotifyTransport: MessageTransport {
         let socket = try UnixSocket.connect(path: NotifyRendezvous.socketPath(endpoint))
         defer { closeDescriptor(socket) }
         let peer = try UnixSocket.peerCredentials(socket)
+        try GroupDirectories.verifyListener(peer, at: NotifyRendezvous.socketPath(endpoint))
         let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, timeout: connectTimeout)
         let channel = NotifyChannel(store: store, isClient: true, ownBell: ownBell, peerBell: peerBell, maximumPayloadLength: options.maximumPayloadLength)
         return try Self.serve(channel, peer: peer, options: options, endpoint: endpoint, onInvalidated: nil)

@@ -33,7 +33,7 @@ public final class UnixSocketListener: MessageListener, Sendable {
                 path: path,
                 loop: loop,
                 acceptFilter: acceptFilter,
-                mode: .immediate { [registry] fd, peer in
+                mode: .immediate(refusal: UnixSocketTransport.refusal(framing: framing)) { [registry] fd, peer in
                     let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
                     guard let connection = try? EngineConnection(
                         channel: channel, peer: peer, options: options, loop: loop, label: "a unix-socket connection to \(endpoint.name)",

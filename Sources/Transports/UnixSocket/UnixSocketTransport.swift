@@ -40,6 +40,7 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
         let peer: PeerCredentials
         do {
             peer = try UnixSocket.peerCredentials(fd)
+            try GroupDirectories.verifyListener(peer, at: Self.socketPath(endpoint))
         } catch {
             closeDescriptor(fd)
             throw error
@@ -47,6 +48,17 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
         let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
         return try EngineConnection(channel: channel, peer: peer, options: options, label: "a unix-socket connection to \(endpoint.name)")
     }
+
+    /// What a listener writes to a client its accept filter refused, before it closes the
+    /// socket: a `failure` frame with correlation 0 (no request has it) and msgid 0, whose
+    /// payload says why, in the listener's framing (docs/WIRE-FORMAT.md, "Refusal"). The client
+    /// reads it as the end of its connection, invalidated with `accessDenied`.
+    static func refusal(framing: Framing) -> [UInt8] {
+        let frame = Frame(kind: .failure, msgid: 0, correlation: 0, payload: Array(refusalText.utf8))
+        return (try? framing.makeEncoder(maximumPayloadLength: 1 << 10).encode(frame)) ?? []
+    }
+
+    static let refusalText = "accessDenied: the listener's accept filter refused this process"
 
     /// The socket file of `endpoint`: `<group>/<name>.sock`.
     public static func socketPath(_ endpoint: Endpoint) -> String {

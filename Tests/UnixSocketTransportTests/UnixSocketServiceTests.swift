@@ -1,0 +1,132 @@
+import Foundation
+import IPCBenchKit
+import IPCConformance
+import IPCCore
+import IPCTestSupport
+import Synchronization
+import Testing
+import UnixSocketTransport
+
+/// A ``ServiceConnection`` over unix sockets against services that fail: one that accepts and
+/// closes every connection (a separate Python process), and one that dies and never comes back.
+@Suite("Unix socket: a service connection backs off and gives up", .elasticThreads)
+struct UnixSocketServiceTests {
+    /// Listens at `path`, accepts each connection and closes it at once, and writes how many it
+    /// accepted to `countFile` after each.
+    static let acceptAndClose = """
+    import socket, sys
+    path, count_file = sys.argv[1], sys.argv[2]
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(128)
+    accepted = 0
+    while True:
+        client, _ = server.accept()
+        client.close()
+        accepted += 1
+        with open(count_file, "w") as f:
+            f.write(str(accepted))
+    """
+
+    @Test("an application that retries every request against a server that accepts and closes connects a few times a second, and each request fails fast")
+    func backsOffAgainstAcceptAndClose() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("flaky")
+        let countFile = group.directory.path + "/accepted"
+        let server = Process()
+        server.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        server.arguments = ["-c", Self.acceptAndClose, UnixSocketTransport.socketPath(endpoint), countFile]
+        _ = try ChildProcess.run(server)
+        // SIGKILL, and reaped: Foundation's terminate() left the interpreter running here, and
+        // waitUntilExit() then spun for ever.
+        defer {
+            _ = Foundation.kill(server.processIdentifier, SIGKILL)
+            server.waitUntilExit()
+        }
+        let listening = await poll(seconds: 30) { FileManager.default.fileExists(atPath: UnixSocketTransport.socketPath(endpoint)) }
+        try #require(listening, "the accept-and-close server did not listen within 30 s")
+
+        let service = ServiceConnection(to: endpoint, over: UnixSocketTransport())
+        defer { service.invalidate() }
+        let seconds = 3.0
+        let start = ContinuousClock.now
+        var requests = 0
+        var codes: [String: Int] = [:]
+        while ContinuousClock.now - start < .seconds(seconds) {
+            do {
+                _ = try await service.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+                Issue.record("a request to a server that closes every connection was answered")
+            } catch let error as IPCError {
+                codes[error.code.description, default: 0] += 1
+            }
+            requests += 1
+            // An application's retry loop, as fast as a loop of failures goes.
+            await Task.yield()
+        }
+        let elapsed = Double((ContinuousClock.now - start).components.seconds) + Double((ContinuousClock.now - start).components.attoseconds) / 1e18
+        let attempts = service.connectAttempts
+        let accepted = await poll(seconds: 10) { (try? String(contentsOfFile: countFile, encoding: .utf8)).flatMap { Int($0) } == attempts }
+        print("back-off: \(requests) requests in \(elapsed) s made \(attempts) connects (\(Double(attempts) / elapsed) a second); errors \(codes)")
+        // Without the back-off the loop connects about 5,800 times a second (issue 34). With it:
+        // 10 ms doubling to 1 s, half of each at random: at most about 13 in 3 s.
+        #expect(attempts >= 2)
+        #expect(Double(attempts) / elapsed <= 6)
+        #expect(accepted, "the server's accept count differs from the client's \(attempts) connects")
+        // Requests did not sit out their timeouts: the loop went round far more often than it connected.
+        #expect(requests > attempts * 5)
+        #expect(codes.keys.allSatisfy { $0 == "interrupted" || $0 == "peerInvalidated" }, "errors: \(codes)")
+        #expect(service.invalidationReason == nil)
+    }
+
+    @Test("a service that dies for good: requests fail fast with interrupted, then the connection is invalidated with serviceUnavailable, once")
+    func invalidatesAServiceGoneForGood() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("gone")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let policy = ServiceConnection.Policy(outageLimit: .seconds(1))
+        let service = ServiceConnection(to: endpoint, over: UnixSocketTransport(), policy: policy)
+        defer { service.invalidate() }
+        let invalidations = Mutex<[InvalidationReason]>([])
+        service.setInvalidationHandler { reason in invalidations.withLock { $0.append(reason) } }
+        let echoed = try await service.request(Array("hello".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        #expect(echoed == Array("hello".utf8))
+        peer.stop()
+
+        // Until the policy's second has passed: each request fails at once, not after its 10 s.
+        let start = ContinuousClock.now
+        var slowest: Duration = .zero
+        var codes: [String] = []
+        while ContinuousClock.now - start < .seconds(30) {
+            let began = ContinuousClock.now
+            do {
+                _ = try await service.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+                Issue.record("a dead service answered")
+            } catch let error as IPCError {
+                codes.append(error.code.description)
+                if error.code == .invalidated { break }
+            }
+            slowest = max(slowest, ContinuousClock.now - began)
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(codes.last == "invalidated", "errors: \(codes)")
+        #expect(codes.dropLast().allSatisfy { $0 == "interrupted" || $0 == "peerInvalidated" }, "errors: \(codes)")
+        #expect(slowest < .seconds(5), "a request took \(slowest) to fail")
+        #expect(service.invalidationReason?.kind == .serviceUnavailable)
+        #expect(await poll(seconds: 5) { invalidations.withLock { $0.count } == 1 })
+        #expect(invalidations.withLock { $0.first?.kind } == .serviceUnavailable)
+        // Final: later requests fail with invalidated, and nothing connects again.
+        let attempts = service.connectAttempts
+        await expectIPCError(.invalidated) { try await service.request([2], msgid: 1, sendTimeout: .seconds(1), receiveTimeout: .seconds(1)) }
+        #expect(service.connectAttempts == attempts)
+    }
+
+    private func poll(seconds: Double, _ condition: @escaping @Sendable () -> Bool) async -> Bool {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            if condition() { return true }
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        return condition()
+    }
+}
+
