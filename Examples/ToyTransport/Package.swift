@@ -8,13 +8,18 @@ let package = Package(
     platforms: [.macOS(.v15)],
     dependencies: [
         .package(name: "ipcbench", path: "../.."),
+        // The sources use swift-system's FileDescriptor (an EngineChannel's descriptor).
+        .package(url: "https://github.com/apple/swift-system", from: "1.4.0"),
     ],
     targets: [
         // The transport: AF_UNIX sequenced-packet sockets, one packet per message, served by
         // ipcbench's connection engine (the transport supplies only an EngineChannel).
         .target(
             name: "ToyTransport",
-            dependencies: [.product(name: "IPCCore", package: "ipcbench"), .product(name: "IPCEngine", package: "ipcbench")]
+            dependencies: [
+                .product(name: "IPCCore", package: "ipcbench"), .product(name: "IPCEngine", package: "ipcbench"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
         ),
         // The peer the suite starts in another process: ConformancePeer over the toy transport.
         .executableTarget(

@@ -241,12 +241,12 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         deregister(watch.token)
     }
 
-    /// Stops calling a watch's handler for `nanoseconds`, then resumes it, unless it was
+    /// Stops calling a watch's handler for `duration`, then resumes it, unless it was
     /// cancelled meanwhile: for a handler that met a shortage it cannot resolve at once (the
     /// descriptor table full), so that a level-triggered descriptor does not spin the loop.
-    public func pause(_ watch: ReadinessWatch, forNanoseconds nanoseconds: UInt64) {
+    public func pause(_ watch: ReadinessWatch, for duration: Duration) {
         setInterest(watch.token, [])
-        schedule(at: monotonicNanoseconds() &+ nanoseconds) { [self] in setInterest(watch.token, .readable) }
+        schedule(at: monotonicNanoseconds() &+ max(duration, .zero).wholeNanoseconds) { [self] in setInterest(watch.token, .readable) }
     }
 
     private final class ClosureHandler: EventHandler {

@@ -191,7 +191,7 @@ package final class SocketAcceptor: Sendable {
                 }
             } catch {
                 // A shortage of descriptors or memory: try again shortly instead of spinning.
-                if let watch = watch.withLock({ $0 }) { loop.pause(watch, forNanoseconds: 10_000_000) }
+                if let watch = watch.withLock({ $0 }) { loop.pause(watch, for: .milliseconds(10)) }
                 return
             }
             guard let peer = try? UnixSocket.peerCredentials(fd) else {
