@@ -288,12 +288,13 @@ public final class ServiceConnection: Sendable {
     /// Counts a failure (a connect that failed, or a connection that ended before any operation
     /// on it succeeded) and sets when the next attempt may go. Returns the invalidation reason
     /// if the policy gives the service up now. Called with the lock held.
-    private static func countFailure(_ state: inout State, error: IPCError?, policy: Policy) -> InvalidationReason? {
+    private static func countFailure(_ state: inout State, error: IPCError?, policy: Policy, mayGiveUp: Bool = true) -> InvalidationReason? {
         let now = ContinuousClock.now
         state.failures += 1
         let started = state.outageStarted ?? now
         state.outageStarted = started
         state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
+        guard mayGiveUp else { return nil }
         let outOfTime = policy.outageLimit.map { started.duration(to: now) >= $0 } ?? false
         let outOfAttempts = policy.maximumFailures.map { state.failures >= $0 } ?? false
         guard outOfTime || outOfAttempts else { return nil }
@@ -355,7 +356,7 @@ public final class ServiceConnection: Sendable {
         state.interruptions += 1
         let reason = current.invalidationReason ?? InvalidationReason(.peerClosed)
         // Giving up happens at the next attempt, which counts again: here only the spacing.
-        if !state.succeeded { _ = countFailure(&state, error: reason.error, policy: Policy(backoff: policy.backoff, outageLimit: nil)) }
+        if !state.succeeded { _ = countFailure(&state, error: reason.error, policy: policy, mayGiveUp: false) }
         return Interruption(reason: reason, handler: state.interruptionHandler)
     }
 
