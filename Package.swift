@@ -140,7 +140,10 @@ let package = Package(
             name: "IPCConformanceTests",
             dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport", "NotifyTransport", "Wormhole"]
         ),
-        .testTarget(name: "IPCBenchTests", dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench"]),
+        .testTarget(
+            name: "IPCBenchTests",
+            dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport"]
+        ),
         // Hostile peers against every transport's listening side, and the security guarantees.
         .testTarget(
             name: "HostileTests",

@@ -4,12 +4,14 @@
 #   chromium  headless browser that renders the HTML report in its test
 #   libbenchmark-dev, g++, make  Google Benchmark, and what builds the native floor's
 #             cross-check with it (Benchmarks/FloorCrossCheck)
+#   systemd   /usr/bin/systemd-socket-activate, the launcher of the socket-activation tests
+#             (systemd need not run)
 set -euo pipefail
 
 #
 #   Scripts/install-system-packages.sh [PACKAGE...]   with arguments, those packages instead
 #   (Benchmarks/References/install-system-packages.sh passes the reference systems' own)
-packages=(curl chromium libbenchmark-dev g++ make)
+packages=(curl chromium libbenchmark-dev g++ make systemd)
 [ $# -gt 0 ] && packages=("$@")
 
 missing=()

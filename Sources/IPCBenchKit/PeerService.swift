@@ -46,6 +46,8 @@ public struct PeerService: Sendable {
     /// The calling thread's identity and heap allocations so far, reported with the
     /// one-way throughput counts (``ConformancePeer/Sink``).
     public var allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))?
+    /// Server role: take the listening socket from a launcher (``ConformancePeer/Configuration/activation``).
+    public var activation: ConformancePeer.Configuration.Activation?
 
     public init(
         transport: any MessageTransport,
@@ -58,8 +60,10 @@ public struct PeerService: Sendable {
         stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout,
         serving: ConformancePeer.Serving = .task,
         maximumConcurrentRequests: Int = 1,
-        allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil
+        allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil,
+        activation: ConformancePeer.Configuration.Activation? = nil
     ) {
+        self.activation = activation
         self.serving = serving
         self.maximumConcurrentRequests = maximumConcurrentRequests
         self.stalledFrameTimeout = stalledFrameTimeout
@@ -90,7 +94,8 @@ public struct PeerService: Sendable {
                 waitStrategy: waitStrategy,
                 stalledFrameTimeout: stalledFrameTimeout,
                 serving: serving,
-                maximumConcurrentRequests: maximumConcurrentRequests
+                maximumConcurrentRequests: maximumConcurrentRequests,
+                activation: activation
             )
             try await ConformancePeer(
                 transport: transport, configuration: configuration, allocationCount: allocationCount,

@@ -6,7 +6,7 @@ import Synchronization
 /// ``FileCoordinationSystem`` (``ConformanceSubject/fileCoordination``). The other side of each
 /// case is the subject's coordination peer, a process of its own (``CoordinationPeerProcess``).
 enum FileCoordinationCases {
-    static let all: [ConformanceCase] = [relinquishToWriter, saveAndRelinquishToReader, waitsForAnswers, killedPresenter, cancel, batch, ownPresenter, moveAndDeletion]
+    static let all: [ConformanceCase] = [relinquishToWriter, saveAndRelinquishToReader, waitsForAnswers, killedPresenter, cancel, batch, ownPresenter, moveAndDeletion, followsMoves]
 
     static let relinquishToWriter = ConformanceCase(
         "9.1", "A coordinated write in another process asks this process's presenter to relinquish first and reacquire after: it sees the old contents when asked and the new ones when reacquiring",
@@ -249,6 +249,56 @@ enum FileCoordinationCases {
         try check(deletions.withLock { $0 } == 1, "the deletion was told \(deletions.withLock { $0 }) times")
         try check(moves.withLock { $0 }.count == 1, "one rename was told \(moves.withLock { $0 }.count) times")
         return .passed("told the new path once, and the deletion once")
+    }
+}
+
+extension FileCoordinationCases {
+    static let followsMoves = ConformanceCase(
+        "9.9", "A presenter follows renames by another process, within the directory and into another: its path is the new one, a coordinated write at the new path asks it to relinquish, and one at the old path no longer does",
+        requires: .fileCoordination
+    ) { context in
+        let system = try context.fileCoordination()
+        let path = try context.coordinatedFile("item", contents: "first")
+        let asked = Mutex(0)
+        let moves = Mutex<[String]>([])
+        let presenter = try system.present(path, FilePresenterCallbacks(
+            didMove: { newPath in moves.withLock { $0.append(newPath) } },
+            relinquishToWriter: {
+                asked.withLock { $0 += 1 }
+                return nil
+            }
+        ))
+        defer { presenter.remove() }
+        let peer = try await context.coordinationPeer()
+        let elsewhere = context.group.path + "/elsewhere"
+        guard mkdir(elsewhere, 0o700) == 0 else { throw IPCError(code: .transportFailure, message: "cannot create \(elsewhere)") }
+        let steps: [(command: String, name: String, path: String)] = [
+            ("rename item renamed", "renamed", context.group.path + "/renamed"),
+            ("rename renamed elsewhere/moved", "elsewhere/moved", elsewhere + "/moved"),
+        ]
+        var previous = "item"
+        for (index, step) in steps.enumerated() {
+            try await runBlocking { try peer.run(step.command) }
+            let expected = URL(fileURLWithPath: step.path).standardizedFileURL.path
+            // didMove runs after the path follows.
+            guard await poll(within: .seconds(10), { moves.withLock { $0.count } > index }) else {
+                throw ConformanceFailure("after \(step.command.debugDescription) by another process the presenter was told no move within 10 s (told \(moves.withLock { $0 }))")
+            }
+            let now = URL(fileURLWithPath: presenter.path).standardizedFileURL.path
+            try check(now == expected, "after \(step.command.debugDescription) by another process the presenter's path is \(presenter.path), expected \(expected)")
+            // A coordinated write at the new path, in another process, asks it first.
+            let before = asked.withLock { $0 }
+            let name = step.name
+            try await runBlocking { _ = try peer.run("write \(name) written-\(index)") }
+            try check(asked.withLock { $0 } == before + 1, "a coordinated write at the new path \(step.path) in another process asked the presenter \(asked.withLock { $0 } - before) times (expected once)")
+            // One at the old path (a new file there) does not.
+            let old = previous
+            try await runBlocking { _ = try peer.run("write \(old) new-file") }
+            try check(asked.withLock { $0 } == before + 1, "a coordinated write at the old path, a new file, asked the presenter of the moved file")
+            try await runBlocking { _ = try peer.run("remove \(old)") }
+            previous = name
+        }
+        return .passed("followed a rename and a move into another directory: the path is the new one, asked at the new path, not at the old")
     }
 }
 

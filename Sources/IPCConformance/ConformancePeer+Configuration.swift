@@ -42,8 +42,25 @@ extension ConformancePeer {
     /// What a peer process does, and the command-line arguments that say it:
     /// `--group DIR --endpoint NAME --role server|client [--burst-count N --burst-size BYTES]
     /// [--grandchild spawn|fork|spawn-leaking-descriptors] [--spin-microseconds N]
-    /// [--stalled-frame-seconds N] [--serve task|task-on-loop|on-loop] [--request-concurrency N]`.
+    /// [--stalled-frame-seconds N] [--serve task|task-on-loop|on-loop] [--request-concurrency N]
+    /// [--socket-activated [--exit-when-idle SECONDS] [--idle-hand-over keep-socket|refuse]]`.
     public struct Configuration: Sendable, Hashable {
+        /// A server started by a launcher that holds its listening socket (systemd socket
+        /// activation: ``SocketActivatedTransport``). Its standard input is the launcher's
+        /// (often `/dev/null`), so it does not end with it: it runs until it is idle for
+        /// ``idleExit``, or until it is killed.
+        public struct Activation: Sendable, Hashable {
+            /// Exit after this long with no connection (`nil`: never).
+            public var idleExit: Duration?
+            /// How the socket is left at an idle exit.
+            public var handOver: IdleHandOver
+
+            public init(idleExit: Duration? = nil, handOver: IdleHandOver = .launcherKeepsSocket) {
+                self.idleExit = idleExit
+                self.handOver = handOver
+            }
+        }
+
         public var endpoint: Endpoint
         public var role: Role
         /// Client role: one-way messages sent as soon as connected, msgid = index, payload from
@@ -63,11 +80,15 @@ extension ConformancePeer {
         /// How many requests of one connection are handled at once
         /// (``ConnectionOptions/maximumConcurrentRequests``). `--request-concurrency`.
         public var maximumConcurrentRequests: Int
+        /// Server role: take the listening socket from a launcher. `--socket-activated`.
+        public var activation: Activation?
 
         public init(
             endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil, waitStrategy: WaitStrategy = .blocking,
-            stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout, serving: Serving = .task, maximumConcurrentRequests: Int = 1
+            stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout, serving: Serving = .task, maximumConcurrentRequests: Int = 1,
+            activation: Activation? = nil
         ) {
+            self.activation = activation
             self.serving = serving
             self.maximumConcurrentRequests = maximumConcurrentRequests
             self.endpoint = endpoint
@@ -90,6 +111,11 @@ extension ConformancePeer {
             }
             if serving != .task { arguments += ["--serve", serving.rawValue] }
             if maximumConcurrentRequests != 1 { arguments += ["--request-concurrency", String(maximumConcurrentRequests)] }
+            if let activation {
+                arguments.append("--socket-activated")
+                if let idle = activation.idleExit { arguments += ["--exit-when-idle", Self.seconds(idle)] }
+                if activation.handOver != .launcherKeepsSocket { arguments += ["--idle-hand-over", activation.handOver.rawValue] }
+            }
             return arguments
         }
 
@@ -99,8 +125,13 @@ extension ConformancePeer {
         public init(arguments: some Sequence<String>) throws {
             var values: [String: String] = [:]
             var iterator = arguments.makeIterator()
+            var activated = false
             while let option = iterator.next() {
-                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds", "--serve", "--request-concurrency"]
+                if option == "--socket-activated" {
+                    activated = true
+                    continue
+                }
+                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds", "--serve", "--request-concurrency", "--exit-when-idle", "--idle-hand-over"]
                 guard known.contains(option), let value = iterator.next() else {
                     throw IPCError(code: .unsupportedOperation, message: "unexpected peer argument \(option.debugDescription); expected \(known.joined(separator: ", ")), each with a value")
                 }
@@ -126,8 +157,21 @@ extension ConformancePeer {
                 stalledFrameTimeout: try value("--stalled-frame-seconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } }
                     .map { $0 == 0 ? nil : .seconds($0) } ?? ConnectionOptions.defaults.stalledFrameTimeout,
                 serving: try value("--serve", Serving.init(rawValue:)) ?? .task,
-                maximumConcurrentRequests: try value("--request-concurrency") { Int($0).flatMap { (1...1024).contains($0) ? $0 : nil } } ?? 1
+                maximumConcurrentRequests: try value("--request-concurrency") { Int($0).flatMap { (1...1024).contains($0) ? $0 : nil } } ?? 1,
+                activation: activated ? Activation(
+                    idleExit: try value("--exit-when-idle") { Double($0).flatMap { $0 > 0 && $0 <= 86_400 ? Duration.milliseconds(Int64(($0 * 1000).rounded())) : nil } },
+                    handOver: try value("--idle-hand-over", IdleHandOver.init(rawValue:)) ?? .launcherKeepsSocket
+                ) : nil
             )
+            if !activated, values["--exit-when-idle"] != nil || values["--idle-hand-over"] != nil {
+                throw IPCError(code: .unsupportedOperation, message: "--exit-when-idle and --idle-hand-over need --socket-activated")
+            }
+        }
+
+        /// `duration` in seconds, as `--exit-when-idle` takes it (milliseconds kept).
+        static func seconds(_ duration: Duration) -> String {
+            let milliseconds = duration.components.seconds * 1000 + duration.components.attoseconds / 1_000_000_000_000_000
+            return milliseconds % 1000 == 0 ? String(milliseconds / 1000) : String(Double(milliseconds) / 1000)
         }
     }
 }

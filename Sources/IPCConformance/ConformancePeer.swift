@@ -258,15 +258,16 @@ public struct ConformancePeer: Sendable {
     private func run<T: MessageTransport>(_ transport: T, options: ConnectionOptions) async throws {
         switch configuration.role {
         case .server:
+            if let activation = configuration.activation {
+                guard let activatable = transport as? any SocketActivatedTransport else {
+                    throw IPCError(code: .unsupportedOperation, message: "\(transport.name) cannot be socket-activated: its endpoint is not a socket (message-port's is a POSIX message queue; use ServiceConnection's on-demand start)")
+                }
+                try await serveActivated(activatable, options: options, activation: activation)
+                return
+            }
             let listener = try transport.listen(at: configuration.endpoint, options: options, acceptFilter: nil)
             try announceReady()
-            let echoing = Task {
-                await withTaskGroup(of: Void.self) { group in
-                    for await connection in listener.connections {
-                        group.addTask { await Self.echoMessages(on: connection) }
-                    }
-                }
-            }
+            let echoing = Self.echoEveryConnection(of: listener)
             await Self.waitForStandardInputToClose()
             listener.close()
             echoing.cancel()
@@ -300,6 +301,53 @@ public struct ConformancePeer: Sendable {
             connection.invalidate()
             _ = await withCheckedContinuation { continuation in
                 Thread.detachNewThread { continuation.resume(returning: ended.wait(timeout: .now() + 5)) }
+            }
+        }
+    }
+
+    /// The server role under a launcher: serves on the socket it passed until idle for
+    /// ``Configuration/Activation/idleExit`` (checked four times per idle period, at most every
+    /// 250 ms), then exits through ``IdleClosingListener/closeIfIdle(handOver:)``, which loses
+    /// no connection that arrives meanwhile.
+    private func serveActivated<T: SocketActivatedTransport>(_ transport: T, options: ConnectionOptions, activation: Configuration.Activation) async throws {
+        let listener = try transport.listenActivated(at: configuration.endpoint, options: options, acceptFilter: nil)
+        try announceReady()
+        let echoing = Self.echoEveryConnection(of: listener)
+        defer {
+            listener.close()
+            echoing.cancel()
+        }
+        guard let idleExit = activation.idleExit else {
+            // Until killed (the launcher's stop, or a signal).
+            while true { try? await Task.sleep(for: .seconds(3600)) }
+        }
+        let tick = min(idleExit / 4, .milliseconds(250))
+        let clock = ContinuousClock()
+        var idleSince: ContinuousClock.Instant? = clock.now
+        var draining = false
+        while true {
+            try? await Task.sleep(for: tick)
+            guard listener.activeConnections.isEmpty else {
+                idleSince = nil
+                continue
+            }
+            let since = idleSince ?? clock.now
+            idleSince = since
+            guard draining || since.duration(to: clock.now) >= idleExit else { continue }
+            if await listener.closeIfIdle(handOver: activation.handOver) { return }
+            // Refusing: no new connection can come; serve the last ones, then close.
+            draining = activation.handOver == .refuseNewConnections
+            idleSince = nil
+        }
+    }
+
+    /// Echoes the one-way messages of each connection `listener` accepts, until cancelled.
+    private static func echoEveryConnection(of listener: some MessageListener) -> Task<Void, Never> {
+        Task {
+            await withTaskGroup(of: Void.self) { group in
+                for await connection in listener.connections {
+                    group.addTask { await Self.echoMessages(on: connection) }
+                }
             }
         }
     }

@@ -61,6 +61,10 @@ public protocol CoordinatedFileContents {
 
 /// A presenter of one file; it stops presenting at ``remove()``.
 public protocol FilePresentation: AnyObject, Sendable {
+    /// Where the presented file is (`presentedItemURL`): the path it was presented at, and
+    /// after a rename by any process the new one, as `NSFilePresenter` follows its item;
+    /// coordinated accesses at the new path ask the presenter from then on.
+    var path: String { get }
     /// After it returns no callback starts again. Idempotent.
     func remove()
 }

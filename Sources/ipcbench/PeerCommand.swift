@@ -29,6 +29,16 @@ struct PeerCommand: AsyncParsableCommand {
         handler, as tasks on Swift's global executor), 'task-on-loop' (the async handler \
         started on the event loop's executor) or 'on-loop' (the synchronous fast path on the \
         loop, which answers echo and fail only).
+
+        Socket activation (server role; unix-socket, notify, file-presenter): with \
+        --socket-activated the listening socket comes from a launcher (systemd, or \
+        systemd-socket-activate) through LISTEN_PID/LISTEN_FDS, and must be bound to the path \
+        --print-activation-socket prints. Standard input is then not watched; the peer runs \
+        until killed, or until --exit-when-idle SECONDS pass with no connection. \
+        --idle-hand-over says how the socket is left then: keep-socket (the launcher holds it, \
+        as systemd does: a connection arriving during the exit waits for the next instance) or \
+        refuse (the socket dies with the peer, as under systemd-socket-activate: new connects \
+        are refused first, which clients retry, and those already accepted are served).
         """
     )
 
@@ -74,7 +84,24 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "How many requests of one connection are handled at once (1: one at a time, in arrival order).")
     var requestConcurrency: Int = 1
 
+    @Flag(help: "Server role: take the listening socket from a launcher (LISTEN_PID, LISTEN_FDS); see above.")
+    var socketActivated = false
+
+    @Option(help: "With --socket-activated: exit after this many seconds with no connection.")
+    var exitWhenIdle: Double?
+
+    @Option(help: "With --exit-when-idle: keep-socket (a launcher that holds the socket, like systemd) or refuse (one that execs the peer, like systemd-socket-activate).")
+    var idleHandOver: IdleHandOver = .launcherKeepsSocket
+
+    @Flag(help: "Print the socket path a launcher must listen on for this transport and endpoint (creating the group directory, owner-only, if needed), and exit.")
+    var printActivationSocket = false
+
     func validate() throws {
+        if let exitWhenIdle {
+            guard socketActivated else { throw ValidationError("--exit-when-idle needs --socket-activated") }
+            guard exitWhenIdle > 0, exitWhenIdle <= 86_400 else { throw ValidationError("--exit-when-idle takes 0 < seconds <= 86400") }
+        }
+        if socketActivated, role != .server { throw ValidationError("--socket-activated is for the server role") }
         guard (1...1024).contains(requestConcurrency) else { throw ValidationError("--request-concurrency takes 1 to 1024") }
         guard spinMicroseconds >= 0 else { throw ValidationError("--spin-microseconds cannot be negative") }
         guard stalledFrameSeconds >= 0 else { throw ValidationError("--stalled-frame-seconds cannot be negative") }
@@ -86,9 +113,22 @@ struct PeerCommand: AsyncParsableCommand {
             _ = Glibc.umask(mask)
         }
         if let cpu { try CPUAffinity.pinCurrentProcess(to: [cpu]) }
+        let transport = try TransportCatalog.transport(named: transport, framing: framing)
+        let endpoint = try Endpoint(group: GroupDirectory(path: group), name: endpoint)
+        if printActivationSocket || socketActivated {
+            guard let activatable = transport as? any SocketActivatedTransport else {
+                throw ValidationError("\(transport.name) cannot be socket-activated: its endpoint is a POSIX message queue, which no launcher holds or passes; clients can start it on demand instead (ServiceConnection's startingOnDemand)")
+            }
+            if printActivationSocket {
+                // The launcher binds there, so the directory must exist, owner-only, first.
+                try GroupDirectories.prepare(endpoint.group)
+                print(activatable.activationSocketPath(for: endpoint))
+                return
+            }
+        }
         let service = PeerService(
-            transport: try TransportCatalog.transport(named: transport, framing: framing),
-            endpoint: try Endpoint(group: GroupDirectory(path: group), name: endpoint),
+            transport: transport,
+            endpoint: endpoint,
             role: role,
             burstCount: burstCount,
             burstSize: burstSize,
@@ -97,7 +137,8 @@ struct PeerCommand: AsyncParsableCommand {
             stalledFrameTimeout: stalledFrameSeconds == 0 ? nil : .seconds(stalledFrameSeconds),
             serving: serve,
             maximumConcurrentRequests: requestConcurrency,
-            allocationCount: { (UInt64(pthread_self()), ipc_thread_allocation_count()) }
+            allocationCount: { (UInt64(pthread_self()), ipc_thread_allocation_count()) },
+            activation: socketActivated ? .init(idleExit: exitWhenIdle.map { .milliseconds(Int64(($0 * 1000).rounded())) }, handOver: idleHandOver) : nil
         )
         try await service.run()
     }
@@ -106,3 +147,4 @@ struct PeerCommand: AsyncParsableCommand {
 extension PeerRole: ExpressibleByArgument {}
 extension ConformancePeer.Grandchild: ExpressibleByArgument {}
 extension ConformancePeer.Serving: ExpressibleByArgument {}
+extension IdleHandOver: ExpressibleByArgument {}

@@ -28,6 +28,8 @@ struct BrokenFileCoordination: FileCoordinationSystem {
         case untoldMoves
         /// A coordinator forgets its presenter, so it asks and tells it about its own writes.
         case forgetsOwnPresenter
+        /// Its presenters keep the path they were made with after a rename (told, not followed).
+        case staysAtOldPath
 
         var testDescription: String { rawValue }
     }
@@ -35,7 +37,7 @@ struct BrokenFileCoordination: FileCoordinationSystem {
     let violation: Violation
     private let base = FileCoordination()
 
-    func present(_ path: String, callbacks: FilePresenterCallbacks) throws -> FilePresenter {
+    func present(_ path: String, callbacks: FilePresenterCallbacks) throws -> BrokenPresenter {
         var callbacks = callbacks
         switch violation {
         case .untoldMoves:
@@ -60,12 +62,27 @@ struct BrokenFileCoordination: FileCoordinationSystem {
         default:
             break
         }
-        return try base.present(path, callbacks: callbacks)
+        return BrokenPresenter(base: try base.present(path, callbacks: callbacks), stuckAt: violation == .staysAtOldPath ? path : nil)
     }
 
-    func coordinator(filePresenter: FilePresenter?) -> BrokenCoordinator {
-        BrokenCoordinator(base: base.coordinator(filePresenter: violation == .forgetsOwnPresenter ? nil : filePresenter), violation: violation)
+    func coordinator(filePresenter: BrokenPresenter?) -> BrokenCoordinator {
+        BrokenCoordinator(base: base.coordinator(filePresenter: violation == .forgetsOwnPresenter ? nil : filePresenter?.base), violation: violation)
     }
+}
+
+/// The real presenter, whose path may be stuck where it started.
+final class BrokenPresenter: FilePresentation {
+    let base: FilePresenter
+    private let stuckAt: String?
+
+    init(base: FilePresenter, stuckAt: String?) {
+        self.base = base
+        self.stuckAt = stuckAt
+    }
+
+    var path: String { stuckAt ?? base.path }
+
+    func remove() { base.remove() }
 }
 
 struct BrokenCoordinator: FileCoordinating {
@@ -105,7 +122,7 @@ struct BrokenCoordinator: FileCoordinating {
 @Suite("Conformance: broken file coordination is caught", .serialized)
 struct BrokenFileCoordinationTests {
     static let expectations: [(BrokenFileCoordination.Violation, [String])] = [
-        (.presentersNeverAsked, ["9.1", "9.2", "9.7"]),
+        (.presentersNeverAsked, ["9.1", "9.2", "9.7", "9.9"]),
         (.reacquiresAtOnce, ["9.1"]),
         (.answersBeforeRelinquishing, ["9.3"]),
         (.ignoresTimeout, ["9.3"]),
@@ -113,7 +130,8 @@ struct BrokenFileCoordinationTests {
         (.ignoresCancel, ["9.5"]),
         (.doesNotBatch, ["9.6"]),
         (.forgetsOwnPresenter, ["9.7"]),
-        (.untoldMoves, ["9.8"]),
+        (.untoldMoves, ["9.8", "9.9"]),
+        (.staysAtOldPath, ["9.9"]),
     ]
 
     @Test(arguments: expectations.map(\.0))

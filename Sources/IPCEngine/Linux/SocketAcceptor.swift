@@ -106,6 +106,9 @@ package final class SocketAcceptor: Sendable {
     }
 
     private let listenFD: CInt
+    /// The socket came from a launcher (socket activation), which keeps its own reference:
+    /// closing must not shut it down, or the launcher's socket would refuse everyone after us.
+    private let inherited: Bool
     private let loop: EventLoop
     private let acceptFilter: AcceptFilter?
     private let mode: Mode
@@ -146,8 +149,18 @@ package final class SocketAcceptor: Sendable {
 
     /// Listens on `path` (which the caller, holding the endpoint's lock, has cleared).
     /// - Throws: ``IPCError/Code/transportFailure`` if the socket cannot be made or watched.
-    package init(path: String, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
-        listenFD = try UnixSocket.listen(path: path)
+    /// With `activated`, accepts on the listening socket bound to `path` that a launcher handed
+    /// over (``SocketActivation``), which stays the launcher's: closing neither shuts it down
+    /// nor removes its file.
+    /// - Throws: ``IPCError/Code/invalidEndpoint`` if `activated` and no such socket was passed.
+    package convenience init(path: String, activated: Bool = false, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
+        let fd = activated ? try SocketActivation.takeListeningSocket(boundTo: path) : try UnixSocket.listen(path: path)
+        try self.init(listening: fd, inherited: activated, loop: loop, acceptFilter: acceptFilter, mode: mode)
+    }
+
+    private init(listening fd: CInt, inherited: Bool, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
+        listenFD = fd
+        self.inherited = inherited
         self.loop = loop
         self.acceptFilter = acceptFilter
         self.mode = mode
@@ -165,7 +178,7 @@ package final class SocketAcceptor: Sendable {
     /// the socket file. Idempotent; the loop stops watching and closes in its own time.
     package func close() {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        UnixSocket.shutdown(listenFD)
+        if !inherited { UnixSocket.shutdown(listenFD) }
         let watch = watch.withLock { $0 }
         loop.execute { [listenFD, loop, pending] in
             if let watch { loop.cancel(watch) }
@@ -178,6 +191,30 @@ package final class SocketAcceptor: Sendable {
 
     deinit {
         close()
+    }
+
+    /// On the loop: accepts whatever waits in the backlog, then, if `isIdle()` and no client is
+    /// in its handshake, closes and returns `true`; else returns `false` and keeps serving.
+    /// With ``IdleHandOver/refuseNewConnections`` the socket is shut down for reading first, so
+    /// from then on the kernel refuses new connects (`ECONNREFUSED`, which clients retry) and
+    /// nothing can arrive between the last look and the exit: the listener drains what it
+    /// accepted and closes at a later call that finds it idle.
+    package func stopIfIdle(handOver: IdleHandOver, isIdle: @escaping @Sendable () -> Bool) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            loop.execute { [self] in
+                guard !closed.load(ordering: .acquiring) else { return continuation.resume(returning: true) }
+                if handOver == .refuseNewConnections {
+                    // A socket shut down for reading always polls readable: stop watching it
+                    // (nothing new can arrive) and take what the backlog holds now.
+                    _ = Glibc.shutdown(listenFD, CInt(SHUT_RD))
+                    if let watch = watch.withLock({ $0.take() }) { loop.cancel(watch) }
+                }
+                acceptWaiting()
+                guard isIdle(), pending.entries.withLock({ $0.isEmpty }) else { return continuation.resume(returning: false) }
+                close()
+                continuation.resume(returning: true)
+            }
+        }
     }
 
     /// Accepts every connection waiting (on the loop's thread).

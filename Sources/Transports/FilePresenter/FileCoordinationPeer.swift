@@ -9,7 +9,8 @@ import SystemPackage
 /// in a second process. `ipcbench peer --transport file-presenter --role coordinator` runs it.
 ///
 /// It prints `READY <pid>` first, then one line per command: `OK` (with a result) or `ERR <why>`.
-/// Files are named relative to the group directory.
+/// Files are named relative to the group directory: `name` or `directory/name` (one level of
+/// subdirectory, which must exist), each part a valid endpoint name.
 ///
 /// | command | effect |
 /// |---|---|
@@ -20,7 +21,7 @@ import SystemPackage
 /// | `write-halves <file> <count>` | `count` coordinated writes of 4 KiB, each one letter, written in two halves 1 ms apart |
 /// | `tear <endpoint>` | connects to the endpoint, then, holding its inbox's lock, writes part of a record and stops, to be killed |
 /// | `write-within <file> <milliseconds> <text>` | `write` with that timeout |
-/// | `rename <file> <new name>`, `remove <file>` | renames the file within the group, removes its name |
+/// | `rename <file> <new name>`, `remove <file>` | renames the file, removes its name |
 /// | `present <file> <behaviour>` | presents the file, answering coordinators: `answer` (at once), `slow=<ms>` (relinquishes after that long), `hang` (never answers), `save=<text>` (saves `text` with a coordinated write of its own when asked), `fail-save` (its save fails) |
 /// | `events` | answers `OK` and the presenters' events so far, in order, separated by spaces: `<file>:save`, `<file>:relinquish-reader`, `<file>:reacquire-reader`, `<file>:relinquish-writer`, `<file>:reacquire-writer`, `<file>:changed` |
 /// | `prepare-write <file>,<file>... <count>` | one batch for writing the files, in which it makes `count` coordinated writes to each |
@@ -167,8 +168,13 @@ public struct FileCoordinationPeer {
         return made
     }
 
+    /// `name`, or `directory/name`, in the group: each part a valid endpoint name (so never `..`).
     private func path(_ name: String) throws -> String {
-        try Endpoint(group: group, name: name).description
+        let parts = name.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        guard parts.count <= 2 else { throw IPCError(code: .nameOutsideGroup, message: "\(name.debugDescription): at most one subdirectory of the group") }
+        var path = group.path
+        for part in parts { path += "/" + (try Endpoint(group: group, name: part)).name }
+        return path
     }
 
     private func answer(_ line: String) {

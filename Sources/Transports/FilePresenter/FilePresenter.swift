@@ -29,11 +29,15 @@ import SystemPackage
 /// After ``remove()`` returns, `didChange` does not start again (a call already running on
 /// another thread is waited for; a call to `remove()` from inside `didChange` is allowed).
 /// A presenter that is no longer referenced removes itself. The presenter keeps the file open,
-/// so it goes on presenting the same file even if the file is renamed or unlinked; it says so:
-/// `didMove` (`presentedItemDidMove(to:)`) runs with the file's new path after a rename by any
-/// process, and `accommodateDeletion` (`accommodatePresentedItemDeletion`) once, after the
-/// file's last name is removed. Both run on the presenter's thread, like `didChange`, and not
-/// after ``remove()``.
+/// so it goes on presenting the same file even if the file is renamed or unlinked, and it
+/// follows a rename by any process, as `NSFilePresenter` does: ``path`` becomes the new path,
+/// a presenter that answers coordinators moves its answering socket to the presenters directory
+/// beside the new path (so coordinated accesses at the new path ask it, and those at the old
+/// one no longer do), and then `didMove` (`presentedItemDidMove(to:)`) runs with the new path.
+/// `accommodateDeletion` (`accommodatePresentedItemDeletion`) runs once, after the file's last
+/// name is removed. Both run on the presenter's thread, like `didChange`, and not after
+/// ``remove()``. Between a rename and the presenter's thread seeing it (its next inotify read)
+/// a coordinated access at the new path does not find the presenter yet.
 ///
 /// A presenter with a save or relinquish callback answers coordinated accesses made in any
 /// process by coordinators other than its own (see ``FileCoordinator``): it binds a socket in
@@ -41,9 +45,11 @@ import SystemPackage
 /// asked for, answers, and runs the reacquirer when the access is over, or when the process
 /// that made it dies. All callbacks run on the presenter's one thread, one at a time.
 public final class FilePresenter: FilePresentation {
-    public let path: String
+    /// Where the presented file is: the path it was presented at, then the path of each rename
+    /// as the presenter's thread sees it (before `didMove` runs).
+    public var path: String { watch.path }
     /// The socket through which coordinators ask this presenter; `nil` if it answers none.
-    let answeringSocket: String?
+    var answeringSocket: String? { watch.answeringPath }
     private let watch: PresenterWatch
 
     /// Starts presenting the existing file at `path`.
@@ -52,9 +58,7 @@ public final class FilePresenter: FilePresentation {
     ///   presenters directory cannot be used; ``IPCError/Code/accessDenied`` if that directory
     ///   belongs to another user or is open to others.
     public init(presenting path: String, callbacks: FilePresenterCallbacks) throws {
-        self.path = path
         watch = try PresenterWatch(path: path, callbacks: callbacks)
-        answeringSocket = watch.answering?.path
         try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
     }
 
@@ -125,8 +129,11 @@ private final class PresenterWatch: Sendable {
     private let fileWatch: CInt
     private let markerWatch: CInt
     private let callbacks: FilePresenterCallbacks
-    /// Where coordinators ask this presenter, for a presenter that answers them.
-    let answering: AnsweringSocket?
+    /// Where coordinators ask this presenter, for a presenter that answers them; replaced when
+    /// the file is renamed (presenter thread).
+    private let answering: Mutex<AnsweringSocket?>
+    /// The presented file's path, as of the last rename the thread saw.
+    private let currentPath: Mutex<String>
     private let removed = Atomic<Bool>(false)
     /// The presenter thread's `pthread_t`, so that `remove()` knows when it is called from `didChange`.
     private let thread = Atomic<UInt>(0)
@@ -135,7 +142,8 @@ private final class PresenterWatch: Sendable {
     init(path: String, callbacks: FilePresenterCallbacks) throws {
         self.callbacks = callbacks
         file = try CoordinatedFile(path: path, create: false)
-        answering = callbacks.answersCoordinators ? try AnsweringSocket(presenting: path) : nil
+        answering = Mutex(callbacks.answersCoordinators ? try AnsweringSocket(presenting: path) : nil)
+        currentPath = Mutex(path)
         inotify = inotify_init1(CInt(IN_CLOEXEC))
         guard inotify >= 0 else { throw IPCError.syscall("inotify_init1", Errno(rawValue: errno)) }
         let directory = path.lastIndex(of: "/").map { String(path[..<$0]) }.flatMap { $0.isEmpty ? "/" : $0 } ?? "."
@@ -147,10 +155,10 @@ private final class PresenterWatch: Sendable {
         }
         var byte: UInt8 = 0
         _ = pwrite(marker, &byte, 1, 0)
-        // Only for a presenter that asks: IN_MOVE_SELF for renames; IN_ATTRIB for unlinks, which
-        // change the link count (the file is kept open, so IN_DELETE_SELF would come only once it
-        // is closed).
-        let mask = UInt32(IN_MODIFY) | (callbacks.didMove == nil ? 0 : UInt32(IN_MOVE_SELF)) | (callbacks.accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
+        // IN_MOVE_SELF for renames, which the presenter follows; only for a presenter that asks,
+        // IN_ATTRIB for unlinks, which change the link count (the file is kept open, so
+        // IN_DELETE_SELF would come only once it is closed).
+        let mask = UInt32(IN_MODIFY) | UInt32(IN_MOVE_SELF) | (callbacks.accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
         fileWatch = inotify_add_watch(inotify, path, mask)
         markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
         guard fileWatch >= 0, markerWatch >= 0 else {
@@ -178,9 +186,13 @@ private final class PresenterWatch: Sendable {
         }
     }
 
+    var path: String { currentPath.withLock { $0 } }
+
+    var answeringPath: String? { answering.withLock { $0?.path } }
+
     func remove(waiting: Bool = true) {
         removed.store(true, ordering: .releasing)
-        answering?.unlinkName()
+        answering.withLock { $0?.unlinkName() }
         // From inside didChange the gate is ours already; from elsewhere, taking it waits for a
         // call in progress (no call starts once the flag is set: it is checked under the gate).
         if waiting, thread.load(ordering: .acquiring) != UInt(pthread_self()) {
@@ -196,11 +208,11 @@ private final class PresenterWatch: Sendable {
         defer { buffer.deallocate() }
         var events = EventState(fileWatch: fileWatch, markerWatch: markerWatch)
         var conversations = Conversations()
-        defer { conversations.closeAll(listener: answering?.listener) }
-        var knownPath = callbacks.didMove == nil ? nil : currentPath()
+        defer { conversations.closeAll(listener: answering.withLock { $0?.listener }) }
+        var knownPath = namedPath()
         var deletionReported = false
         while !removed.load(ordering: .acquiring), !events.watchEnded {
-            if let answering {
+            if let answering = answering.withLock({ $0 }) {
                 // Wait for inotify, the answering socket and the open conversations together.
                 guard conversations.wait(inotify: inotify, listener: answering.listener) else { continue }
                 conversations.serve(listener: answering.listener) { request in
@@ -215,10 +227,13 @@ private final class PresenterWatch: Sendable {
             var changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
             if events.moved {
                 events.moved = false
-                if let didMove = callbacks.didMove, let now = currentPath(), now != knownPath {
+                if let now = namedPath(), now != knownPath {
                     knownPath = now
-                    gate.withLock { _ in
-                        if !removed.load(ordering: .acquiring) { didMove(now) }
+                    follow(to: now, conversations: &conversations)
+                    if let didMove = callbacks.didMove {
+                        gate.withLock { _ in
+                            if !removed.load(ordering: .acquiring) { didMove(now) }
+                        }
                     }
                 }
             }
@@ -268,9 +283,28 @@ private final class PresenterWatch: Sendable {
         }
     }
 
+    /// The file was renamed to `now` (presenter thread): the path follows, and the answering
+    /// socket moves to the presenters directory beside the new name. Coordinators still
+    /// connecting to the old socket are closed, as for a presenter gone from there. If the new
+    /// directory cannot be used (it is another user's, or open to others), the presenter answers
+    /// nobody from then on rather than trust it.
+    private func follow(to now: String, conversations: inout Conversations) {
+        currentPath.withLock { $0 = now }
+        guard callbacks.answersCoordinators, !removed.load(ordering: .acquiring) else { return }
+        let moved = try? AnsweringSocket(presenting: now)
+        let old = answering.withLock { answering in
+            defer { answering = moved }
+            return answering
+        }
+        if let old {
+            old.unlinkName()
+            conversations.refuseWaiting(on: old.listener)
+        }
+    }
+
     /// Where the presented file is now, as the kernel names its open descriptor; `nil` once it has
     /// no name (the kernel then appends " (deleted)", which is not a path).
-    private func currentPath() -> String? {
+    private func namedPath() -> String? {
         var target = [CChar](repeating: 0, count: Int(PATH_MAX))
         let count = readlink("/proc/self/fd/\(file.descriptor)", &target, target.count - 1)
         guard count > 0 else { return nil }
@@ -385,6 +419,15 @@ private struct Conversations {
                 continue
             }
             open.append(Conversation(descriptor: descriptor))
+        }
+    }
+
+    /// Closes the connections waiting in `listener`'s backlog unanswered (a listener the
+    /// presenter leaves); the open conversations go on.
+    mutating func refuseWaiting(on listener: CInt) {
+        listenerReadable = false
+        while case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
+            closeDescriptor(descriptor)
         }
     }
 

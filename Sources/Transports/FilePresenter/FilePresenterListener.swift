@@ -11,7 +11,7 @@ import Synchronization
 /// socket (`G/<endpoint>.rendezvous`) that clients connect over: it
 /// gives the listener each client's kernel-verified credentials (so an accept filter works and
 /// a client cannot claim another's pid), and stays open for the connection's life.
-public final class FilePresenterListener: MessageListener, @unchecked Sendable {
+public final class FilePresenterListener: IdleClosingListener, @unchecked Sendable {
     // @unchecked: every stored property is immutable or a Mutex, but `reader` and
     // `retryArmed`/`retry`, which the loop's thread alone uses.
     public let endpoint: Endpoint
@@ -30,6 +30,8 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
     private let connectionSink: AsyncStream<FilePresenterConnection>.Continuation
     private let identity = SenderID(pid: getpid(), serial: 0)
     private let rendezvousPath: String
+    /// The rendezvous socket came from a launcher (``SocketActivatedTransport``): its file stays.
+    private let activated: Bool
     private let acceptor = Mutex<SocketAcceptor?>(nil)
     /// Clients that connected and have not finished their hello, at most.
     public static let maximumPendingHandshakes = 64
@@ -50,7 +52,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
 
     private let state = Mutex(State())
 
-    init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?, capacity: Int, handshakeTimeout: Duration) throws {
+    init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?, capacity: Int, handshakeTimeout: Duration, activated: Bool = false) throws {
         loop = try EventLoop.shared()
         try GroupDirectories.prepare(endpoint.group)
         let lock = try EndpointLock(endpoint: endpoint)
@@ -58,8 +60,10 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         Self.removeJournalsOfDeadClients(endpoint)
         inboxPath = JournalNames.inbox(endpoint)
         rendezvousPath = RendezvousHello.socketPath(endpoint)
-        // We hold the endpoint's lock, so a socket file still here belongs to a dead listener.
-        unlink(rendezvousPath)
+        self.activated = activated
+        // We hold the endpoint's lock, so a socket file still here belongs to a dead listener
+        // (or, socket-activated, to the launcher that handed it over).
+        if !activated { unlink(rendezvousPath) }
         let inbox: JournalFile
         do {
             inbox = try Journal.create(at: inboxPath, in: endpoint.group, capacity: capacity)
@@ -89,6 +93,7 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         do {
             let acceptor = try SocketAcceptor(
                 path: rendezvousPath,
+                activated: activated,
                 loop: loop,
                 acceptFilter: acceptFilter,
                 mode: .handshake(timeout: handshakeTimeout, maximumPending: Self.maximumPendingHandshakes) { [weak self] fd, peer in
@@ -122,11 +127,18 @@ public final class FilePresenterListener: MessageListener, @unchecked Sendable {
         watch.withLock { $0.take() }?.cancel()
         loop.execute { [self] in reader = nil }
         // Remove the inbox and the socket before giving up the name, so a successor's are never removed.
-        _ = unlink(rendezvousPath)
+        if !activated { _ = unlink(rendezvousPath) }
         _ = unlink(inboxPath)
         lock.release()
         connectionSink.finish()
         for client in clients { client.invalidate() }
+    }
+
+    public func closeIfIdle(handOver: IdleHandOver) async -> Bool {
+        guard let acceptor = acceptor.withLock({ $0 }) else { return true }
+        guard await acceptor.stopIfIdle(handOver: handOver, isIdle: { [weak self] in self?.state.withLock { $0.clients.isEmpty } ?? true }) else { return false }
+        close()
+        return true
     }
 
     private var isOpen: Bool { state.withLock { !$0.closed } }

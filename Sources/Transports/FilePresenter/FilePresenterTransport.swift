@@ -47,7 +47,7 @@ import SystemPackage
 /// inbox carry the sender id as the sender states it: a process of the same user can write the
 /// inbox (mode 0600) and so could forge records; the group directory is the trust boundary for
 /// that, as with message ports.
-public struct FilePresenterTransport: MessageTransport {
+public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport {
     public typealias Connection = FilePresenterConnection
     public typealias Listener = FilePresenterListener
 
@@ -77,6 +77,13 @@ public struct FilePresenterTransport: MessageTransport {
     /// - Throws: what ``MessageTransport/listen(at:options:acceptFilter:)`` documents.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> FilePresenterListener {
         try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, capacity: journalCapacity, handshakeTimeout: connectTimeout)
+    }
+
+    /// The rendezvous socket, `<group>/<name>.rendezvous`.
+    public func activationSocketPath(for endpoint: Endpoint) -> String { RendezvousHello.socketPath(endpoint) }
+
+    public func listenActivated(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> FilePresenterListener {
+        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, capacity: journalCapacity, handshakeTimeout: connectTimeout, activated: true)
     }
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint or

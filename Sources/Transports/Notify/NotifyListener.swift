@@ -14,28 +14,33 @@ import SystemPackage
 /// A client that connects and says nothing is dropped after the handshake timeout, and at most
 /// ``maximumPendingHandshakes`` may be in the middle of connecting at once (the next ones are
 /// told `busy`), so clients that never finish cannot hold the listener's descriptors.
-public final class NotifyListener: MessageListener, Sendable {
+public final class NotifyListener: IdleClosingListener, Sendable {
     public let endpoint: Endpoint
     /// Clients that connected and have not finished their hello, at most.
     public static let maximumPendingHandshakes = 64
 
     private let path: String
+    /// The rendezvous socket came from a launcher (``SocketActivatedTransport``): its file stays.
+    private let activated: Bool
     private let lock: EndpointLock
     private let registry = ConnectionRegistry<NotifyConnection>()
     private let acceptor = Mutex<SocketAcceptor?>(nil)
 
-    init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?, handshakeTimeout: Duration) throws {
+    init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?, handshakeTimeout: Duration, activated: Bool = false) throws {
         try GroupDirectories.prepare(endpoint.group)
         let lock = try EndpointLock(endpoint: endpoint)
         let path = NotifyRendezvous.socketPath(endpoint)
-        // We hold the endpoint's lock, so a socket file still here belongs to a dead listener.
-        unlink(path)
+        // We hold the endpoint's lock, so a socket file still here belongs to a dead listener
+        // (or, socket-activated, to the launcher that handed it over).
+        if !activated { unlink(path) }
         self.endpoint = endpoint
         self.path = path
         self.lock = lock
+        self.activated = activated
         do {
             let acceptor = try SocketAcceptor(
                 path: path,
+                activated: activated,
                 loop: try EventLoop.shared(),
                 acceptFilter: acceptFilter,
                 mode: .handshake(timeout: handshakeTimeout, maximumPending: Self.maximumPendingHandshakes) { [registry] fd, peer in
@@ -44,7 +49,7 @@ public final class NotifyListener: MessageListener, Sendable {
             )
             self.acceptor.withLock { $0 = acceptor }
         } catch {
-            unlink(path)
+            if !activated { unlink(path) }
             lock.release()
             throw error
         }
@@ -62,10 +67,17 @@ public final class NotifyListener: MessageListener, Sendable {
     public func close() {
         guard let toInvalidate = registry.close() else { return }
         // Remove the socket file before giving up the name, so a successor never loses its own file.
-        unlink(path)
+        if !activated { unlink(path) }
         acceptor.withLock { $0.take() }?.close()
         lock.release()
         for connection in toInvalidate { connection.invalidate() }
+    }
+
+    public func closeIfIdle(handOver: IdleHandOver) async -> Bool {
+        guard let acceptor = acceptor.withLock({ $0 }) else { return true }
+        guard await acceptor.stopIfIdle(handOver: handOver, isIdle: { [registry] in registry.activeConnections.isEmpty }) else { return false }
+        close()
+        return true
     }
 
     deinit {

@@ -18,7 +18,7 @@ import Synchronization
 /// hands its store and doorbells over, and learns the listener's credentials from; the listener
 /// learns the client's, so an accept filter works). Nothing else is named: a store and its
 /// doorbells exist only as descriptors in the two processes.
-public struct NotifyTransport: MessageTransport {
+public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
     public typealias Connection = NotifyConnection
     public typealias Listener = NotifyListener
 
@@ -54,6 +54,13 @@ public struct NotifyTransport: MessageTransport {
     /// - Throws: what ``MessageTransport/listen(at:options:acceptFilter:)`` documents.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> NotifyListener {
         try NotifyListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout)
+    }
+
+    /// The rendezvous socket, `<group>/<name>.rendezvous`.
+    public func activationSocketPath(for endpoint: Endpoint) -> String { NotifyRendezvous.socketPath(endpoint) }
+
+    public func listenActivated(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> NotifyListener {
+        try NotifyListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout, activated: true)
     }
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens or the listener does not

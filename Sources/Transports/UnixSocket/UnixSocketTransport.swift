@@ -6,7 +6,7 @@ import IPCPosix
 /// `AF_UNIX` stream sockets in the group directory: the Linux counterpart of LLBSDMessaging's
 /// BSD sockets. The endpoint `name` in group `G` is the socket file `G/name.sock`, guarded by
 /// the lock file `G/name.lock` that its listener holds for its lifetime.
-public struct UnixSocketTransport: MessageTransport, FramedTransport {
+public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActivatedTransport {
     public typealias Connection = UnixSocketConnection
     public typealias Listener = UnixSocketListener
 
@@ -32,6 +32,12 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport {
 
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> UnixSocketListener {
         try UnixSocketListener(endpoint: endpoint, framing: framing, options: options, acceptFilter: acceptFilter)
+    }
+
+    public func activationSocketPath(for endpoint: Endpoint) -> String { Self.socketPath(endpoint) }
+
+    public func listenActivated(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> UnixSocketListener {
+        try UnixSocketListener(endpoint: endpoint, framing: framing, options: options, acceptFilter: acceptFilter, activated: true)
     }
 
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> UnixSocketConnection {
