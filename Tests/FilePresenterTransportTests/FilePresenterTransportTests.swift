@@ -166,9 +166,9 @@ struct FilePresenterTransportTests {
         let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         let executor = try #require(connection.preferredTaskExecutor)
-        // A lock on the listener's inbox through another open file description keeps the
-        // client's appends out, as a peer that holds it would.
-        let inbox = try CoordinatedFile(path: JournalNames.inbox(endpoint), create: false)
+        // A lock on the client's outbox through another open file description keeps the
+        // client's appends out, as a reader that holds it would.
+        let inbox = try CoordinatedFile(path: try #require(connection.outboxPath), create: false)
         try inbox.lock(exclusive: true, timeout: .seconds(10))
         let sending = Task(executorPreference: executor) {
             try await connection.send([1, 2, 3], msgid: 41, timeout: .seconds(120))
@@ -243,7 +243,7 @@ struct FilePresenterTransportTests {
         #expect(outOfPlace.isEmpty, "first misplaced: \(outOfPlace.first.map { "#\($0.offset) has msgid \($0.element.msgid)" } ?? "")")
         // Each journal carried over 2 MiB; compaction keeps a file to about the threshold (1 MiB).
         let bound = (1 << 20) + 64 * 1024
-        #expect(try fileSize(JournalNames.inbox(endpoint)) <= bound)
+        #expect(try fileSize(try #require(connection.outboxPath)) <= bound)
         #expect(try fileSize(try #require(connection.journalPath)) <= bound)
     }
 
@@ -261,7 +261,7 @@ struct FilePresenterTransportTests {
         #expect(received.enumerated().allSatisfy { $0.element.payload == PeerService.burstPayload($0.offset, size: 64) })
     }
 
-    @Test("a partial record from a writer killed while holding the inbox's lock is never delivered; the next message arrives within a second")
+    @Test("a partial record from a writer killed while holding its outbox's lock is never delivered, and held up nobody else")
     func tornRecordFromAKilledWriter() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("torn")
@@ -278,15 +278,15 @@ struct FilePresenterTransportTests {
         #expect(try writer.answer() == "OK")
         let writerProbe = InvalidationProbe()
         writerProbe.attach(to: writerSide)
-        // The writer holds the lock with half a record written past the committed end.
-        await expectIPCError(.sendTimeout) { try survivor.send([0], msgid: 1, timeout: .milliseconds(200)) }
-
+        // The writer holds its outbox's lock with half a record written past the committed end:
+        // the survivor writes its own outbox, and goes on.
+        try await survivor.send(Array("during".utf8), msgid: 1, timeout: .seconds(10))
         writer.kill()
-        try await survivor.send(Array("next".utf8), msgid: 2, timeout: .seconds(1))
-        try await survivor.send(Array("after".utf8), msgid: 3, timeout: .seconds(1))
-        let received = try await collect(2, from: survivorSide)
-        #expect(received.map(\.msgid) == [2, 3])
-        #expect(received.map(\.payload) == [Array("next".utf8), Array("after".utf8)])
+        try await survivor.send(Array("next".utf8), msgid: 2, timeout: .seconds(10))
+        try await survivor.send(Array("after".utf8), msgid: 3, timeout: .seconds(10))
+        let received = try await collect(3, from: survivorSide)
+        #expect(received.map(\.msgid) == [1, 2, 3])
+        #expect(received.map(\.payload) == [Array("during".utf8), Array("next".utf8), Array("after".utf8)])
 
         #expect(await writerProbe.wait(seconds: 10))
         #expect(writerProbe.reason?.kind == .peerDied)
@@ -300,7 +300,49 @@ struct FilePresenterTransportTests {
         #expect(survivorSide.invalidationReason == nil)
     }
 
-    @Test("SIGKILL of the listener: a pending request fails, invalidation fires once, and the client removes its journal")
+    @Test("a client process stopped (SIGSTOP) while it holds its outbox's lock holds up nobody else: two other clients' requests and a new client's connect go on, timed")
+    func stoppedWriterHoldsOnlyItsOwnConnection() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("stalled")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload } }, acceptFilter: nil)
+        defer { listener.close() }
+        let others = [try await transport.connect(to: endpoint, options: .defaults), try await transport.connect(to: endpoint, options: .defaults)]
+        defer { others.forEach { $0.invalidate() } }
+
+        let writer = try CoordinationPeer(group: group.directory)
+        defer { writer.kill() }
+        #expect(try writer.run("tear stalled") == "")
+        // Stopped where it holds its outbox's exclusive lock, part of a record written.
+        #expect(kill(writer.pid, SIGSTOP) == 0)
+        defer { kill(writer.pid, SIGCONT) }
+
+        // Before the fix (one shared inbox) these failed with sendTimeout and then hung.
+        let clock = ContinuousClock()
+        let started = clock.now
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (index, client) in others.enumerated() {
+                group.addTask {
+                    for round in 0..<50 {
+                        let payload = Array("client \(index) round \(round)".utf8)
+                        let reply = try await client.request(payload, msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+                        #expect(reply == payload)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let requests = clock.now - started
+        // A new client connects and is answered while the writer is still stopped.
+        let connectStarted = clock.now
+        let newcomer = try await transport.connect(to: endpoint, options: .defaults)
+        defer { newcomer.invalidate() }
+        #expect(try await newcomer.request([7], msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(10)) == [7])
+        let connect = clock.now - connectStarted
+        print("stalled writer: 100 requests of two other clients took \(requests), a new client's connect and request \(connect)")
+        #expect(listener.activeConnections.count == 4)
+    }
+
+    @Test("SIGKILL of the listener: a pending request fails, invalidation fires once, and the client removes its journal and outbox")
     func listenerKilled() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("victim")
@@ -309,7 +351,9 @@ struct FilePresenterTransportTests {
         let probe = InvalidationProbe()
         probe.attach(to: connection)
         let journal = try #require(connection.journalPath)
+        let outbox = try #require(connection.outboxPath)
         #expect(FileManager.default.fileExists(atPath: journal))
+        #expect(FileManager.default.fileExists(atPath: outbox))
         let pending = Task {
             try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
         }
@@ -324,6 +368,7 @@ struct FilePresenterTransportTests {
         #expect(await probe.wait(seconds: 10))
         #expect(probe.reason?.kind == .peerDied)
         #expect(!FileManager.default.fileExists(atPath: journal))
+        #expect(!FileManager.default.fileExists(atPath: outbox))
         connection.invalidate()
         await expectIPCError(.invalidated) { try connection.send([1], msgid: 1, timeout: .seconds(1)) }
         let late = InvalidationProbe()
@@ -418,7 +463,7 @@ struct FilePresenterTransportTests {
             try await connection.request([1], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .milliseconds(300))
         }
         #expect(connection.invalidationReason == nil)
-        // ...and a server that reads nothing (its process stopped) lets its inbox fill (16 MiB),
+        // ...and a server that reads nothing (its process stopped) lets the outbox fill (16 MiB),
         // so a send times out.
         kill(server.pid, SIGSTOP)
         defer { kill(server.pid, SIGCONT) }

@@ -307,10 +307,10 @@ struct StoreHostileTests {
         #expect(try await good.request([4], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [4])
     }
 
-    @Test("garbage committed into the listener's inbox: the listener ends every connection and tells each client, so none waits")
-    func filePresenterInboxGarbage() async throws {
+    @Test("garbage committed into a client's outbox: the listener ends that connection and tells its client, so it does not wait; the other client is served")
+    func filePresenterOutboxGarbage() async throws {
         let group = try TestGroup()
-        let endpoint = try group.endpoint("inbox")
+        let endpoint = try group.endpoint("outbox")
         let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
         defer { server.stop() }
         let transport = FilePresenterTransport()
@@ -324,16 +324,17 @@ struct StoreHostileTests {
         for client in clients {
             #expect(try await client.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
         }
-        // A record with bad magic, committed at the inbox's end by another process.
-        let path = endpoint.path(suffix: ".inbox")
+        // A record with bad magic, committed at the end of the first client's outbox by another process.
+        let path = try #require(clients[0].outboxPath)
         let header = try #require(FileHandle(forReadingAtPath: path)).readData(ofLength: 24)
         let end = header[16..<24].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
         let garbage: [UInt8] = [0x00, 0x00, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]
         try HostilePeer.write(into: path, [(Int(end), garbage), (16, withUnsafeBytes(of: (end + UInt64(garbage.count)).bigEndian, Array.init))])
-        for probe in probes {
-            #expect(await probe.wait(seconds: 30), "a client was not told that the listener ended its connection")
-            #expect(probe.reason?.kind == .peerClosed, "\(String(describing: probe.reason))")
-        }
+        // The write through another description makes the inotify event that wakes the listener.
+        #expect(await probes[0].wait(seconds: 30), "the client was not told that the listener ended its connection")
+        #expect(probes[0].reason?.kind == .peerClosed, "\(String(describing: probes[0].reason))")
+        #expect(try await clients[1].request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [2])
+        #expect(clients[1].invalidationReason == nil)
         #expect(server.isRunning)
     }
 

@@ -19,7 +19,7 @@ import SystemPackage
 /// | `hold-write <file>`, `hold-read <file>` | takes the file's exclusive or shared lock and keeps it |
 /// | `release` | gives back the held lock |
 /// | `write-halves <file> <count>` | `count` coordinated writes of 4 KiB, each one letter, written in two halves 1 ms apart |
-/// | `tear <endpoint>` | connects to the endpoint, then, holding its inbox's lock, writes part of a record and stops, to be killed |
+/// | `tear <endpoint>` | connects to the endpoint, then, holding its outbox's lock, writes part of a record and stops, to be killed (or stopped) |
 /// | `write-within <file> <milliseconds> <text>` | `write` with that timeout |
 /// | `rename <file> <new name>`, `remove <file>` | renames the file, removes its name |
 /// | `present <file> <behaviour>` | presents the file, answering coordinators: `answer` (at once), `slow=<ms>` (relinquishes after that long), `hang` (never answers), `save=<text>` (saves `text` with a coordinated write of its own when asked), `fail-save` (its save fails) |
@@ -81,7 +81,8 @@ public struct FileCoordinationPeer {
         case ("tear", 2):
             let endpoint = try Endpoint(group: group, name: words[1])
             connection = try FilePresenterTransport().connect(to: endpoint, options: .defaults)
-            let inbox = try CoordinatedFile(path: JournalNames.inbox(endpoint), create: false)
+            guard let outboxPath = connection?.outboxPath else { throw IPCError(code: .transportFailure, message: "a file-presenter connection without an outbox") }
+            let inbox = try CoordinatedFile(path: outboxPath, create: false)
             try inbox.lock(exclusive: true, timeout: .seconds(10))
             held = inbox
             let header = try Journal.readHeader(FileAccess(file: inbox, isWriting: true))

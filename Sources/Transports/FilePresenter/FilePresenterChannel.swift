@@ -11,11 +11,12 @@ import SystemPackage
 /// One side of a file presenter conversation: an ``EngineConnection`` over a
 /// ``FilePresenterChannel``, as every transport's connection is.
 ///
-/// A client reads its own journal on the process's event loop: an inotify watch on the journal
+/// Each side reads one journal on the process's event loop — a client its journal, the listener
+/// the client's outbox — and appends to the other: an inotify watch on the file it reads
 /// (``JournalWatch``) tells the channel, which asks the engine to read (``ChannelInbound/pulled``);
 /// a read that finds the journal locked tries again from a loop timer, so no thread is kept per
-/// connection and the loop never waits for a lock. On the listener, the loop reads the inbox for
-/// every client and hands each client's records to its connection (``ChannelInbound/delivered``).
+/// connection and the loop never waits for a lock. No file is shared between clients, so a
+/// client that stalls while holding its outbox's lock holds up its own connection only.
 /// Sends append to the peer's journal on the calling thread when it is free and has room;
 /// otherwise the engine keeps the frame and tries again from a loop timer
 /// (``ChannelWriteWait/retried``): an `async` send suspends meanwhile, a synchronous one waits
@@ -29,32 +30,32 @@ import SystemPackage
 public typealias FilePresenterConnection = EngineConnection
 
 /// What the engine needs of one file presenter conversation: records in (read from the
-/// client's journal, or delivered by the listener from its inbox), records out (appended to the
-/// other side's journal), the rendezvous socket watched for the peer's end, and the goodbye and
-/// the journals tidied at the end.
+/// client's journal, or on the listener from the client's outbox), records out (appended to the
+/// other one), the rendezvous socket watched for the peer's end, and the goodbye and the files
+/// tidied at the end.
 ///
 /// A frame's encoding is one record: the 12-byte record header, the 20-byte frame header and
 /// the payload, appended whole or not at all.
 final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
-    // @unchecked: the reading state (`reader`, `delivered`, `peerGone`, `goodbye`, `violation`,
-    // `drained`, `retry`) is touched on the loop's thread only; `connection` is a Mutex;
+    // @unchecked: the reading state (`reader`, `peerGone`, `goodbye`, `violation`, `retry`) is
+    // touched on the loop's thread only; `connection` is a Mutex;
     // `endReason` is set on the loop's thread before the engine's lock that orders it before
     // ``close()``; `outbound` is used by one writer at a time and let go of by ``close()``,
     // after which the engine writes nothing; the rest is immutable.
 
     enum Role {
-        /// The client: it reads its own journal, which it removes when it ends.
-        case client(journalPath: String)
-        /// The listener's view of one client: records are delivered by the listener (`drain`
-        /// reads the inbox now, and returns whether it could); the client's journal is removed
-        /// here if the client died.
-        case server(clientJournalPath: String, drain: @Sendable (FilePresenterChannel) -> Bool)
+        /// The client: it reads its own journal and appends to its own outbox, and removes both
+        /// when it ends.
+        case client(journalPath: String, outboxPath: String)
+        /// The listener's view of one client: it reads the client's outbox and appends to the
+        /// client's journal; both are removed here if the client died.
+        case server(clientJournalPath: String, clientOutboxPath: String)
     }
 
     /// The rendezvous socket, kept open for the connection's life: the loop watches it for the
     /// peer's end (``watchesDescriptorForEnd``).
     let descriptor: FileDescriptor
-    let inbound: ChannelInbound
+    var inbound: ChannelInbound { .pulled }
     var watchesDescriptorForEnd: Bool { true }
     var writeWait: ChannelWriteWait { .retried }
 
@@ -70,44 +71,29 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
     /// the journal changed, a retry, the end of a drain, an invalidation); set once it exists,
     /// and let go of when the channel closes.
     private let connection = Mutex<EngineConnection?>(nil)
-    /// A client's watch on its journal, stopped when the channel closes.
+    /// The watch on the file this side reads, stopped when the channel closes.
     private let watch = Mutex<JournalWatch?>(nil)
 
-    /// The client's journal reader (loop thread).
+    /// The reader of this side's journal (the client's journal, or on the listener the client's
+    /// outbox); loop thread.
     private var reader: JournalReader?
-    /// A record the listener hands over (``deliver(_:read:)``), for ``readAvailable()``.
-    private var delivered: Delivered?
-    /// The record ``readAvailable()`` found, for ``nextFrame()``.
-    private var current: Delivered?
     /// The rendezvous socket reported its end.
     private var peerGone = false
     /// A goodbye record arrived.
     private var goodbye = false
     /// The peer wrote to the rendezvous socket after the handshake.
     private var violation = false
-    /// A server's view: after the peer's end, the listener has read the inbox once more.
-    private var drained = false
-    /// The next try of a client's read that found its journal locked, and whether it is armed.
+    /// The next try of a read that found its journal locked, and whether it is armed.
     private var retry = JournalRetry()
     private var retryArmed = false
     private var endReason: InvalidationReason?
 
-    enum Delivered {
-        /// A one-way message's header and payload, in place in the listener's buffer, valid
-        /// during the delivery only.
-        case inPlace(FrameHeader, UnsafeRawBufferPointer)
-        /// A frame with a payload of its own; `offered`: a borrowing handler saw it already.
-        case frame(Frame, offered: Bool)
-        case goodbye
-        case error(IPCError)
-    }
-
     /// - Parameters:
     ///   - lifeline: the rendezvous socket (owned: closed by ``close()``).
     ///   - outbound: the peer's journal, which this side appends to.
-    ///   - reader: the client's own journal's reader; `nil` on the server.
+    ///   - reader: the reader of the file this side reads (the client's journal, or its outbox).
     init(
-        role: Role, lifeline: CInt, outbound: JournalAppender, sender: SenderID, peerPID: Int32, reader: JournalReader?, maximumPayloadLength: Int, loop: EventLoop
+        role: Role, lifeline: CInt, outbound: JournalAppender, sender: SenderID, peerPID: Int32, reader: JournalReader, maximumPayloadLength: Int, loop: EventLoop
     ) {
         self.role = role
         self.descriptor = FileDescriptor(rawValue: lifeline)
@@ -117,7 +103,6 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
         self.reader = reader
         self.maximumPayloadLength = maximumPayloadLength
         self.loop = loop
-        if case .client = role { inbound = .pulled } else { inbound = .delivered }
     }
 
     /// Connects the channel to its connection, once the connection exists.
@@ -127,23 +112,14 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
 
     private var attached: EngineConnection? { connection.withLock { $0 } }
 
-    /// Keeps a client's journal watch, stopped when the channel closes.
+    /// Keeps the watch on the file this side reads, stopped when the channel closes.
     func keep(_ journalWatch: JournalWatch) {
         watch.withLock { $0 = journalWatch }
     }
 
-    /// A client's journal changed (loop thread, from its ``JournalWatch``): read it.
+    /// The file this side reads changed (loop thread, from its ``JournalWatch``): read it.
     func journalChanged() {
         attached?.readNow()
-    }
-
-    /// The listener hands over one record of this client's (loop thread): `read` (the
-    /// connection's ``EngineConnection/readNow()``) reads it while an in-place payload is valid.
-    func deliver(_ record: Delivered, read: () -> Void) {
-        delivered = record
-        read()
-        delivered = nil
-        current = nil
     }
 
     // MARK: Reading (loop thread)
@@ -156,18 +132,9 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
             violation = true
             return
         }
-        guard !peerGone else { return }
+        // What the peer appended before it went is read first (``readAvailable()``): a goodbye
+        // ends the connection as peerClosed, and messages before it are delivered.
         peerGone = true
-        // What the peer appended before it went is read first: a goodbye ends the connection
-        // as peerClosed, and messages before it are delivered.
-        if case .server(_, let drain) = role { drained = drain(self) }
-    }
-
-    /// The listener read the inbox after this server connection's peer ended (it could not at
-    /// once: the inbox was locked): the end can be reported now.
-    func inboxDrained() {
-        drained = true
-        attached?.readNow()
     }
 
     func readAvailable() throws -> Int? {
@@ -175,39 +142,21 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
             throw IPCError(code: .malformedFrame, message: "the peer wrote to the rendezvous socket after the handshake")
         }
         if goodbye { return 0 }
-        switch role {
-        case .server:
-            if let handed = delivered {
-                delivered = nil
-                switch handed {
-                case .goodbye:
-                    goodbye = true
-                    return 0
-                case .error(let error):
-                    throw error
-                case .inPlace, .frame:
-                    current = handed
-                    return 1
-                }
-            }
-            return peerGone && drained ? 0 : nil
-        case .client:
-            guard let reader else { return nil }
-            guard let count = try reader.fill() else {
-                retryLater()
-                return nil
-            }
-            retry.reset()
-            if count > 0 {
-                // The end, if it came, is reported after these records: read again for it.
-                if peerGone { loop.execute { [weak self] in self?.attached?.readNow() } }
-                return count
-            }
-            return peerGone ? 0 : nil
+        guard let reader else { return nil }
+        guard let count = try reader.fill() else {
+            retryLater()
+            return nil
         }
+        retry.reset()
+        if count > 0 {
+            // The end, if it came, is reported after these records: read again for it.
+            if peerGone { loop.execute { [weak self] in self?.attached?.readNow() } }
+            return count
+        }
+        return peerGone ? 0 : nil
     }
 
-    /// The client's journal was locked: read again from a loop timer (one armed at a time),
+    /// The journal this side reads was locked: read again from a loop timer (one armed at a time),
     /// sooner the first times.
     private func retryLater() {
         guard !retryArmed else { return }
@@ -229,47 +178,31 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
         }
     }
 
-    /// A one-way message is lent in place (from the reader's buffer, or the listener's): no copy
-    /// and no allocation if the handler takes it.
+    /// A one-way message is lent in place, from the reader's buffer: no copy and no allocation
+    /// if the handler takes it.
     func nextFrame(lending lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
         try nextRecord(offering: true, lend: lend)
     }
 
     private func nextRecord(offering: Bool, lend: (FrameHeader, UnsafeRawBufferPointer) -> Bool) throws -> ReassembledFrame? {
-        switch role {
-        case .server:
-            guard let record = current else { return nil }
-            current = nil
+        guard let reader, !goodbye else { return nil }
+        while let record = try reader.next(offering: offering, lend: { _, header, payload in lend(header, payload) ? .taken : .declined }) {
             switch record {
-            case .inPlace(let header, let payload):
-                if offering, lend(header, payload) { return .lent }
-                return .owned(Frame(kind: header.kind, msgid: header.msgid, correlation: header.correlation, payload: Array(payload)))
-            case .frame(let frame, let offered):
-                guard offering, !offered, frame.kind == .message else { return .owned(frame) }
-                return frame.payload.withUnsafeBytes { lend(FrameHeader(frame), $0) } ? .lent : .owned(frame)
-            case .goodbye, .error:
+            case .lent:
+                return .lent
+            case .frame(_, let frame, _):
+                return .owned(frame)
+            case .oversized(_, let error):
+                throw error
+            case .control(let header):
+                guard header.kind == .goodbye else { continue }  // Version 1's handshake records: skipped.
+                goodbye = true
+                // Reported by the next read.
+                loop.execute { [weak self] in self?.attached?.readNow() }
                 return nil
             }
-        case .client:
-            guard let reader, !goodbye else { return nil }
-            while let record = try reader.next(offering: offering, lend: { _, header, payload in lend(header, payload) ? .taken : .declined }) {
-                switch record {
-                case .lent:
-                    return .lent
-                case .frame(_, let frame, _):
-                    return .owned(frame)
-                case .oversized(_, let error):
-                    throw error
-                case .control(let header):
-                    guard header.kind == .goodbye else { continue }  // Version 1's handshake records: skipped.
-                    goodbye = true
-                    // Reported by the next read.
-                    loop.execute { [weak self] in self?.attached?.readNow() }
-                    return nil
-                }
-            }
-            return nil
         }
+        return nil
     }
 
     var hasPartialFrame: Bool { false }
@@ -318,7 +251,7 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
         reader = nil
         watch.withLock { $0.take() }?.cancel()
         // Whatever ended this side, unless the other side did, tell it (a client whose
-        // connection the listener ended, for an unreadable inbox say, would otherwise wait for
+        // connection the listener ended, for an unreadable outbox say, would otherwise wait for
         // replies that never come). The rest comes after the goodbye, so that a peer woken by
         // the end of file finds it.
         let peerEnded = [.peerClosed, .peerDied].contains(endReason?.kind)
@@ -335,15 +268,19 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
         release()
     }
 
-    /// Closes the socket and removes the journal this side is responsible for.
+    /// Closes the socket and removes the files this side is responsible for.
     private func release() {
         closeDescriptor(descriptor.rawValue)
         switch role {
-        case .client(let journalPath):
+        case .client(let journalPath, let outboxPath):
             _ = unlink(journalPath)
-        case .server(let clientJournalPath, _):
-            // A dead client cannot remove its own journal.
-            if endReason?.kind == .peerDied { _ = unlink(clientJournalPath) }
+            _ = unlink(outboxPath)
+        case .server(let clientJournalPath, let clientOutboxPath):
+            // A dead client cannot remove its own files.
+            if endReason?.kind == .peerDied {
+                _ = unlink(clientJournalPath)
+                _ = unlink(clientOutboxPath)
+            }
         }
     }
 }
@@ -351,7 +288,13 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
 extension EngineConnection {
     /// A file-presenter client's own journal; `nil` for other connections.
     var journalPath: String? {
-        guard let channel = channel as? FilePresenterChannel, case .client(let path) = channel.role else { return nil }
+        guard let channel = channel as? FilePresenterChannel, case .client(let path, _) = channel.role else { return nil }
+        return path
+    }
+
+    /// A file-presenter client's own outbox, which the listener reads; `nil` for other connections.
+    var outboxPath: String? {
+        guard let channel = channel as? FilePresenterChannel, case .client(_, let path) = channel.role else { return nil }
         return path
     }
 }

@@ -13,11 +13,13 @@ import SystemPackage
 /// Files, for an endpoint `<group>/<name>`:
 /// - `<name>.lock`: the listener's claim on the name (an `flock` held while it lives, with its
 ///   pid), so a dead listener's name can be taken over and a live one's cannot.
-/// - `<name>.inbox`: the listener's journal, which every client appends to.
 /// - `<name>.rendezvous`: the listener's socket, which a client connects to and says hello on
 ///   (its pid and serial), and which both keep open for the connection's life.
 /// - `<name>.<pid>-<serial>.journal`: one per client, created by the client, which the listener
-///   appends to.
+///   appends to and the client reads.
+/// - `<name>.<pid>-<serial>.outbox`: one per client, created by the client, which the client
+///   appends to and the listener reads. No file is written by two clients: a client stopped
+///   while it holds its outbox's lock holds up its own connection only.
 ///
 /// A journal (specified in `docs/WIRE-FORMAT.md`, section 5) is a header and then records, each
 /// a 12-byte record header naming the sender and, for messages, a binary frame. A writer takes
@@ -43,10 +45,9 @@ import SystemPackage
 ///
 /// Identity: both sides learn the other's pid, uid and gid from the kernel (`SO_PEERCRED` on the
 /// rendezvous socket), the listener refuses a hello that claims another pid or names a journal
-/// another user owns, and an accept filter decides on the kernel's credentials. Records in the
-/// inbox carry the sender id as the sender states it: a process of the same user can write the
-/// inbox (mode 0600) and so could forge records; the group directory is the trust boundary for
-/// that, as with message ports.
+/// or outbox another user owns, and an accept filter decides on the kernel's credentials. A
+/// process of the same user can write a client's files (mode 0600) and so could forge records
+/// in them; the group directory is the trust boundary for that, as with message ports.
 public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport {
     public typealias Connection = FilePresenterConnection
     public typealias Listener = FilePresenterListener
@@ -76,14 +77,14 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
 
     /// - Throws: what ``MessageTransport/listen(at:options:acceptFilter:)`` documents.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> FilePresenterListener {
-        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, capacity: journalCapacity, handshakeTimeout: connectTimeout)
+        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout)
     }
 
     /// The rendezvous socket, `<group>/<name>.rendezvous`.
     public func activationSocketPath(for endpoint: Endpoint) -> String { RendezvousHello.socketPath(endpoint) }
 
     public func listenActivated(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> FilePresenterListener {
-        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, capacity: journalCapacity, handshakeTimeout: connectTimeout, activated: true)
+        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout, activated: true)
     }
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint or
@@ -98,24 +99,22 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
         let peer = try UnixSocket.peerCredentials(socket)
         try GroupDirectories.verifyListener(peer, at: RendezvousHello.socketPath(endpoint))
         let loop = try EventLoop.shared()
-        let inbox: JournalFile
-        do {
-            inbox = try JournalFile(CoordinatedFile(path: JournalNames.inbox(endpoint), create: false), timeout: connectTimeout)
-            guard inbox.header.ownerPID == peer.pid else {
-                throw IPCError(code: .endpointNotFound, message: "the inbox belongs to process \(inbox.header.ownerPID), not to the listener \(peer.pid)")
-            }
-        } catch {
-            throw IPCError(code: .endpointNotFound, message: "\(endpoint) has no inbox of its live listener \(peer.pid)", cause: error as? IPCError)
-        }
         let identity = SenderID(pid: getpid(), serial: Self.nextSerial())
         let journalPath = JournalNames.clientJournal(endpoint, sender: identity)
-        let journal = try Journal.create(at: journalPath, in: endpoint.group, capacity: journalCapacity)
+        let outboxPath = JournalNames.clientOutbox(endpoint, sender: identity)
         var journalOwned = true
-        defer { if journalOwned { _ = unlink(journalPath) } }
+        defer {
+            if journalOwned {
+                _ = unlink(journalPath)
+                _ = unlink(outboxPath)
+            }
+        }
+        let journal = try Journal.create(at: journalPath, in: endpoint.group, capacity: journalCapacity)
+        let outbox = try Journal.create(at: outboxPath, in: endpoint.group, capacity: journalCapacity)
         let channel = FilePresenterChannel(
-            role: .client(journalPath: journalPath),
+            role: .client(journalPath: journalPath, outboxPath: outboxPath),
             lifeline: socket,
-            outbound: JournalAppender(inbox),
+            outbound: JournalAppender(outbox),
             sender: identity,
             peerPID: peer.pid,
             reader: JournalReader(journal, maximumPayloadLength: options.maximumPayloadLength),

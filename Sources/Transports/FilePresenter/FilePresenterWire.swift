@@ -5,9 +5,11 @@ import IPCFraming
 ///
 ///     offset size field
 ///     0      4    magic 0x49 0x50 0x46 0x4A ("IPFJ")
-///     4      1    version, 2 (1 said hello in the inbox; 2 on the rendezvous socket)
+///     4      1    version, 3 (1 said hello in a shared inbox; 2 on the rendezvous socket;
+///                 3: each client writes its own outbox instead of a shared inbox)
 ///     5      3    zero
-///     8      4    pid of the journal's reader (its owner), big-endian
+///     8      4    pid of the journal's creator (its owner: the client, for a client's
+///                 journal and outbox), big-endian
 ///     12     4    capacity in bytes, big-endian
 ///     16     8    committed end: the offset just past the last whole record, big-endian
 ///     24          the first record
@@ -29,7 +31,7 @@ struct JournalHeader: Equatable {
     /// The header byte a writer writes (always zero) to wake the reader (WIRE-FORMAT.md, section 7).
     static let wakeOffset = 7
     static let magic: [UInt8] = [0x49, 0x50, 0x46, 0x4A]
-    static let version: UInt8 = 2
+    static let version: UInt8 = 3
 
     var ownerPID: Int32
     var capacity: Int
@@ -109,9 +111,9 @@ enum RecordKind: UInt8 {
 ///
 ///     offset size field
 ///     0      4    magic 0x49 0x50 0x46 0x48 ("IPFH")
-///     4      4    version, 2 (the journal version)
+///     4      4    version, 3 (the journal version)
 ///     8      4    the client's pid (the listener checks it against SO_PEERCRED)
-///     12     4    the client's serial (its journal is G/<endpoint>.<pid>-<serial>.journal)
+///     12     4    the client's serial (its files are G/<endpoint>.<pid>-<serial>.journal and .outbox)
 enum RendezvousHello {
     static let length = 16
     static let magic: UInt32 = 0x4950_4648
@@ -267,21 +269,22 @@ extension JournalRecord {
 
 /// The files of a file presenter endpoint, `<group>/<name>` plus a suffix.
 enum JournalNames {
-    /// The listener's inbox, which every client appends to.
-    static func inbox(_ endpoint: Endpoint) -> String {
-        endpoint.path(suffix: ".inbox")
-    }
-
-    /// A client's journal, which the listener appends to.
+    /// A client's journal, which the listener appends to and the client reads.
     static func clientJournal(_ endpoint: Endpoint, sender: SenderID) -> String {
         endpoint.path(suffix: ".\(sender.pid)-\(sender.serial).journal")
     }
 
-    /// The sender id encoded in a client journal's file name, if `fileName` is one of `endpoint`'s.
-    static func sender(ofClientJournal fileName: String, endpoint: Endpoint) -> SenderID? {
+    /// A client's outbox, which the client appends to and the listener reads: each client has
+    /// its own, so a client that stalls holding its lock holds up no one else.
+    static func clientOutbox(_ endpoint: Endpoint, sender: SenderID) -> String {
+        endpoint.path(suffix: ".\(sender.pid)-\(sender.serial).outbox")
+    }
+
+    /// The sender id encoded in a client journal's or outbox's file name, if `fileName` is one
+    /// of `endpoint`'s.
+    static func sender(ofClientFile fileName: String, endpoint: Endpoint) -> SenderID? {
         let prefix = endpoint.name + "."
-        let suffix = ".journal"
-        guard fileName.hasPrefix(prefix), fileName.hasSuffix(suffix) else { return nil }
+        guard fileName.hasPrefix(prefix), let suffix = [".journal", ".outbox"].first(where: { fileName.hasSuffix($0) }) else { return nil }
         let middle = fileName.dropFirst(prefix.count).dropLast(suffix.count)
         let parts = middle.split(separator: "-")
         guard parts.count == 2, let pid = Int32(parts[0]), let serial = UInt32(parts[1]) else { return nil }

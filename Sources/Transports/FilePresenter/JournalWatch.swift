@@ -153,14 +153,3 @@ struct JournalRetry {
     }
 }
 
-/// What a journal's reader on the loop calls back, made once and kept at its own type: a closure
-/// made per read, or handed back by a generic container such as a `Mutex`, which wraps it in a
-/// reabstraction thunk each time, would be an allocation per read. Set once, before the owner is
-/// shared; read-only afterwards.
-final class JournalReadCallbacks: @unchecked Sendable {
-    // @unchecked: written once by the owner's initializer, before anything else can see it.
-    /// Offers a record's message to a borrowing handler, in place.
-    var lend: JournalLender?
-    /// Reads again after a read that found the journal locked (the retry timer's action).
-    var retry: (@Sendable () -> Void)?
-}
