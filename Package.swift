@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "IPCCore", targets: ["IPCCore"]),
         .library(name: "IPCFraming", targets: ["IPCFraming"]),
         .library(name: "IPCSecureCoding", targets: ["IPCSecureCoding"]),
+        .library(name: "IPCSystem", targets: ["IPCSystem"]),
         .library(name: "IPCEngine", targets: ["IPCEngine"]),
         .library(name: "UnixSocketTransport", targets: ["UnixSocketTransport"]),
         .library(name: "MessagePortTransport", targets: ["MessagePortTransport"]),
@@ -38,7 +39,7 @@ let package = Package(
         .target(name: "CNativeFloor"),
         // Linux system-call layer: typed descriptors, one EINTR-retry helper, sockets, processes.
         .target(
-            name: "IPCPosix",
+            name: "IPCSystem",
             dependencies: [
                 "IPCCore", "CIPCShims",
                 .product(name: "SystemPackage", package: "swift-system"),
@@ -52,7 +53,7 @@ let package = Package(
             dependencies: [
                 "IPCCore",
                 // The Linux seam (Sources/IPCEngine/Linux): epoll, eventfd, timerfd, pidfd.
-                .target(name: "IPCPosix", condition: .when(platforms: [.linux])),
+                .target(name: "IPCSystem", condition: .when(platforms: [.linux])),
                 .target(name: "CIPCShims", condition: .when(platforms: [.linux])),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "HeapModule", package: "swift-collections"),
@@ -62,30 +63,30 @@ let package = Package(
         // Transports: one folder each, same shape in each.
         .target(
             name: "UnixSocketTransport",
-            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", .product(name: "SystemPackage", package: "swift-system")],
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Transports/UnixSocket"
         ),
         .target(
             name: "MessagePortTransport",
-            dependencies: ["IPCCore", "IPCEngine", "IPCPosix"],
+            dependencies: ["IPCCore", "IPCEngine", "IPCSystem"],
             path: "Sources/Transports/MessagePort"
         ),
         .target(
             name: "NotifyTransport",
-            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", "CIPCShims"],
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "CIPCShims"],
             path: "Sources/Transports/Notify"
         ),
         .target(
             name: "FilePresenterTransport",
             dependencies: [
-                "IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", "CIPCShims",
+                "IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "CIPCShims",
                 .product(name: "SystemPackage", package: "swift-system"),
             ],
             path: "Sources/Transports/FilePresenter"
         ),
         // MMWormhole's mailbox: the last message per identifier, stored in the group directory,
         // listeners told through any NamedNotificationCenter.
-        .target(name: "Wormhole", dependencies: ["IPCCore", "IPCPosix", "IPCSecureCoding"]),
+        .target(name: "Wormhole", dependencies: ["IPCCore", "IPCSystem", "IPCSecureCoding"]),
         // The conformance suite as a library any transport's tests can run: cases, the peer
         // service a peer executable runs, reports. No test framework: assertions throw.
         .target(
@@ -96,7 +97,7 @@ let package = Package(
         .target(
             name: "IPCBenchKit",
             dependencies: [
-                "IPCCore", "IPCEngine", "IPCFraming", "IPCSecureCoding", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
+                "IPCCore", "IPCEngine", "IPCFraming", "IPCSecureCoding", "IPCSystem", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
                 "CNativeFloor",
                 "FilePresenterTransport", "Wormhole",
                 "IPCConformance",
@@ -109,7 +110,7 @@ let package = Package(
         .executableTarget(
             name: "ipcbench",
             dependencies: [
-                "IPCBenchKit", "NotifyTransport", "Wormhole", "IPCConformance", "IPCPosix", "CIPCShims", "CMallocCounter",
+                "IPCBenchKit", "NotifyTransport", "Wormhole", "IPCConformance", "IPCSystem", "CIPCShims", "CMallocCounter",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -121,20 +122,20 @@ let package = Package(
         .target(name: "IPCTestSupport", dependencies: ["IPCCore", "IPCConformance"], path: "Tests/IPCTestSupport"),
         .testTarget(
             name: "UnixSocketTransportTests",
-            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCPosix", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(
             name: "NotifyTransportTests",
-            dependencies: ["IPCCore", "IPCFraming", "IPCPosix", "CIPCShims", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCFraming", "IPCSystem", "CIPCShims", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "IPCSecureCoding", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
-            dependencies: ["CIPCShims", "IPCCore", "IPCPosix", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
+            dependencies: ["CIPCShims", "IPCCore", "IPCSystem", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
         ),
         .testTarget(
             name: "MessagePortTransportTests",
-            dependencies: ["IPCCore", "IPCPosix", "MessagePortTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCSystem", "MessagePortTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
         ),
         .testTarget(
             name: "IPCConformanceTests",
@@ -142,17 +143,17 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCBenchTests",
-            dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport"]
+            dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport"]
         ),
         // Hostile peers against every transport's listening side, and the security guarantees.
         .testTarget(
             name: "HostileTests",
             dependencies: [
-                "IPCCore", "IPCFraming", "IPCPosix", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
+                "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
                 "FilePresenterTransport", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench",
             ]
         ),
-        .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCPosix", "IPCTestSupport", "ipcbench"]),
+        .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCSystem", "IPCTestSupport", "ipcbench"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -12,7 +12,7 @@ root=${1:-"$(dirname "$0")/.."}
 cd "$root"
 
 portable=(IPCCore IPCFraming IPCSecureCoding IPCEngine IPCConformance)
-platform='Glibc|Darwin|Musl|Android|WinSDK|CIPCShims|CNativeFloor|CMallocCounter|IPCPosix'
+platform='Glibc|Darwin|Musl|Android|WinSDK|CIPCShims|CNativeFloor|CMallocCounter|IPCSystem'
 
 status=0
 for module in "${portable[@]}"; do

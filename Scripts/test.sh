@@ -17,7 +17,7 @@ planted=$(mktemp -d)
 trap 'rm -rf "$planted"' EXIT
 mkdir -p "$planted/Sources/IPCCore" "$planted/Sources/IPCEngine"
 printf 'import Glibc\n' > "$planted/Sources/IPCCore/Planted.swift"
-printf '#if true\nimport IPCPosix\n#endif\n' > "$planted/Sources/IPCEngine/Planted.swift"
+printf '#if true\nimport IPCSystem\n#endif\n' > "$planted/Sources/IPCEngine/Planted.swift"
 planted_output=$(Scripts/check-portable-imports.sh "$planted" 2>&1) && { echo "the import check passed a planted import" >&2; exit 1; }
 [ "$(grep -c 'Planted.swift' <<< "$planted_output")" -eq 2 ] || { echo "the import check missed a planted import: $planted_output" >&2; exit 1; }
 echo "the import check catches planted imports"

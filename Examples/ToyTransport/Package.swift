@@ -13,12 +13,13 @@ let package = Package(
     ],
     targets: [
         // The transport: AF_UNIX sequenced-packet sockets, one packet per message, served by
-        // ipcbench's connection engine (the transport supplies only an EngineChannel).
+        // ipcbench's connection engine (the transport supplies an EngineChannel) and listener
+        // kit (SocketEndpoint), with IPCSystem's socket calls and group-directory checks.
         .target(
             name: "ToyTransport",
             dependencies: [
                 .product(name: "IPCCore", package: "ipcbench"), .product(name: "IPCEngine", package: "ipcbench"),
-                .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "IPCSystem", package: "ipcbench"), .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         // The peer the suite starts in another process: ConformancePeer over the toy transport.

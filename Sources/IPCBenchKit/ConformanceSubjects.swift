@@ -2,7 +2,7 @@ import Foundation
 import IPCConformance
 import IPCCore
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import FilePresenterTransport
 import NotifyTransport
 import Wormhole

@@ -2,7 +2,7 @@ import Foundation
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import IPCSecureCoding
 
 /// One in-process measurement: framing or payload decoding, no second process involved.

@@ -2,7 +2,7 @@ import Foundation
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 
 /// Time from SIGKILL of a peer process to the survivor's invalidation handler, per transport.
 public struct InvalidationResult: Codable, Sendable {

@@ -3,7 +3,7 @@ import IPCConformance
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import Synchronization
 
 /// What a cross-process run measures: round-trip latency and one-way throughput.

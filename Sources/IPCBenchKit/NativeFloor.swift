@@ -2,7 +2,7 @@ import CNativeFloor
 import Foundation
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import Synchronization
 
 /// A kernel mechanism under a transport, measured raw (in C, no framing, no threads) as that

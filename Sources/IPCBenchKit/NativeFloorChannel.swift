@@ -1,7 +1,7 @@
 import CNativeFloor
 import Foundation
 import IPCCore
-import IPCPosix
+import IPCSystem
 import Synchronization
 
 /// The responder end, in the floor peer process.
@@ -21,7 +21,7 @@ final class FloorResponder: @unchecked Sendable {
         if made == nil, errno == EMFILE, mechanism.usesMessageQueues {
             // This user's queue memory is used up: by queues killed runs left, most often. They
             // are removed (those no live process holds open), and the queues made again, once.
-            let removed = MessageQueue.removeAbandoned { $0.hasPrefix("ipcb.") || $0.contains(".floor-") }
+            let removed = MessageQueue.removeAbandoned(matching: LeftoverQueues.madeByIPCBench)
             if !removed.isEmpty { made = nf_responder_create(mechanism.cValue, directory, maximumPayload) }
         }
         guard let channel = made else {
@@ -155,5 +155,14 @@ func pinCallingThread(to cpu: Int) throws {
     guard nf_pin_calling_thread(CInt(cpu)) == 0 else {
         let code = errno
         throw IPCError(code: .transportFailure, message: "sched_setaffinity to CPU \(cpu) failed: \(String(cString: strerror(code)))")
+    }
+}
+
+/// The POSIX message queues this package makes: message-port's (`/ipcb.…`) and the mqueue
+/// floors' (`….floor-…`). What `ipcbench clean` and a create that meets the quota may remove
+/// once no process holds them.
+public enum LeftoverQueues {
+    public static func madeByIPCBench(_ name: String) -> Bool {
+        name.hasPrefix("ipcb.") || name.contains(".floor-")
     }
 }

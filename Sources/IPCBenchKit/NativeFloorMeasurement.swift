@@ -1,7 +1,7 @@
 import Histogram
 import IPCCore
 import IPCFraming
-import IPCPosix
+import IPCSystem
 
 /// Measuring native floors on their own. ``LatencyRunner`` can measure them in its own sweep
 /// with ``FloorSession`` and ``LatencyAccumulator`` instead, interleaved with the transports.

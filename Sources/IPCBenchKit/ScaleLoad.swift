@@ -3,7 +3,7 @@ import Glibc
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import UnixSocketTransport
 
 /// The other clients of a scale measurement (``ScaleRunner``), run by the hidden `ipcbench load`

@@ -2,7 +2,7 @@ import Foundation
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import UnixSocketTransport
 
 /// What a scale measurement does: one client's round-trip latency to a Unix socket server, alone

@@ -1,6 +1,6 @@
 import Glibc
 import IPCCore
-import IPCPosix
+import IPCSystem
 import Synchronization
 
 /// MMWormhole's mailbox between the processes of a group: the last message passed under an

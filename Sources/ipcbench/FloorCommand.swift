@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
 import IPCBenchKit
-import IPCPosix
+import IPCSystem
 
 struct FloorCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

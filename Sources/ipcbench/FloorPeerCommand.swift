@@ -1,7 +1,7 @@
 import ArgumentParser
 import IPCBenchKit
 import IPCCore
-import IPCPosix
+import IPCSystem
 
 struct FloorPeerCommand: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -3,7 +3,7 @@ import CIPCShims
 import Foundation
 import IPCConformance
 import IPCCore
-import IPCPosix
+import IPCSystem
 
 /// A hostile peer for the tests: a second process that sends what no well-behaved peer would,
 /// below the transports (raw socket bytes, raw queue messages, raw writes into shared files).

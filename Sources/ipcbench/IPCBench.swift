@@ -10,7 +10,7 @@ struct IPCBench: AsyncParsableCommand {
         framing against a peer process, on one core and split across cores, for payloads from 0 B \
         to 1 MiB. It prints a table and writes results.json and report.md under Reports/runs/.
         """,
-        subcommands: [RunCommand.self, ConformCommand.self, PeerCommand.self, FloorCommand.self, FloorPeerCommand.self, NotifyUtilCommand.self, WormholeCommand.self, ReportCommand.self, CompareCommand.self, SoakCommand.self, HostileCommand.self, LoadCommand.self],
+        subcommands: [RunCommand.self, ConformCommand.self, PeerCommand.self, FloorCommand.self, FloorPeerCommand.self, NotifyUtilCommand.self, WormholeCommand.self, ReportCommand.self, CompareCommand.self, SoakCommand.self, HostileCommand.self, LoadCommand.self, CleanCommand.self],
         defaultSubcommand: RunCommand.self
     )
 }

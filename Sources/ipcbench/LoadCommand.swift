@@ -3,7 +3,7 @@ import Foundation
 import IPCBenchKit
 import IPCConformance
 import IPCCore
-import IPCPosix
+import IPCSystem
 
 struct LoadCommand: ParsableCommand {
     static let configuration = CommandConfiguration(

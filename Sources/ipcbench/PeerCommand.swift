@@ -5,7 +5,7 @@ import IPCBenchKit
 import IPCConformance
 import IPCCore
 import IPCFraming
-import IPCPosix
+import IPCSystem
 
 struct PeerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,7 +1,7 @@
 import FilePresenterTransport
 import Foundation
 import IPCCore
-import IPCPosix
+import IPCSystem
 import IPCTestSupport
 import Synchronization
 import Testing

@@ -3,7 +3,7 @@ import Foundation
 import IPCBenchKit
 import IPCConformance
 import IPCCore
-import IPCPosix
+import IPCSystem
 import IPCTestSupport
 @testable import MessagePortTransport
 import NotifyTransport

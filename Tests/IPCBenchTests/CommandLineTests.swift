@@ -2,7 +2,7 @@ import Foundation
 @testable import IPCBenchKit
 import IPCConformance
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import IPCTestSupport
 import Testing
 

@@ -1,6 +1,6 @@
 import Foundation
 @testable import IPCBenchKit
-import IPCPosix
+import IPCSystem
 import Testing
 
 /// What a harness killed with SIGKILL leaves behind is reclaimed by the next run, and nothing of

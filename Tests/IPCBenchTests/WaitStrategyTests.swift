@@ -2,7 +2,7 @@ import Foundation
 import IPCBenchKit
 import IPCConformance
 import IPCCore
-import IPCPosix
+import IPCSystem
 import IPCTestSupport
 import Testing
 

@@ -2,7 +2,7 @@ import CIPCShims
 import Foundation
 import IPCBenchKit
 import IPCCore
-import IPCPosix
+import IPCSystem
 import IPCTestSupport
 @testable import MessagePortTransport
 import Testing

@@ -1,7 +1,7 @@
 import Foundation
 import IPCBenchKit
 import IPCCore
-import IPCPosix
+import IPCSystem
 import IPCTestSupport
 import Testing
 

@@ -3,7 +3,7 @@ import Foundation
 import IPCBenchKit
 import IPCCore
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import IPCTestSupport
 import NotifyTransport
 import Testing

@@ -2,7 +2,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
-import IPCPosix
+import IPCSystem
 import SystemPackage
 
 /// The event loop's seam to the kernel's readiness API: epoll on Linux (kqueue would sit beside

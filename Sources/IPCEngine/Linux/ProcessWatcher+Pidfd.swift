@@ -2,7 +2,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
-import IPCPosix
+import IPCSystem
 import Synchronization
 import SystemPackage
 

@@ -2,12 +2,13 @@
 import CIPCShims
 import Glibc
 import IPCCore
-import IPCPosix
+import IPCSystem
 import Synchronization
 import SystemPackage
 
-/// The answer a listener gives on a rendezvous socket: one 32-bit little-endian word.
-package enum RendezvousStatus: UInt32, Sendable {
+/// The answer a listener gives on a rendezvous socket: one 32-bit little-endian word
+/// (docs/WIRE-FORMAT.md, section 6).
+public enum RendezvousStatus: UInt32, Sendable {
     case accepted = 1
     /// The accept filter refused this client's credentials.
     case refused = 2
@@ -16,10 +17,10 @@ package enum RendezvousStatus: UInt32, Sendable {
     /// Too many clients are in the middle of connecting.
     case busy = 4
 
-    package var bytes: [UInt8] { withUnsafeBytes(of: rawValue.littleEndian, Array.init) }
+    public var bytes: [UInt8] { withUnsafeBytes(of: rawValue.littleEndian, Array.init) }
 
     /// Sends this answer without waiting (a client that does not read it is not waited for).
-    package func send(on fd: CInt) {
+    public func send(on fd: CInt) {
         _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
     }
 
@@ -29,7 +30,7 @@ package enum RendezvousStatus: UInt32, Sendable {
     ///   ``IPCError/Code/endpointNotFound`` if the listener was busy or did not answer in time;
     ///   ``IPCError/Code/transportFailure`` if it found the hello malformed or did not answer
     ///   with a status word. `listener` names the transport in the messages.
-    package static func awaitAcceptance(on fd: CInt, deadline: UInt64, listener: String) throws {
+    public static func awaitAcceptance(on fd: CInt, deadline: UInt64, listener: String) throws {
         switch try read(from: fd, deadline: deadline) {
         case .accepted:
             return
@@ -47,7 +48,7 @@ package enum RendezvousStatus: UInt32, Sendable {
     /// - Throws: ``IPCError/Code/endpointNotFound`` if none came in time;
     ///   ``IPCError/Code/transportFailure`` if the listener closed the socket without a whole
     ///   answer or answered something else.
-    package static func read(from fd: CInt, deadline: UInt64) throws -> RendezvousStatus {
+    public static func read(from fd: CInt, deadline: UInt64) throws -> RendezvousStatus {
         while true {
             let now = monotonicNanoseconds()
             guard now < deadline else {
@@ -67,6 +68,18 @@ package enum RendezvousStatus: UInt32, Sendable {
     }
 }
 
+/// What a transport's handshake made of a readable client socket (``SocketEndpoint/Accept/afterHandshake(timeout:maximumPending:handshake:)``).
+public enum RendezvousHandshake: Sendable {
+    /// Not all of the hello is there yet: wait for more.
+    case incomplete
+    /// Answer with this status and close the socket.
+    case finished(RendezvousStatus)
+    /// Accepted and kept: the acceptor stops watching the socket, answers
+    /// ``RendezvousStatus/accepted``, and then calls `adopt`, which owns the socket from then
+    /// on (it may watch it on the loop: the acceptor's watch is gone).
+    case accepted(adopt: @Sendable () -> Void)
+}
+
 /// The listening side of an `AF_UNIX` stream socket in the group directory, on the event loop:
 /// accepts every client waiting on each wake-up (backlog `SOMAXCONN`), takes its
 /// kernel-verified credentials (`SO_PEERCRED`) and asks the accept filter. Then, by ``Mode``:
@@ -84,17 +97,7 @@ package enum RendezvousStatus: UInt32, Sendable {
 ///
 /// Nothing here blocks the loop.
 package final class SocketAcceptor: Sendable {
-    /// What a transport's handshake made of a readable client socket.
-    package enum Handshake: Sendable {
-        /// Not all of the hello is there yet: wait for more.
-        case incomplete
-        /// Answer with this status and close the socket.
-        case finished(RendezvousStatus)
-        /// Accepted and kept: the acceptor stops watching the socket, answers
-        /// ``RendezvousStatus/accepted``, and then calls `adopt`, which owns the socket from then
-        /// on (it may watch it on the loop: the acceptor's watch is gone).
-        case accepted(adopt: @Sendable () -> Void)
-    }
+    package typealias Handshake = RendezvousHandshake
 
     /// What happens to a client the accept filter let through (loop thread).
     package enum Mode: Sendable {
@@ -153,8 +156,8 @@ package final class SocketAcceptor: Sendable {
     /// over (``SocketActivation``), which stays the launcher's: closing neither shuts it down
     /// nor removes its file.
     /// - Throws: ``IPCError/Code/invalidEndpoint`` if `activated` and no such socket was passed.
-    package convenience init(path: String, activated: Bool = false, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
-        let fd = activated ? try SocketActivation.takeListeningSocket(boundTo: path) : try UnixSocket.listen(path: path)
+    package convenience init(path: String, kind: UnixSocket.Kind = .stream, activated: Bool = false, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
+        let fd = activated ? try SocketActivation.takeListeningSocket(boundTo: path, kind: kind) : try UnixSocket.listen(path: path, kind: kind)
         try self.init(listening: fd, inherited: activated, loop: loop, acceptFilter: acceptFilter, mode: mode)
     }
 

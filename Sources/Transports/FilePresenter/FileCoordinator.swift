@@ -2,7 +2,7 @@ import CIPCShims
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import Synchronization
 import SystemPackage
 

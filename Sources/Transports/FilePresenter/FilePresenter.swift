@@ -3,7 +3,7 @@ import Dispatch
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import Synchronization
 import SystemPackage
 

@@ -4,7 +4,7 @@ import Glibc
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import Synchronization
 import SystemPackage
 

@@ -1,7 +1,7 @@
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import SystemPackage
 
 /// One side of a message port conversation: an ``EngineConnection`` over a

@@ -1,7 +1,7 @@
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import Synchronization
 
 /// A local message port: a queue registered under a name, read by the process's event loop,

@@ -1,6 +1,6 @@
 import Glibc
 import IPCCore
-import IPCPosix
+import IPCSystem
 
 /// What travels in one queue message: a 28-byte fragment header and up to
 /// `queue message size - 28` bytes of payload. Specified in `docs/WIRE-FORMAT.md`.

@@ -2,7 +2,7 @@ import CIPCShims
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import Synchronization
 
 /// Named, payload-less notifications shared by every process of a group: the notify(3) model.

@@ -3,7 +3,7 @@ import Glibc
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import SystemPackage
 
 /// A connection of the notify transport: an ``EngineConnection`` over a ``NotifyChannel``. The

@@ -2,7 +2,7 @@ import CIPCShims
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import SystemPackage
 
 /// How a notify connection is set up: over the endpoint's rendezvous socket

@@ -1,7 +1,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
-import IPCPosix
+import IPCSystem
 import SystemPackage
 
 /// The shared store of one connection: an anonymous memory file (`memfd`) that the client

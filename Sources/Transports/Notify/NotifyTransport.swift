@@ -1,7 +1,7 @@
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 import Synchronization
 
 /// Messages over doorbells and a shared store: the MMWormhole pattern without its defects, on

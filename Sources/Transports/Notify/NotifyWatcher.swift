@@ -2,7 +2,7 @@ import Dispatch
 import Glibc
 import IPCCore
 import IPCEngine
-import IPCPosix
+import IPCSystem
 
 /// Waits for the posts of every ``NotifyRegistration`` of the process: one thread per 127
 /// registrations, each asleep in one `futex_waitv` on all of their counters and on a word of

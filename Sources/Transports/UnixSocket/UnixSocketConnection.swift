@@ -1,7 +1,7 @@
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 import SystemPackage
 
 /// One `AF_UNIX` stream connection, on either side: an ``EngineConnection`` over a

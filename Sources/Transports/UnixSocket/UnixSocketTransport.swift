@@ -1,7 +1,7 @@
 import IPCCore
 import IPCEngine
 import IPCFraming
-import IPCPosix
+import IPCSystem
 
 /// `AF_UNIX` stream sockets in the group directory: the Linux counterpart of LLBSDMessaging's
 /// BSD sockets. The endpoint `name` in group `G` is the socket file `G/name.sock`, guarded by

@@ -1,9 +1,9 @@
 import Glibc
 import IPCCore
 
-/// The few `AF_UNIX` `SOCK_SEQPACKET` calls the toy transport makes. A sequenced-packet socket
-/// keeps message boundaries, so a message is one packet and needs no framing: a 13-byte header
-/// (kind, msgid and correlation, big-endian) and the payload.
+/// The toy's packet I/O on `AF_UNIX` `SOCK_SEQPACKET` sockets (made by `IPCSystem.UnixSocket`).
+/// A sequenced-packet socket keeps message boundaries, so a message is one packet and needs no
+/// framing: a 13-byte header (kind, msgid and correlation, big-endian) and the payload.
 enum PacketSocket {
     static let headerLength = 13
 
@@ -17,53 +17,6 @@ enum PacketSocket {
 
     static func failure(_ call: String, _ code: Int32) -> IPCError {
         IPCError(code: .transportFailure, message: "\(call) failed: \(String(cString: strerror(code)))")
-    }
-
-    private static func withAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> T) throws -> T {
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-            throw IPCError(code: .invalidEndpoint, message: "socket path \(path) is too long")
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes + [0]) }
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-    }
-
-    private static func makeSocket() throws -> CInt {
-        let fd = socket(AF_UNIX, CInt(SOCK_SEQPACKET.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw failure("socket", errno) }
-        return fd
-    }
-
-    /// A non-blocking listening socket (accept when the event loop says it is readable).
-    static func listen(path: String) throws -> CInt {
-        let fd = try makeSocket()
-        _ = fcntl(fd, F_SETFL, O_NONBLOCK)
-        let code = try withAddress(path) { address, length in bind(fd, address, length) == 0 ? 0 : errno }
-        guard code == 0, Glibc.listen(fd, 64) == 0 else {
-            close(fd)
-            throw failure("bind/listen \(path)", code == 0 ? errno : code)
-        }
-        return fd
-    }
-
-    /// - Throws: ``IPCError/Code/endpointNotFound`` when nobody listens at `path`.
-    static func connect(path: String) throws -> CInt {
-        let fd = try makeSocket()
-        let code = try withAddress(path) { address, length in
-            retrying { Int(Glibc.connect(fd, address, length)) }.errno
-        }
-        guard code == 0 else {
-            close(fd)
-            if code == ENOENT || code == ECONNREFUSED {
-                throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)")
-            }
-            throw failure("connect \(path)", code)
-        }
-        return fd
     }
 
     /// Sends one packet if the socket has room now: its length, or 0 if it has none.

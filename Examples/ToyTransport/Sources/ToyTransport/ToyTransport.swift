@@ -1,5 +1,6 @@
 import IPCCore
 import IPCEngine
+import IPCSystem
 
 /// A minimal transport written against ipcbench's protocol from outside the package: `AF_UNIX`
 /// sequenced-packet sockets in the group directory, one packet per message, peer death seen as
@@ -17,27 +18,29 @@ public struct ToyTransport: MessageTransport {
 
     public var capabilities: TransportCapabilities {
         TransportCapabilities(
-            maximumPayloadLength: Self.maximumPayloadLength,
-            preservesOrder: true,
-            supportsRequestReply: true,
-            supportsBroadcast: true,
-            supportsAcceptFilter: false,
-            peerDeathDetection: .connectionClosed
+            maximumPayloadLength: Self.maximumPayloadLength, preservesOrder: true, supportsRequestReply: true,
+            supportsBroadcast: true, supportsAcceptFilter: true, peerDeathDetection: .connectionClosed
         )
     }
 
+    static func socketPath(_ endpoint: Endpoint) -> String { endpoint.path(suffix: ".toy") }
+
     /// - Throws: ``IPCError/Code/endpointInUse`` if a live listener holds the endpoint;
-    ///   ``IPCError/Code/unsupportedOperation`` for an accept filter.
+    ///   ``IPCError/Code/invalidEndpoint`` for a group directory others could change.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> ToyListener {
-        guard acceptFilter == nil else {
-            throw IPCError(code: .unsupportedOperation, message: "the toy transport has no accept filter")
-        }
-        return try ToyListener(endpoint: endpoint, options: options)
+        try ToyListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter)
     }
 
-    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens.
+    /// Checks the group directory, and that whoever listens is this user (or root), before a
+    /// byte is sent. A client the accept filter refused sees end of stream (`peerInvalidated`).
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens; ``IPCError/Code/invalidEndpoint``;
+    ///   ``IPCError/Code/accessDenied``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> ToyConnection {
-        let fd = try PacketSocket.connect(path: endpoint.path(suffix: ".toy"))
-        return try EngineConnection(channel: ToyChannel(fd: fd, maximumPayloadLength: options.maximumPayloadLength), peer: nil, options: options)
+        try GroupDirectories.verify(endpoint.group)
+        let fd = try UnixSocket.connect(path: Self.socketPath(endpoint), kind: .sequencedPacket)
+        let channel = ToyChannel(fd: fd, maximumPayloadLength: options.maximumPayloadLength)
+        let peer = try UnixSocket.peerCredentials(fd)
+        try GroupDirectories.verifyListener(peer, at: Self.socketPath(endpoint))
+        return try EngineConnection(channel: channel, peer: peer, options: options)
     }
 }

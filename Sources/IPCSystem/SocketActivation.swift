@@ -67,13 +67,13 @@ public enum SocketActivation {
     /// - Throws: ``IPCError/Code/invalidEndpoint`` if the process was not socket-activated,
     ///   the environment is not this process's, or no passed descriptor is a listening
     ///   `AF_UNIX` stream socket bound to `path` (the message says what each one is).
-    public static func takeListeningSocket(boundTo path: String) throws -> CInt {
+    public static func takeListeningSocket(boundTo path: String, kind: UnixSocket.Kind = .stream) throws -> CInt {
         guard let handover = try handover(environment: processEnvironment()) else {
             throw IPCError(code: .invalidEndpoint, message: "socket activation: LISTEN_FDS is not set; start the service from a launcher that passes the listening socket (systemd, or systemd-socket-activate -l \(path))")
         }
         var seen: [String] = []
         for fd in handover.descriptors {
-            switch describe(fd, expecting: path) {
+            switch describe(fd, kind: kind, expecting: path) {
             case .match:
                 _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
                 let flags = fcntl(fd, F_GETFL)
@@ -86,7 +86,7 @@ public enum SocketActivation {
                 seen.append("\(fd): \(what)")
             }
         }
-        throw IPCError(code: .invalidEndpoint, message: "socket activation: no inherited descriptor is a listening AF_UNIX stream socket bound to \(path) (\(seen.joined(separator: "; ")))")
+        throw IPCError(code: .invalidEndpoint, message: "socket activation: no inherited descriptor is a listening AF_UNIX \(kind == .stream ? "stream" : "sequenced-packet") socket bound to \(path) (\(seen.joined(separator: "; ")))")
     }
 
     private enum Description {
@@ -94,12 +94,12 @@ public enum SocketActivation {
         case other(String)
     }
 
-    private static func describe(_ fd: CInt, expecting path: String) -> Description {
+    private static func describe(_ fd: CInt, kind: UnixSocket.Kind, expecting path: String) -> Description {
         var status = stat()
         guard fstat(fd, &status) == 0 else { return .other("not open (\(Errno(rawValue: errno)))") }
         guard status.st_mode & S_IFMT == S_IFSOCK else { return .other("not a socket") }
         guard let domain = socketOption(fd, SO_DOMAIN), domain == AF_UNIX else { return .other("not an AF_UNIX socket") }
-        guard let type = socketOption(fd, SO_TYPE), type == CInt(SOCK_STREAM.rawValue) else { return .other("not a stream socket") }
+        guard let type = socketOption(fd, SO_TYPE), type == kind.type else { return .other(kind == .stream ? "not a stream socket" : "not a sequenced-packet socket") }
         guard socketOption(fd, SO_ACCEPTCONN) == 1 else { return .other("not listening") }
         guard let bound = boundPath(fd) else { return .other("an unnamed socket") }
         guard samePath(bound, path) else { return .other("bound to \(bound)") }

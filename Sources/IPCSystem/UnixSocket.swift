@@ -9,6 +9,15 @@ public enum UnixSocket {
     /// `sun_path` is 108 bytes including the terminating NUL.
     public static let maximumPathLength = 107
 
+    /// The kind of `AF_UNIX` socket: a byte stream, or sequenced packets (message boundaries
+    /// kept, connection-oriented, as a stream is).
+    public enum Kind: Sendable {
+        case stream
+        case sequencedPacket
+
+        package var type: CInt { self == .stream ? CInt(SOCK_STREAM.rawValue) : CInt(SOCK_SEQPACKET.rawValue) }
+    }
+
     private static func withAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) throws -> T) throws -> T {
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
@@ -27,8 +36,8 @@ public enum UnixSocket {
         }
     }
 
-    private static func makeStreamSocket(nonBlocking: Bool = false) throws -> CInt {
-        let flags = CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue) | (nonBlocking ? CInt(SOCK_NONBLOCK.rawValue) : 0)
+    private static func makeSocket(_ kind: Kind, nonBlocking: Bool = false) throws -> CInt {
+        let flags = kind.type | CInt(SOCK_CLOEXEC.rawValue) | (nonBlocking ? CInt(SOCK_NONBLOCK.rawValue) : 0)
         do {
             return try syscallRetryingInterrupts { socket(AF_UNIX, flags, 0) }
         } catch {
@@ -40,8 +49,8 @@ public enum UnixSocket {
     /// allows (`SOMAXCONN`). The socket file is made owner-only before `listen`, so no other
     /// user can ever connect. The socket is non-blocking: accept with ``acceptIfReady(_:)``
     /// when it is readable.
-    public static func listen(path: String, backlog: CInt = SOMAXCONN) throws -> CInt {
-        let fd = try makeStreamSocket(nonBlocking: true)
+    public static func listen(path: String, kind: Kind = .stream, backlog: CInt = SOMAXCONN) throws -> CInt {
+        let fd = try makeSocket(kind, nonBlocking: true)
         do {
             try withAddress(path) { address, length in
                 do throws(Errno) { _ = try syscallRetryingInterrupts { bind(fd, address, length) } } catch {
@@ -98,8 +107,8 @@ public enum UnixSocket {
     /// - Throws: ``IPCError/Code/endpointNotFound`` when there is no socket or nobody listens on
     ///   it (a stale file); ``IPCError/Code/accessDenied`` when permissions refuse it;
     ///   ``IPCError/Code/transportFailure`` with `EAGAIN` for a full backlog (non-blocking only).
-    public static func connect(path: String, nonBlocking: Bool = false) throws -> CInt {
-        let fd = try makeStreamSocket(nonBlocking: nonBlocking)
+    public static func connect(path: String, kind: Kind = .stream, nonBlocking: Bool = false) throws -> CInt {
+        let fd = try makeSocket(kind, nonBlocking: nonBlocking)
         do {
             try withAddress(path) { address, length in
                 do throws(Errno) { _ = try syscallRetryingInterrupts { Glibc.connect(fd, address, length) } } catch {

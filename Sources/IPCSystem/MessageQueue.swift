@@ -74,6 +74,12 @@ public struct MessageQueue: Sendable {
     /// ``removeAbandoned(prefix:)`` for the names (without the leading `/`) that `matching` picks.
     @discardableResult
     public static func removeAbandoned(matching: (String) -> Bool) -> [String] {
+        abandoned(matching: matching).filter { mq_unlink($0) == 0 }
+    }
+
+    /// This user's queues (`/name`) that `matching` picks and no process holds open, as
+    /// ``removeAbandoned(matching:)`` finds them, without removing any.
+    public static func abandoned(matching: (String) -> Bool) -> [String] {
         let uid = geteuid()
         let candidates = directoryEntries("/dev/mqueue").filter { entry in
             guard matching(entry) else { return false }
@@ -91,11 +97,7 @@ public struct MessageQueue: Sendable {
                 held.insert(String(decoding: target[1..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self))
             }
         }
-        var removed: [String] = []
-        for name in candidates where !held.contains(name) {
-            if mq_unlink("/" + name) == 0 { removed.append("/" + name) }
-        }
-        return removed
+        return candidates.filter { !held.contains($0) }.map { "/" + $0 }
     }
 
     /// The names in directory `path`, without `.` and `..`; empty if it cannot be read.
