@@ -41,7 +41,10 @@ enum PacketSocket {
         // Peek at the packet's real length (MSG_TRUNC) without taking it.
         let (length, code) = retrying { recv(fd, nil, 0, CInt(MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT)) }
         if length < 0, code == EAGAIN { return nil }
-        if length == 0 || code == ECONNRESET { return [] }
+        // A peer that closed with our packets unread leaves ECONNRESET, reported once and ahead
+        // of the packets it sent before closing (a refusal among them): read on past it.
+        if length < 0, code == ECONNRESET { return try receiveIfReady(fd, maximumLength: maximumLength) }
+        if length == 0 { return [] }
         guard length > 0 else { throw failure("recv", code) }
         guard length <= maximumLength else {
             throw IPCError(code: .frameTooLarge, message: "a packet of \(length) bytes is above the maximum of \(maximumLength)")

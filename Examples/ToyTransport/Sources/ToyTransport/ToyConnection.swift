@@ -57,11 +57,15 @@ final class ToyChannel: EngineChannel, @unchecked Sendable {
     }
 
     func write(_ frame: Frame, from offset: Int) throws -> Int {
+        try PacketSocket.sendIfReady(descriptor.rawValue, Self.packet(frame))
+    }
+
+    /// A frame's packet: kind, msgid and correlation (big-endian), then the payload.
+    static func packet(_ frame: Frame) -> [UInt8] {
         var bytes = [frame.kind.rawValue]
         withUnsafeBytes(of: frame.msgid.bigEndian) { bytes += $0 }
         withUnsafeBytes(of: frame.correlation.bigEndian) { bytes += $0 }
-        bytes += frame.payload
-        return try PacketSocket.sendIfReady(descriptor.rawValue, bytes)
+        return bytes + frame.payload
     }
 
     func shutdown() {

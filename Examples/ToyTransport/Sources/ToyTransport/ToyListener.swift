@@ -12,8 +12,9 @@ public final class ToyListener: SocketEndpointListener, Sendable {
     init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws {
         socketEndpoint = try SocketEndpoint(
             endpoint: endpoint, path: ToyTransport.socketPath(endpoint), kind: .sequencedPacket, acceptFilter: acceptFilter,
-            // A refused client reads end of stream: the toy has no refusal message.
-            accept: .immediately(refusal: []) { fd, peer, listener in
+            // A refused client reads a failure frame with correlation 0 (no request has it), which
+            // the engine reports as the end of the connection with `accessDenied`.
+            accept: .immediately(refusal: ToyChannel.packet(Frame(kind: .failure, msgid: 0, correlation: 0, payload: Array("accessDenied: refused".utf8)))) { fd, peer, listener in
                 listener.serve(ToyChannel(fd: fd, maximumPayloadLength: options.maximumPayloadLength), peer: peer, options: options, label: "a toy connection")
                 return true
             }

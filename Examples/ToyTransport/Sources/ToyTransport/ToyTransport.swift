@@ -32,7 +32,7 @@ public struct ToyTransport: MessageTransport {
     }
 
     /// Checks the group directory, and that whoever listens is this user (or root), before a
-    /// byte is sent. A client the accept filter refused sees end of stream (`peerInvalidated`).
+    /// byte is sent. A client the accept filter refused is invalidated with `accessDenied`.
     /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens; ``IPCError/Code/invalidEndpoint``;
     ///   ``IPCError/Code/accessDenied``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> ToyConnection {
