@@ -35,7 +35,7 @@ public struct InvalidationReason: Sendable, Hashable, CustomStringConvertible {
 /// Runs an invalidation exactly once: the first caller of ``invalidate(_:)`` wins; it releases
 /// resources and then calls ``complete()``, which runs the handler. A handler set after
 /// completion runs at once. Each handler runs at most once.
-public final class InvalidationLatch: Sendable {
+package final class InvalidationLatch: Sendable {
     private struct State {
         var reason: InvalidationReason?
         var completed = false
@@ -47,16 +47,16 @@ public final class InvalidationLatch: Sendable {
     /// without taking the lock or copying the reason.
     private let invalidated = Atomic<Bool>(false)
 
-    public init() {}
+    package init() {}
 
-    public var reason: InvalidationReason? {
+    package var reason: InvalidationReason? {
         invalidated.load(ordering: .acquiring) ? state.withLock { $0.reason } : nil
     }
 
-    public var isValid: Bool { !invalidated.load(ordering: .acquiring) }
+    package var isValid: Bool { !invalidated.load(ordering: .acquiring) }
 
     /// Records the reason if none is recorded yet. Returns `true` for the one caller that did.
-    public func invalidate(_ reason: InvalidationReason) -> Bool {
+    package func invalidate(_ reason: InvalidationReason) -> Bool {
         state.withLock { state in
             guard state.reason == nil else { return false }
             state.reason = reason
@@ -67,7 +67,7 @@ public final class InvalidationLatch: Sendable {
 
     /// Marks the invalidation finished (everything else reported, resources released) and runs
     /// the handler, so that the handler is the last thing a connection reports.
-    public func complete() {
+    package func complete() {
         let pending: (@Sendable (InvalidationReason) -> Void, InvalidationReason)? = state.withLock { state in
             state.completed = true
             guard let reason = state.reason, let handler = state.handler else { return nil }
@@ -78,7 +78,7 @@ public final class InvalidationLatch: Sendable {
     }
 
     /// Sets the handler, replacing one that has not run. Runs it at once if invalidation has completed.
-    public func setHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
+    package func setHandler(_ handler: @escaping @Sendable (InvalidationReason) -> Void) {
         let runNow: InvalidationReason? = state.withLock { state in
             if state.completed, let reason = state.reason { return reason }
             state.handler = handler

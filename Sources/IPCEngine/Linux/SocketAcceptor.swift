@@ -24,13 +24,18 @@ public enum RendezvousStatus: UInt32, Sendable {
         _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
     }
 
-    /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's
-    /// answer on `fd`, and returns if it is ``accepted``.
+    /// The client's side: waits up to `timeout` for the listener's answer on `fd`, and returns
+    /// if it is ``accepted``.
     /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused this process;
     ///   ``IPCError/Code/endpointNotFound`` if the listener was busy or did not answer in time;
     ///   ``IPCError/Code/transportFailure`` if it found the hello malformed or did not answer
     ///   with a status word. `listener` names the transport in the messages.
-    public static func awaitAcceptance(on fd: CInt, deadline: UInt64, listener: String) throws {
+    public static func awaitAcceptance(on fd: CInt, timeout: Duration, listener: String) throws {
+        try awaitAcceptance(on: fd, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: listener)
+    }
+
+    /// ``awaitAcceptance(on:timeout:listener:)`` until a ``monotonicNanoseconds()`` deadline.
+    package static func awaitAcceptance(on fd: CInt, deadline: UInt64, listener: String) throws {
         switch try read(from: fd, deadline: deadline) {
         case .accepted:
             return
@@ -48,7 +53,7 @@ public enum RendezvousStatus: UInt32, Sendable {
     /// - Throws: ``IPCError/Code/endpointNotFound`` if none came in time;
     ///   ``IPCError/Code/transportFailure`` if the listener closed the socket without a whole
     ///   answer or answered something else.
-    public static func read(from fd: CInt, deadline: UInt64) throws -> RendezvousStatus {
+    package static func read(from fd: CInt, deadline: UInt64) throws -> RendezvousStatus {
         while true {
             let now = monotonicNanoseconds()
             guard now < deadline else {

@@ -9,7 +9,7 @@ import Darwin
 /// `CLOCK_MONOTONIC` in nanoseconds: what the harness times with and deadlines are set in.
 /// One `clock_gettime` call (served by the vDSO, no system call), no allocation.
 @inline(__always)
-public func monotonicNanoseconds() -> UInt64 {
+package func monotonicNanoseconds() -> UInt64 {
     var time = timespec()
     clock_gettime(CLOCK_MONOTONIC, &time)
     return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
@@ -18,7 +18,7 @@ public func monotonicNanoseconds() -> UInt64 {
 extension Duration {
     /// This duration in whole nanoseconds, clamped to zero and above: for deadlines in
     /// ``monotonicNanoseconds()``.
-    public var wholeNanoseconds: UInt64 {
+    package var wholeNanoseconds: UInt64 {
         let (seconds, attoseconds) = components
         return UInt64(clamping: max(0, seconds)) &* 1_000_000_000 &+ UInt64(clamping: max(0, attoseconds / 1_000_000_000))
     }

@@ -10,7 +10,7 @@ import IPCCore
 
 /// Starts a detached kernel thread that runs `body`: the event loop's, and the receive threads
 /// of the transports that cannot be polled (see `docs/ENGINE.md`).
-public enum PosixThread {
+package enum PosixThread {
     private final class Box {
         let name: String
         let body: () -> Void
@@ -32,7 +32,7 @@ public enum PosixThread {
     }
 
     /// - Throws: ``IPCError/Code/transportFailure`` if the kernel refuses a new thread.
-    public static func detach(name: String, _ body: @escaping @Sendable () -> Void) throws {
+    package static func detach(name: String, _ body: @escaping @Sendable () -> Void) throws {
         let box = Unmanaged.passRetained(Box(name, body)).toOpaque()
         #if os(Linux)
         var thread = pthread_t()

@@ -7,7 +7,7 @@ import IPCCore
 /// Tells the CPU that the caller is spinning: it slows the loop a little and frees the core's
 /// shared resources for a sibling hyperthread. Not a system call.
 @inline(__always)
-public func cpuRelax() {
+package func cpuRelax() {
     #if os(Linux)
     ipc_cpu_relax()
     #endif
@@ -23,12 +23,12 @@ public func cpuRelax() {
 /// round trips went from 5 µs to 4 ms while a fuzzer shared the core. Without yielding, the
 /// spinner keeps the core for the spin time (microseconds) and then blocks, and a blocked
 /// thread's wake-up preempts whatever runs.
-public enum SpinWait {
+package enum SpinWait {
     /// Calls `poll` until it returns a value or the spin time is over; returns that value, or
     /// `nil` once the caller should block. With ``WaitStrategy/blocking`` it returns `nil` at
     /// once, without calling `poll`: blocking costs no extra system call.
     @inline(__always)
-    public static func poll<T>(_ strategy: WaitStrategy, _ poll: () throws -> T?) rethrows -> T? {
+    package static func poll<T>(_ strategy: WaitStrategy, _ poll: () throws -> T?) rethrows -> T? {
         guard strategy.spins else { return nil }
         if let value = try poll() { return value }
         let deadline = monotonicNanoseconds() &+ UInt64(strategy.spinNanoseconds)

@@ -28,20 +28,20 @@ import SystemPackage
 ///
 /// This is the program contract of the conformance suite's area 9 (`FileCoordinationAccess`):
 /// another implementation's peer answers the same commands.
-public struct FileCoordinationPeer {
-    public let group: GroupDirectory
+package struct FileCoordinationPeer {
+    package let group: GroupDirectory
     private var held: CoordinatedFile?
     private var presenters: [FilePresenter] = []
     private let events = EventLog()
     /// Kept open until the process ends, as a client that dies mid-write would keep it.
     private var connection: FilePresenterConnection?
 
-    public init(group: GroupDirectory) {
+    package init(group: GroupDirectory) {
         self.group = group
     }
 
     /// Runs commands until standard input closes.
-    public mutating func run() {
+    package mutating func run() {
         answer("READY \(getpid())")
         while let line = readLine() {
             let words = line.split(separator: " ", maxSplits: 2).map(String.init)
