@@ -26,6 +26,7 @@ public enum HTMLReport {
                 body += "<figure>" + SVGChart.lines(title: "\(title) latency by payload size, \(placement)", xLabels: sizes.map(formatBytes), yLabel: "µs", series: series) + "</figure>\n"
             }
             body += floorRatioChart(here.map(\.result), placement: placement, sizes: sizes)
+            body += percentileChart(here, placement: placement)
         }
         body += throughputCharts(files.flatMap { file in (file.results.throughput ?? []).map { (label: files.count > 1 ? file.label + " " : "", result: $0) } })
         body += scaleCharts(files.flatMap { file in (file.results.scale ?? []).map { (label: files.count > 1 ? file.label + " " : "", result: $0) } })
@@ -90,6 +91,27 @@ public enum HTMLReport {
             html += "<figure>" + SVGChart.bars(title: "Secure decoding time per message", xLabels: codecNames, yLabel: "µs", series: codecSeries) + "<figcaption>The same Order (about 1 KiB or 16 KiB as JSON) in each codec; refused: decoded against an empty allow-list.</figcaption>" + "</figure>\n"
         }
         return html
+    }
+
+    /// Latency by percentile, as HdrHistogram plots it: the x axis is 1/(1−p) on a log scale
+    /// (p50 at 2, p90 at 10, p99 at 100, p99.9 at 1,000; the maximum last), one line per
+    /// transport's main row (blocking, served as users are told to, on the connection's
+    /// executor) at the smallest payload of at least 64 B, at most 8 lines.
+    package static func percentileChart(_ rows: [(label: String, result: LatencyResult)], placement: Placement) -> String {
+        let main = rows.filter { row in
+            let result = row.result
+            return !result.transport.hasPrefix("floor:") && !result.transport.hasPrefix("ref:") && !result.spins && !result.onGlobalExecutor && !result.onLoopHandler
+        }
+        guard let size = Set(main.map(\.result.payloadBytes)).filter({ $0 >= 64 }).min() ?? main.map(\.result.payloadBytes).max() else { return "" }
+        let chosen = main.filter { $0.result.payloadBytes == size }.prefix(8)
+        guard !chosen.isEmpty else { return "" }
+        let series = chosen.map { row in
+            let result = row.result
+            return SVGChart.Series(name: row.label + seriesName(result), values: [result.p50, result.p90, result.p99, result.p999, result.maximum].map { Double($0) / 1000 })
+        }
+        let labels = ["p50 (2)", "p90 (10)", "p99 (100)", "p99.9 (1,000)", "max"]
+        return "<figure>" + SVGChart.lines(title: "Latency by percentile, \(formatBytes(size)), \(placement)", xLabels: labels, yLabel: "µs", series: Array(series))
+            + "<figcaption>The x axis is 1/(1−p), the number of round trips in which one is that slow, on a log scale (HdrHistogram's plot); the last point is the slowest of the run's samples.</figcaption></figure>\n"
     }
 
     private static func seriesName(_ result: LatencyResult) -> String {

@@ -38,12 +38,21 @@ public enum SVGChart {
         }
     }
 
+    /// Okabe and Ito's colour-blind-safe palette (black left out: it is the floors' colour).
+    static let okabeIto = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+
     /// The shapes that tell apart series of one colour.
     enum Marker: CaseIterable { case circle, square, triangle, diamond }
 
     /// The colour and marker of each series, in order: within a family, colours first, then the
     /// next marker with the colours again, so no two series of a chart share both.
     static func styles(_ series: [Series]) -> [(color: String, marker: Marker)] {
+        // A chart of one family (the percentile plot, a transport-only chart) needs no family
+        // colours: each series gets a colour of the Okabe–Ito palette, which stays distinct for
+        // colour-blind readers, and a marker of its own.
+        if Set(series.map(\.family)).count == 1, series.count <= okabeIto.count {
+            return series.indices.map { (okabeIto[$0], Marker.allCases[$0 % Marker.allCases.count]) }
+        }
         var counts: [Family: Int] = [:]
         return series.map { line in
             let number = counts[line.family, default: 0]

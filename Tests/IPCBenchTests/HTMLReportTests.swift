@@ -45,10 +45,25 @@ struct HTMLReportTests {
         }
         let charts = try #require(attribute("data-charts"), "the page did not run its probe; chromium said: \(dom.prefix(300))")
         // Two placements × (which should I use: round trips, 64 B stream, 1 MiB stream, CPU;
-        // p50, p99, ratio to floor) + scale (alone against loaded) + invalidation.
-        #expect(charts == 18)
+        // p50, p99, ratio to floor, latency by percentile) + scale (alone against loaded) +
+        // invalidation.
+        #expect(charts == 20)
         #expect(attribute("data-drawn") == charts)
         #expect((attribute("data-marks") ?? 0) > 50)
+    }
+
+    @Test("the percentile plot has one line per transport's main row, at most 8, from p50 to the maximum, rising")
+    func percentilePlot() throws {
+        let results = ReportFixtures.results(scale: 1, references: true)
+        let rows = results.latency.map { (label: "", result: $0) }
+        for placement in Set(results.latency.map(\.placement)) {
+            let chart = HTMLReport.percentileChart(rows.filter { $0.result.placement == placement }, placement: placement)
+            #expect(chart.contains("Latency by percentile"), "\(placement)")
+            for label in ["p50 (2)", "p90 (10)", "p99 (100)", "p99.9 (1,000)", "max"] { #expect(chart.contains(label)) }
+            let lines = chart.components(separatedBy: "<polyline").count - 1
+            #expect((1...8).contains(lines), "\(placement): \(lines) lines")
+            #expect(!chart.contains("floor:") && !chart.contains("ref:"), "floors and references are not main rows")
+        }
     }
 
     @Test("the page is self-contained: no external resources")
