@@ -273,6 +273,52 @@ struct StoreHostileTests {
         #expect(try await good.request([3], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [3])
     }
 
+    @Test("cutting a client's outbox to every interesting length while it streams kills nobody: the server reads on or ends that connection with a typed error, and serves others")
+    func filePresenterOutboxCutWhileStreaming() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("cut")
+        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        let transport = FilePresenterTransport()
+        let good = try await transport.connect(to: endpoint, options: .defaults)
+        defer { good.invalidate() }
+        let loop = RoundTripLoop(good, msgid: PeerRequest.echo)
+        // 0 bytes, the header only, half of what the file holds, and one byte short of it: each
+        // cut from another process while the victim appends and the server reads (and maps) it.
+        for (round, cut) in ["0", "24", "half", "short"].enumerated() {
+            let victim = try await transport.connect(to: endpoint, options: .defaults)
+            defer { victim.invalidate() }
+            let outbox = try #require(victim.outboxPath)
+            // Streams for 300 ms (the cut comes 50 ms in), or until a send fails.
+            let streaming = Task { () -> Int in
+                let until = ContinuousClock.now + .milliseconds(300)
+                var sent = 0
+                while ContinuousClock.now < until {
+                    guard (try? await victim.send([UInt8](repeating: UInt8(truncatingIfNeeded: sent), count: 512), msgid: UInt32(sent), timeout: .seconds(5))) != nil else { break }
+                    sent += 1
+                }
+                return sent
+            }
+            try await Task.sleep(for: .milliseconds(50))
+            let size = (try FileManager.default.attributesOfItem(atPath: outbox)[.size] as? Int) ?? 0
+            let length = ["0": 0, "24": 24, "half": size / 2, "short": max(size - 1, 0)][cut]!
+            let truncate = Process()
+            truncate.executableURL = URL(fileURLWithPath: "/usr/bin/truncate")
+            truncate.arguments = ["--size", String(length), outbox]
+            try truncate.run()
+            truncate.waitUntilExit()
+            #expect(truncate.terminationStatus == 0)
+            let sent = await streaming.value
+            // Either the connection goes on or it ended with a typed reason; never the server.
+            _ = try? await victim.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+            print("outbox cut to \(cut) (\(length) of \(size) bytes) after \(sent) sends in 300 ms: the victim \(victim.invalidationReason.map { "ended: \($0)" } ?? "goes on")")
+            #expect(server.isRunning, "round \(round) (\(cut)): the server died")
+            #expect(try await good.request([UInt8(round)], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [UInt8(round)], "round \(round) (\(cut))")
+        }
+        await loop.stop()
+        #expect(good.invalidationReason == nil)
+    }
+
     @Test("hellos on the rendezvous socket that claim another process's pid, are garbage, or never finish are refused; the listener serves others")
     func filePresenterForgedHello() async throws {
         let group = try TestGroup()
@@ -290,7 +336,8 @@ struct StoreHostileTests {
         let parts = identity.split(separator: "-").compactMap { UInt32($0) }
         try #require(parts.count == 2)
         func hello(pid: UInt32, serial: UInt32, magic: UInt32 = 0x4950_4648) -> [UInt8] {
-            [magic, 2, pid, serial].flatMap { withUnsafeBytes(of: $0.bigEndian, Array.init) }
+            // Version 3, the listener's: what is refused is the claim, not the version.
+            [magic, 3, pid, serial].flatMap { withUnsafeBytes(of: $0.bigEndian, Array.init) }
         }
         for (name, bytes) in [
             ("another process's pid and live journal", hello(pid: parts[0], serial: parts[1])),
