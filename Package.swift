@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "UnixSocketTransport", targets: ["UnixSocketTransport"]),
         .library(name: "MessagePortTransport", targets: ["MessagePortTransport"]),
         .library(name: "NotifyTransport", targets: ["NotifyTransport"]),
+        .library(name: "IPCFileCoordination", targets: ["IPCFileCoordination"]),
         .library(name: "FilePresenterTransport", targets: ["FilePresenterTransport"]),
         .library(name: "Wormhole", targets: ["Wormhole"]),
         .library(name: "IPCConformance", targets: ["IPCConformance"]),
@@ -76,10 +77,17 @@ let package = Package(
             dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "CIPCShims"],
             path: "Sources/Transports/Notify"
         ),
+        // NSFileCoordinator / NSFilePresenter's counterpart: coordinated reads and writes (open
+        // file description locks) and presenters told of changes and asked to save or
+        // relinquish. Not a transport; the file-presenter transport's journals are built on it.
+        .target(
+            name: "IPCFileCoordination",
+            dependencies: ["IPCCore", "IPCEngine", "IPCSystem", "CIPCShims", .product(name: "SystemPackage", package: "swift-system")]
+        ),
         .target(
             name: "FilePresenterTransport",
             dependencies: [
-                "IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "CIPCShims",
+                "IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "IPCFileCoordination", "CIPCShims",
                 .product(name: "SystemPackage", package: "swift-system"),
             ],
             path: "Sources/Transports/FilePresenter"
@@ -99,7 +107,7 @@ let package = Package(
             dependencies: [
                 "IPCCore", "IPCEngine", "IPCFraming", "IPCSecureCoding", "IPCSystem", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
                 "CNativeFloor",
-                "FilePresenterTransport", "Wormhole",
+                "FilePresenterTransport", "IPCFileCoordination", "Wormhole",
                 "IPCConformance",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
@@ -131,7 +139,7 @@ let package = Package(
         .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "IPCSecureCoding", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
-            dependencies: ["CIPCShims", "IPCCore", "IPCSystem", "FilePresenterTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
+            dependencies: ["CIPCShims", "IPCCore", "IPCSystem", "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
         ),
         .testTarget(
             name: "MessagePortTransportTests",
@@ -139,7 +147,7 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCConformanceTests",
-            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport", "NotifyTransport", "Wormhole"]
+            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport", "IPCFileCoordination", "NotifyTransport", "Wormhole"]
         ),
         .testTarget(
             name: "IPCBenchTests",
@@ -150,7 +158,7 @@ let package = Package(
             name: "HostileTests",
             dependencies: [
                 "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
-                "FilePresenterTransport", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench",
+                "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench",
             ]
         ),
         .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCSystem", "IPCTestSupport", "ipcbench"]),

@@ -4,6 +4,7 @@ import IPCCore
 import IPCFraming
 import IPCSystem
 import FilePresenterTransport
+import IPCFileCoordination
 import NotifyTransport
 import Wormhole
 

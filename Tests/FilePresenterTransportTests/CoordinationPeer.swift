@@ -2,6 +2,7 @@ import Foundation
 import IPCConformance
 import IPCBenchKit
 import IPCCore
+import IPCFileCoordination
 import Synchronization
 
 /// A second process that runs file coordination commands (`ipcbench peer --role coordinator`),

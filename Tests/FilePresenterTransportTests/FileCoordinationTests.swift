@@ -1,4 +1,5 @@
 import FilePresenterTransport
+import IPCFileCoordination
 import Foundation
 import IPCCore
 import IPCTestSupport

@@ -3,6 +3,7 @@ import IPCBenchKit
 import IPCCore
 import IPCTestSupport
 @testable import FilePresenterTransport
+@testable import IPCFileCoordination
 import Synchronization
 import Testing
 

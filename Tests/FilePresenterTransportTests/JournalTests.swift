@@ -1,5 +1,6 @@
 import CIPCShims
 @testable import FilePresenterTransport
+@testable import IPCFileCoordination
 import Foundation
 import Glibc
 import Synchronization

@@ -1,4 +1,5 @@
 @testable import FilePresenterTransport
+@testable import IPCFileCoordination
 import Foundation
 import IPCBenchKit
 import IPCCore

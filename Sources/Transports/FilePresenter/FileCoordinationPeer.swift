@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCFileCoordination
 import IPCFraming
 import Synchronization
 import SystemPackage

@@ -2,6 +2,7 @@ import CIPCShims
 import Dispatch
 import Glibc
 import IPCCore
+import IPCFileCoordination
 import IPCEngine
 import IPCFraming
 import IPCSystem

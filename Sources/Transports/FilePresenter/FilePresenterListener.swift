@@ -1,6 +1,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
+import IPCFileCoordination
 import IPCEngine
 import IPCSystem
 import Synchronization

@@ -1,4 +1,5 @@
 import IPCCore
+import IPCFileCoordination
 import IPCFraming
 
 /// The header at the start of every journal file. Specified in `docs/WIRE-FORMAT.md`, section 5.

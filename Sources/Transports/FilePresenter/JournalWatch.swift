@@ -1,5 +1,6 @@
 import Glibc
 import IPCCore
+import IPCFileCoordination
 import IPCEngine
 import IPCSystem
 import Synchronization

@@ -24,7 +24,7 @@ import SystemPackage
 /// in progress on another thread never finds it closed (or reused) under it.
 public final class CoordinatedFile: Sendable {
     public let path: String
-    let descriptor: CInt
+    package let descriptor: CInt
     /// Taken before the kernel lock: the kernel lock does not exclude two threads that share
     /// this file's one open file description.
     private let busy = Atomic<Bool>(false)
@@ -44,7 +44,7 @@ public final class CoordinatedFile: Sendable {
     }
 
     /// Wraps a descriptor this object now owns.
-    init(descriptor: CInt, path: String) {
+    package init(descriptor: CInt, path: String) {
         self.descriptor = descriptor
         self.path = path
     }
@@ -61,7 +61,7 @@ public final class CoordinatedFile: Sendable {
     /// goes on within about a millisecond of the death.
     /// - Throws: ``IPCError/Code/coordinationTimeout``; `CancellationError` once `cancelled()`
     ///   is true; ``IPCError/Code/transportFailure``.
-    func lock(exclusive: Bool, timeout: Duration, until giveUp: UInt64? = nil, cancelled: () -> Bool = { false }) throws {
+    package func lock(exclusive: Bool, timeout: Duration, until giveUp: UInt64? = nil, cancelled: () -> Bool = { false }) throws {
         let giveUp = giveUp ?? deadline(after: timeout)
         var backoff = Backoff()
         while true {
@@ -80,7 +80,7 @@ public final class CoordinatedFile: Sendable {
     /// Takes the lock if nobody holds it, without waiting.
     /// - Returns: whether it was taken.
     /// - Throws: ``IPCError/Code/transportFailure`` for a failure other than a holder.
-    func tryLock(exclusive: Bool) throws -> Bool {
+    package func tryLock(exclusive: Bool) throws -> Bool {
         guard busy.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else { return false }
         if ipc_ofd_lock(descriptor, Int16(exclusive ? F_WRLCK : F_RDLCK)) == 0 { return true }
         let error = Errno(rawValue: errno)
@@ -91,7 +91,7 @@ public final class CoordinatedFile: Sendable {
         return false
     }
 
-    func unlock() {
+    package func unlock() {
         _ = ipc_ofd_lock(descriptor, Int16(F_UNLCK))
         busy.store(false, ordering: .releasing)
     }
@@ -100,9 +100,14 @@ public final class CoordinatedFile: Sendable {
 /// What a coordinated read or write may do with the file while it holds the lock. Valid only
 /// inside the accessor it was passed to.
 public struct FileAccess: CoordinatedFileContents {
-    let file: CoordinatedFile
+    package let file: CoordinatedFile
     /// Whether this is a coordinated write (reads hold a shared lock and may not write).
     public let isWriting: Bool
+
+    package init(file: CoordinatedFile, isWriting: Bool) {
+        self.file = file
+        self.isWriting = isWriting
+    }
 
     public var path: String { file.path }
 
@@ -236,7 +241,7 @@ public struct FileCoordinator: FileCoordinating {
     /// other, but asks no presenters (the journals' presenters are the transport's own, which
     /// answer none) and cannot be cancelled, so that a message costs no more than the lock,
     /// with nothing allocated.
-    static func journal(filePresenter: FilePresenter? = nil) -> FileCoordinator {
+    package static func journal(filePresenter: FilePresenter? = nil) -> FileCoordinator {
         FileCoordinator(journalPresenter: filePresenter)
     }
 
@@ -245,7 +250,7 @@ public struct FileCoordinator: FileCoordinating {
     /// with nothing allocated: for a reader on the event loop, which tries again later instead
     /// of waiting.
     /// - Throws: ``IPCError/Code/transportFailure``; what `accessor` throws.
-    func tryCoordinate<T>(_ file: CoordinatedFile, exclusive: Bool, byAccessor accessor: (FileAccess) throws -> T) throws -> T? {
+    package func tryCoordinate<T>(_ file: CoordinatedFile, exclusive: Bool, byAccessor accessor: (FileAccess) throws -> T) throws -> T? {
         guard try file.tryLock(exclusive: exclusive) else { return nil }
         defer { file.unlock() }
         if exclusive { filePresenter?.beginOwnWrite() }
@@ -374,10 +379,12 @@ private final class CoordinatorState: Sendable {
 
 /// Waiting for something another process will release soon: yield a few times, then sleep
 /// for doubling intervals of at most a millisecond.
-struct Backoff {
+package struct Backoff {
     private var attempt = 0
 
-    mutating func wait() {
+    package init() {}
+
+    package mutating func wait() {
         defer { attempt += 1 }
         if attempt < 8 {
             sched_yield()
@@ -391,7 +398,7 @@ struct Backoff {
 
 extension Duration {
     /// The duration in nanoseconds, clamped to zero below and to about 570 years above.
-    var nanoseconds: UInt64 {
+    package var nanoseconds: UInt64 {
         let (seconds, attoseconds) = components
         guard seconds >= 0 else { return 0 }
         guard seconds < 18_000_000_000 else { return 18_000_000_000 * 1_000_000_000 }
@@ -400,12 +407,12 @@ extension Duration {
 }
 
 /// A point on the monotonic clock `timeout` from now.
-func deadline(after timeout: Duration) -> UInt64 {
+package func deadline(after timeout: Duration) -> UInt64 {
     monotonicNanoseconds() + timeout.nanoseconds
 }
 
 /// The time left until `deadline`, zero once it has passed.
-func remaining(until deadline: UInt64) -> Duration {
+package func remaining(until deadline: UInt64) -> Duration {
     let now = monotonicNanoseconds()
     return .nanoseconds(Int64(clamping: deadline > now ? deadline - now : 0))
 }
