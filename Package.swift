@@ -165,3 +165,10 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// The upcoming features that gate the public API: `any` spelled out for every existential, and
+// members visible only from modules a file imports itself.
+for target in package.targets where target.type != .system && target.type != .plugin {
+    guard !["CIPCShims", "CMallocCounter", "CNativeFloor"].contains(target.name) else { continue }
+    target.swiftSettings = (target.swiftSettings ?? []) + [.enableUpcomingFeature("ExistentialAny"), .enableUpcomingFeature("MemberImportVisibility")]
+}

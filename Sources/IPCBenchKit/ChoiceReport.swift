@@ -1,4 +1,5 @@
 import Foundation
+import IPCFraming
 
 /// The report's first section, "Which should I use": this package's transports and the reference
 /// systems (``ReferenceSystem``) side by side, per placement, on the figures a reader choosing

@@ -1,4 +1,5 @@
 import Foundation
+import IPCFraming
 
 /// One self-contained HTML page (inline CSS and SVG, no script, no network) from one or more
 /// result files.

@@ -1,4 +1,5 @@
 import Foundation
+import IPCFraming
 
 /// Renders results as a plain-text table (for the terminal) and as Markdown (for `Reports/`).
 public enum ReportRenderer {

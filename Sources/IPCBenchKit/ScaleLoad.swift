@@ -5,6 +5,7 @@ import IPCEngine
 import IPCFraming
 import IPCSystem
 import UnixSocketTransport
+import IPCConformance
 
 /// The other clients of a scale measurement (``ScaleRunner``), run by the hidden `ipcbench load`
 /// subcommand in a process of their own: `clients` connections to a Unix socket server, each

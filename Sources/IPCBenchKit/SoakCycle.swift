@@ -2,6 +2,7 @@ import Foundation
 import IPCConformance
 import IPCCore
 import Synchronization
+import IPCFraming
 
 /// What one cycle found.
 struct CycleOutcome: Sendable {

@@ -2,6 +2,7 @@ import Foundation
 import IPCConformance
 import IPCCore
 import Synchronization
+import IPCFraming
 
 /// What a soak runs: which transports, for how long, and from which seed.
 public struct SoakOptions: Sendable {

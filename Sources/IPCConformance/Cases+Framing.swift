@@ -1,5 +1,6 @@
 import IPCCore
 import IPCFraming
+import Foundation
 
 /// Area 2: a stream transport's receiver reassembles frames from any chunking, and refuses
 /// hostile input with the right error, dropping only the offending connection. Raw bytes are

@@ -1,5 +1,6 @@
 import IPCCore
 import Synchronization
+import Foundation
 
 /// Area 7: the service semantics users of XPC and launchd rely on, over the subject's
 /// transport: a ``ServiceConnection`` is interrupted, not invalidated, when its service dies,

@@ -1,3 +1,5 @@
+import IPCCore
+import IPCFraming
 /// One behaviour the suite checks: a stable id grouped by area (`"2.3"`, `"6.5.1"`), a one-line
 /// statement, what a transport must declare for the case to apply, and the check itself.
 ///

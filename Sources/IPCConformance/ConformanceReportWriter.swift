@@ -1,4 +1,5 @@
 import Foundation
+import IPCCore
 
 /// Renders the reports of one run (one per subject) for people and for CI: a plain-text table,
 /// JSON, JUnit XML, Markdown and a self-contained HTML page.

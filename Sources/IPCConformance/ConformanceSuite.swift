@@ -1,6 +1,7 @@
 import Foundation
 import IPCCore
 import Synchronization
+import IPCFraming
 
 /// Runs the cases of ``catalog`` against a subject, one at a time, and grades each.
 ///

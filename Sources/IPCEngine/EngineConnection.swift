@@ -1,6 +1,7 @@
 import DequeModule
 import IPCCore
 import Synchronization
+import SystemPackage
 
 /// A ``MessageConnection`` driven by the event loop over any ``EngineChannel``: the one
 /// implementation of connection behaviour that every engine-based transport shares.

@@ -5,6 +5,7 @@ import IPCCore
 import IPCTestSupport
 import Synchronization
 import Testing
+import IPCConformance
 
 /// Coordinated reads and writes between this process and a second one (`CoordinationPeer`).
 @Suite("File presenter: coordination")

@@ -5,6 +5,7 @@ import IPCCore
 import IPCTestSupport
 import Synchronization
 import Testing
+import IPCConformance
 
 /// Change notification: what a presenter is told, and what it is not.
 ///

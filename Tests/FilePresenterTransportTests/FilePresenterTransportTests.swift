@@ -6,6 +6,9 @@ import IPCTestSupport
 @testable import IPCFileCoordination
 import Synchronization
 import Testing
+import IPCConformance
+import IPCEngine
+import IPCFraming
 
 /// The message transport against real peer processes (`ipcbench peer --transport file-presenter`).
 @Suite("File presenter: transport")

@@ -6,6 +6,7 @@ import IPCSystem
 import IPCTestSupport
 import Synchronization
 import Testing
+import IPCConformance
 
 /// Presenters that answer coordinators, against what another process of the same user (or
 /// another user) can put in a file's presenters directory. The rules every implementation

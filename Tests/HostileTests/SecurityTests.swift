@@ -9,6 +9,8 @@ import IPCTestSupport
 import NotifyTransport
 import Testing
 import UnixSocketTransport
+import IPCEngine
+import IPCFraming
 
 /// Endpoints, queues and shared files are owner-only inside a group directory that is not
 /// world-writable, whatever the umask of the processes that create them.

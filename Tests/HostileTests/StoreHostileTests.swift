@@ -8,6 +8,9 @@ import IPCTestSupport
 @testable import MessagePortTransport
 import NotifyTransport
 import Testing
+import IPCConformance
+import IPCEngine
+import IPCFraming
 
 /// Garbage written by another process (`ipcbench hostile write|queue`) into the shared objects
 /// of a live connection: the victim connection ends with a typed protocol error, nothing

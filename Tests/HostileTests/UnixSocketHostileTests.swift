@@ -5,6 +5,8 @@ import IPCFraming
 import IPCTestSupport
 import Testing
 import UnixSocketTransport
+import IPCConformance
+import IPCEngine
 
 /// One hostile input for a stream listener, and how the listener must refuse it.
 struct HostileStreamInput: Sendable, CustomTestStringConvertible {

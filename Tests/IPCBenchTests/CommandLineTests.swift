@@ -5,6 +5,7 @@ import IPCFraming
 import IPCSystem
 import IPCTestSupport
 import Testing
+import IPCCore
 
 /// The command-line tool, tested through its output and exit status.
 @Suite("ipcbench command line")

@@ -3,6 +3,7 @@ import IPCConformance
 import IPCBenchKit
 import IPCTestSupport
 import Testing
+import IPCCore
 
 /// The HTML report is rendered by a real browser, headless Chromium from Debian
 /// (Scripts/install-system-packages.sh installs it), and the charts are checked to be drawn:

@@ -2,6 +2,7 @@ import Foundation
 @testable import IPCBenchKit
 import IPCTestSupport
 import Testing
+import IPCCore
 
 /// Reference systems as the harness runs them: programs that keep the command-line contract of
 /// `Benchmarks/References/README.md`. Stand-ins written here (Python) keep it, or break it in

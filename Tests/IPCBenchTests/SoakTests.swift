@@ -2,6 +2,7 @@ import Foundation
 @testable import IPCBenchKit
 import IPCTestSupport
 import Testing
+import IPCCore
 
 /// The soak: its delivery checker, its watchdog, and a tiny run through the command line.
 @Suite("Soak", .usesMessageQueues)

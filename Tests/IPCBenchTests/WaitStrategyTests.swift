@@ -5,6 +5,7 @@ import IPCCore
 import IPCSystem
 import IPCTestSupport
 import Testing
+import IPCFraming
 
 /// The spin-then-block wait strategy against a real peer process that spins too: requests and
 /// one-way messages arrive exactly as with blocking waits, also after the spin time has run out

@@ -4,6 +4,7 @@ import IPCCore
 import IPCSecureCoding
 import Testing
 import UnixSocketTransport
+import IPCFraming
 
 /// Every rule the suite checks can fail: each broken transport or codec breaks one rule, and
 /// the case for that rule must fail (while the same case passes against the real transport, in

@@ -6,6 +6,7 @@ import IPCEngine
 import Synchronization
 import SystemPackage
 import Testing
+import IPCTestSupport
 
 /// A doorbell channel's queued frames: a ring is reported once, so a frame that waits in the
 /// outbound queue is written only if something looks at the queue after it was queued.

@@ -6,6 +6,9 @@ import IPCSystem
 import IPCTestSupport
 @testable import MessagePortTransport
 import Testing
+import IPCConformance
+import IPCEngine
+import IPCFraming
 
 /// Message ports against real peer processes (`ipcbench peer --transport message-port`).
 /// Serialized: every queue counts against the per-user queue memory (RLIMIT_MSGQUEUE, 800 KiB

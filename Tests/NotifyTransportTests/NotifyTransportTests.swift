@@ -7,6 +7,8 @@ import IPCSystem
 import IPCTestSupport
 import NotifyTransport
 import Testing
+import IPCConformance
+import IPCEngine
 
 /// The message transport over notifications and a shared store, with peer processes.
 @Suite("Notify transport")

@@ -5,6 +5,8 @@ import IPCFraming
 import IPCTestSupport
 import Testing
 import UnixSocketTransport
+import IPCConformance
+import IPCEngine
 
 /// Delivery and request/reply against a real peer process (`ipcbench peer`).
 @Suite("Unix socket: delivery and request/reply with a peer process")

@@ -5,6 +5,8 @@ import IPCFraming
 import IPCTestSupport
 import Testing
 import UnixSocketTransport
+import IPCConformance
+import IPCEngine
 
 /// The peer is a separate process killed with SIGKILL. Deadlines are generous (10 s): the tests
 /// check that invalidation happens, not how fast; the harness measures the speed.

@@ -7,6 +7,7 @@ import IPCTestSupport
 import Synchronization
 import Testing
 import UnixSocketTransport
+import IPCConformance
 
 /// The listening side: many client processes, broadcast, per-client sends, the accept filter,
 /// and endpoint ownership.

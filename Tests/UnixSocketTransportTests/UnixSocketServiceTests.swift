@@ -6,6 +6,7 @@ import IPCTestSupport
 import Synchronization
 import Testing
 import UnixSocketTransport
+import IPCFraming
 
 /// A ``ServiceConnection`` over unix sockets against services that fail: one that accepts and
 /// closes every connection (a separate Python process), and one that dies and never comes back.

@@ -4,6 +4,7 @@ import IPCFileCoordination
 import IPCFraming
 import Synchronization
 import SystemPackage
+import IPCSystem
 
 /// The far side of the file coordination tests: runs coordinated operations in its own process,
 /// one command per line of standard input, so a test can hold a lock, write, or die mid-write
