@@ -179,6 +179,56 @@ struct StoreHostileTests {
         #expect(goodConnection.invalidationReason == nil)
     }
 
+    @Test("four message-port clients whose first fragments announce 1 GiB - 1 each: the server reserves nothing for what is only announced")
+    func messagePortAnnouncedLengths() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("announce")
+        // The peer server allows payloads up to 1 GiB, so each announcement is admissible.
+        let server = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .server)
+        defer { server.stop() }
+        // Four clients: each holds a reply queue, and this user's queue memory (RLIMIT_MSGQUEUE,
+        // 800 KiB by default, raised only with CAP_SYS_RESOURCE) holds about ten, which other
+        // tests running meanwhile need too. Reserving what is announced would cost 1 GiB of
+        // address space per client; 40 clients as in issue 35 do not fit one user's quota.
+        let transport = MessagePortTransport()
+        var clients: [MessagePortConnection] = []
+        defer { clients.forEach { $0.invalidate() } }
+        for _ in 0..<4 {
+            let client = try await transport.connect(to: endpoint, options: .defaults, retrying: ConnectRetry(for: .seconds(30)))
+            #expect(try await client.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+            clients.append(client)
+        }
+        let before = try memoryUsage(of: server.pid)
+        // Senders are numbered from 1 in the order the server admitted them: one first fragment
+        // each, announcing 1 GiB - 1 and carrying one byte.
+        let announced = UInt32((1 << 30) - 1)
+        var arguments = ["queue", "--name", PortNames.serverQueue(endpoint)]
+        for sender in 1...clients.count { arguments += ["--hex", Self.fragment(sender: UInt32(sender), total: announced, offset: 0, body: [1])] }
+        #expect(try HostilePeer.run(arguments) == 0)
+        // Half a second for the server to read them (its queue is read on its event loop).
+        try await Task.sleep(for: .milliseconds(500))
+        let after = try memoryUsage(of: server.pid)
+        let grown = after.virtual - before.virtual
+        print("\(clients.count) announcements of 1 GiB - 1: the server's virtual memory grew by \(grown >> 20) MiB, resident by \((after.resident - before.resident) >> 20) MiB")
+        // Reserving what is announced would be a GiB of address space per client.
+        #expect(grown < 1 << 30, "virtual memory grew by \(grown >> 20) MiB for \(clients.count) announcements")
+        #expect(server.isRunning)
+        // The announcements were taken as the clients' own (not dropped as naming nobody): a
+        // continuation at offset 1 in sender 1's name continues its message (its connection
+        // goes on); one at offset 5 in sender 2's name does not, and ends that connection.
+        let continued = InvalidationProbe()
+        continued.attach(to: clients[0])
+        let broken = InvalidationProbe()
+        broken.attach(to: clients[1])
+        #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint),
+            "--hex", Self.fragment(sender: 1, total: announced, offset: 1, body: [2]),
+            "--hex", Self.fragment(sender: 2, total: announced, offset: 5, body: [2])]) == 0)
+        #expect(await broken.wait(seconds: 30), "a broken continuation in sender 2's name did not end the second client's connection")
+        #expect(broken.reason?.kind == .protocolError || broken.reason?.kind == .peerClosed, "\(String(describing: broken.reason))")
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(clients[0].invalidationReason == nil, "a continuation of sender 1's announced message ended its connection: the announcement was not taken as its own")
+    }
+
     @Test("one process's hellos are admitted up to the per-process bound; the next is not answered")
     func messagePortHellosPerProcess() async throws {
         let group = try TestGroup()
