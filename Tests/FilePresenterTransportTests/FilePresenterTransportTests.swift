@@ -315,7 +315,7 @@ struct FilePresenterTransportTests {
 
         let writer = try CoordinationPeer(group: group.directory)
         defer { writer.kill() }
-        #expect(try writer.run("tear stalled") == "")
+        #expect(try await runBlocking { try writer.run("tear stalled") } == "")
         // Stopped where it holds its outbox's exclusive lock, part of a record written.
         #expect(kill(writer.pid, SIGSTOP) == 0)
         defer { kill(writer.pid, SIGCONT) }

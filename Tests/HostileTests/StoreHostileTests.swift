@@ -124,6 +124,19 @@ struct StoreHostileTests {
         return HostilePeer.hex(bytes + body)
     }
 
+    /// Cuts the file at `path` to `length` bytes from another process (`truncate(1)`), waited
+    /// for off the cooperative pool; returns its exit status.
+    static func truncate(_ path: String, to length: Int) async throws -> Int32 {
+        try await runBlocking {
+            let truncate = Process()
+            truncate.executableURL = URL(fileURLWithPath: "/usr/bin/truncate")
+            truncate.arguments = ["--size", String(length), path]
+            try truncate.run()
+            truncate.waitUntilExit()
+            return truncate.terminationStatus
+        }
+    }
+
     /// Stops a message port client process and removes its reply queue if the listener, closed
     /// right after, had no time to see it exit (queues outlive processes and count against the
     /// user's queue memory).
@@ -312,12 +325,7 @@ struct StoreHostileTests {
         let journal = try #require(Set(try FileManager.default.contentsOfDirectory(atPath: group.directory.path).filter { $0.hasSuffix(".journal") }).subtracting(journalsBefore).first)
         // Another process cuts the file to nothing: both the victim (its reader) and the server
         // (its writer) map its header.
-        let truncate = Process()
-        truncate.executableURL = URL(fileURLWithPath: "/usr/bin/truncate")
-        truncate.arguments = ["--size", "0", group.directory.path + "/" + journal]
-        try truncate.run()
-        truncate.waitUntilExit()
-        #expect(truncate.terminationStatus == 0)
+        #expect(try await Self.truncate(group.directory.path + "/" + journal, to: 0) == 0)
         // The server's next reply to the victim meets the truncated header.
         _ = try? await victim.request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
         #expect(await probe.wait(seconds: 30), "the victim was not invalidated")
@@ -356,12 +364,7 @@ struct StoreHostileTests {
             try await Task.sleep(for: .milliseconds(50))
             let size = (try FileManager.default.attributesOfItem(atPath: outbox)[.size] as? Int) ?? 0
             let length = ["0": 0, "24": 24, "half": size / 2, "short": max(size - 1, 0)][cut]!
-            let truncate = Process()
-            truncate.executableURL = URL(fileURLWithPath: "/usr/bin/truncate")
-            truncate.arguments = ["--size", String(length), outbox]
-            try truncate.run()
-            truncate.waitUntilExit()
-            #expect(truncate.terminationStatus == 0)
+            #expect(try await Self.truncate(outbox, to: length) == 0)
             let sent = await streaming.value
             // Either the connection goes on or it ended with a typed reason; never the server.
             _ = try? await victim.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(5), receiveTimeout: .seconds(5))

@@ -163,16 +163,6 @@ struct SocketActivationTests {
     }
 }
 
-/// Checks `condition` every 20 ms until it holds or `seconds` pass.
-private func poll(seconds: Double, _ condition: @escaping @Sendable () -> Bool) async -> Bool {
-    let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
-    while ContinuousClock.now < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return condition()
-}
-
 /// The lines of a log file the launcher loop appends to (none if it does not exist yet).
 private func lines(_ path: String) -> [String] {
     ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)

@@ -183,3 +183,14 @@ public func expectConcurrentEchoes(from clients: [some MessageConnection], msgid
         try await tasks.waitForAll()
     }
 }
+
+/// Checks `condition` every 10 ms until it holds or `seconds` pass (suspending, never blocking
+/// a thread); returns whether it held.
+public func poll(seconds: Double, _ condition: @escaping @Sendable () -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(10))
+    }
+    return condition()
+}

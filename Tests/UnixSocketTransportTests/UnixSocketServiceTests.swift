@@ -117,14 +117,5 @@ struct UnixSocketServiceTests {
         await expectIPCError(.invalidated) { try await service.request([2], msgid: 1, sendTimeout: .seconds(1), receiveTimeout: .seconds(1)) }
         #expect(service.connectAttempts == attempts)
     }
-
-    private func poll(seconds: Double, _ condition: @escaping @Sendable () -> Bool) async -> Bool {
-        let deadline = ContinuousClock.now + .seconds(seconds)
-        while ContinuousClock.now < deadline {
-            if condition() { return true }
-            try? await Task.sleep(for: .milliseconds(10))
-        }
-        return condition()
-    }
 }
 
