@@ -17,22 +17,16 @@ public enum HTMLReport {
         for placement in placements {
             let here = rows.filter { $0.result.placement == placement }
             let sizes = Array(Set(here.map(\.result.payloadBytes))).sorted()
-            let seriesNames = orderedUnique(here.map { $0.label + seriesName($0.result) })
-            for (title, value) in [("p50", \LatencyResult.p50), ("p99", \LatencyResult.p99)] as [(String, KeyPath<LatencyResult, UInt64>)] {
-                let series = seriesNames.map { name in
-                    SVGChart.Series(name: name, values: sizes.map { size in
-                        here.first { $0.label + seriesName($0.result) == name && $0.result.payloadBytes == size }.map { Double($0.result[keyPath: value]) / 1000 }
-                    })
-                }
-                body += "<figure>" + SVGChart.lines(title: "\(title) latency by payload size, \(placement)", xLabels: sizes.map(formatBytes), yLabel: "µs", series: series) + "</figure>\n"
-            }
+            body += "<h2>Round trips, \(placement)</h2>\n<p>One chart per transport: its rows, the floors under it (the native floor and the fastest C floor that waits the way the engine waits), and the two fastest reference systems of the run. p50 by payload size; every percentile is in the table at the end.</p>\n"
+            body += "<div class=\"multiples\">" + latencyMultiples(here, sizes: sizes, placement: placement) + "</div>\n"
             body += floorRatioChart(here.map(\.result), placement: placement, sizes: sizes)
             body += percentileChart(here, placement: placement)
         }
         body += throughputCharts(files.flatMap { file in (file.results.throughput ?? []).map { (label: files.count > 1 ? file.label + " " : "", result: $0) } })
         body += scaleCharts(files.flatMap { file in (file.results.scale ?? []).map { (label: files.count > 1 ? file.label + " " : "", result: $0) } })
         body += inProcessCharts(files.flatMap(\.results.inProcess))
-        let invalidation = files.flatMap { file in file.results.invalidation.map { (label: files.count > 1 ? file.label + " " : "", result: $0) } }
+        // A survivor that never noticed has no time to draw: the table says so.
+        let invalidation = files.flatMap { file in file.results.invalidation.filter(\.noticed).map { (label: files.count > 1 ? file.label + " " : "", result: $0) } }
         if !invalidation.isEmpty {
             let names = orderedUnique(invalidation.map(\.result.transport))
             let labels = orderedUnique(invalidation.map(\.label))
@@ -41,7 +35,7 @@ public enum HTMLReport {
                     invalidation.first { $0.label == label && $0.result.transport == name }.map { Double($0.result.median) / 1000 }
                 })
             }
-            body += "<figure>" + SVGChart.bars(title: "Time from SIGKILL of the peer to invalidation", xLabels: names, yLabel: "µs", series: series) + "</figure>\n"
+            body += "<figure>" + SVGChart.rankedBars(title: "Time from SIGKILL of the peer to invalidation", rows: names, unit: "µs", series: series, lowerIsBetter: true) + "</figure>\n"
         }
         body += "<h2>All latency measurements</h2>\n" + latencyTable(rows.map { ($0.label, $0.result) })
         return page(body)
@@ -131,13 +125,23 @@ public enum HTMLReport {
             let here = rows.filter { $0.result.placement == placement }
             guard !here.isEmpty else { continue }
             let sizes = Array(Set(here.map(\.result.payloadBytes))).sorted()
-            let series = orderedUnique(here.map(name)).map { series in
-                SVGChart.Series(name: series, values: sizes.map { size in
-                    here.first { name($0) == series && $0.result.payloadBytes == size }.map { $0.result.bytesPerSecond / 1e6 }
-                })
+            html += "<h2>One-way throughput, \(placement)</h2>\n<p>Payload bytes per second by payload size, timed until the receiving process has consumed every message; one chart per transport, with its floors (a C sender and a receiver that only drains the kernel's buffer, and the fastest event-driven C stream) and the two fastest reference systems.</p>\n<div class=\"multiples\">"
+            for transport in orderedUnique(here.map(\.result.transport)).filter(isOurs) {
+                let mine = here.filter { $0.result.transport == transport && !$0.result.onGlobalExecutor && !$0.result.onLoopHandler }
+                let mechanism = FloorMechanism(transport: transport)
+                let floorNames = ([mechanism?.resultName] + (mechanism?.sameWorkFloors.map(\.resultName) ?? [])).compactMap { $0 }
+                let floors = here.filter { floorNames.contains($0.result.transport) && $0.result.waitStrategy == "blocking" }
+                let fastestReferences = fastest(here.filter { ReferenceSystem.isReference($0.result.transport) }.map(\.result), count: 2, better: { $0.messagesPerSecond > $1.messagesPerSecond })
+                let references = here.filter { fastestReferences.contains($0.result.transport) }
+                let names = Array(orderedUnique((mine + floors + references).map(name)).prefix(maximumSeries))
+                let series = names.map { series in
+                    SVGChart.Series(name: series, values: sizes.map { size in
+                        here.first { name($0) == series && $0.result.payloadBytes == size }.map { $0.result.bytesPerSecond / 1e6 }
+                    })
+                }
+                html += "<figure>" + SVGChart.lines(title: "\(transport), \(placement)", xLabels: sizes.map(formatBytes), yLabel: "MB/s", series: series, width: SVGChart.smallWidth) + "</figure>\n"
             }
-            html += "<figure>" + SVGChart.lines(title: "One-way throughput by payload size, \(placement)", xLabels: sizes.map(formatBytes), yLabel: "MB/s", series: series)
-                + "<figcaption>Payload bytes per second, timed until the receiving process has consumed every message. Floors: a C sender and a receiver that only drains the kernel's buffer.</figcaption></figure>\n"
+            html += "</div>\n"
         }
         html += "<h2>All throughput measurements</h2>\n<table><tr>" + (["file"] + ReportRenderer.throughputColumns).map { "<th>\($0)</th>" }.joined() + "</tr>\n"
         for (label, cells) in zip(rows.map(\.label), ReportRenderer.throughputRows(rows.map(\.result))) {
@@ -146,9 +150,52 @@ public enum HTMLReport {
         return html + "</table>\n"
     }
 
+    /// The most series a chart of this report draws: more cannot be told apart at a glance.
+    package static let maximumSeries = 8
+
+    private static func isOurs(_ transport: String) -> Bool {
+        !transport.hasPrefix("floor:") && !ReferenceSystem.isReference(transport)
+    }
+
+    /// The names of the `count` best reference systems of `rows` by their 64 B figure (the
+    /// smallest payload of at least 64 B they have).
+    private static func fastest<Row: PayloadRow>(_ rows: [Row], count: Int, better: (Row, Row) -> Bool) -> [String] {
+        guard let size = Set(rows.map(\.payloadBytes)).filter({ $0 >= 64 }).min() else { return [] }
+        return Array(orderedUnique(rows.filter { $0.payloadBytes == size }.sorted(by: better).map(\.transport)).prefix(count))
+    }
+
+    /// One chart per transport of ours: its main rows and spinning rows, its floors (native,
+    /// same-work, spinning), the two fastest blocking reference systems and the fastest
+    /// spinning one; at most ``maximumSeries`` lines, in that order of importance.
+    package static func latencyMultiples(_ rows: [(label: String, result: LatencyResult)], sizes: [Int], placement: Placement) -> String {
+        let results = rows.map(\.result)
+        var html = ""
+        for transport in orderedUnique(results.map(\.transport)).filter(isOurs) {
+            let mine = rows.filter { $0.result.transport == transport && !$0.result.onGlobalExecutor && !$0.result.onLoopHandler }
+            let mechanism = FloorMechanism(transport: transport)
+            let blockingFloors = ([mechanism?.resultName] + (mechanism?.sameWorkFloors.map(\.resultName) ?? [])).compactMap { $0 }
+            let floors = rows.filter { row in
+                (blockingFloors.contains(row.result.transport) && !row.result.spins)
+                    || (row.result.spins && row.result.transport == mechanism?.spinning?.resultName && mine.contains { $0.result.spins })
+            }
+            let references = results.filter { ReferenceSystem.isReference($0.transport) }
+            let chosen = fastest(references.filter { !$0.spins }, count: 2) { $0.p50 < $1.p50 } + fastest(references.filter(\.spins), count: 1) { $0.p50 < $1.p50 }
+            let ordered = mine.filter { !$0.result.spins } + floors.filter { !$0.result.spins } + mine.filter(\.result.spins) + floors.filter(\.result.spins)
+                + rows.filter { chosen.contains($0.result.transport) }
+            let names = Array(orderedUnique(ordered.map { $0.label + seriesName($0.result) }).prefix(maximumSeries))
+            let series = names.map { name in
+                SVGChart.Series(name: name, values: sizes.map { size in
+                    rows.first { $0.label + seriesName($0.result) == name && $0.result.payloadBytes == size }.map { Double($0.result.p50) / 1000 }
+                })
+            }
+            html += "<figure>" + SVGChart.lines(title: "\(transport), p50, \(placement)", xLabels: sizes.map(formatBytes), yLabel: "µs", series: series, width: SVGChart.smallWidth) + "</figure>\n"
+        }
+        return html
+    }
+
     private static func floorRatioChart(_ results: [LatencyResult], placement: Placement, sizes: [Int]) -> String {
-        let transports = results.filter { !$0.transport.hasPrefix("floor:") }
-        let names = orderedUnique(transports.map(seriesName))
+        let transports = results.filter { isOurs($0.transport) && !$0.spins && !$0.onGlobalExecutor && !$0.onLoopHandler }
+        let names = Array(orderedUnique(transports.map(seriesName)).prefix(maximumSeries))
         let series: [SVGChart.Series] = names.compactMap { name in
             let values = sizes.map { size -> Double? in
                 guard let result = transports.first(where: { seriesName($0) == name && $0.payloadBytes == size }),
@@ -188,10 +235,20 @@ public enum HTMLReport {
         th { background: #f4f4f4; } table.context th, table.context td { text-align: left; }
         figure { margin: 1.5em 0; } figcaption { font-size: 12px; color: #555; }
         svg.chart .title { font-size: 14px; font-weight: 600; } svg.chart .tick, svg.chart .legend { font-size: 11px; }
-        svg.chart .axis { font-size: 12px; } svg.chart .grid { stroke: #e5e5e5; }
+        svg.chart .axis { font-size: 12px; } svg.chart .grid { stroke: #e5e5e5; } svg.chart .value { font-size: 10px; fill: #444; }
+        .multiples { display: grid; grid-template-columns: repeat(2, 470px); gap: 0 16px; } .multiples figure { margin: 0.5em 0; }
         </style></head><body>
         \(body)</body></html>
 
         """
     }
 }
+
+/// A results row with a transport and a payload size: what picking a chart's series needs.
+protocol PayloadRow {
+    var transport: String { get }
+    var payloadBytes: Int { get }
+}
+
+extension LatencyResult: PayloadRow {}
+extension ThroughputResult: PayloadRow {}

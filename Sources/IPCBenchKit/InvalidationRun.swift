@@ -4,11 +4,30 @@ import IPCEngine
 import IPCFraming
 import IPCSystem
 
-/// Time from SIGKILL of a peer process to the survivor's invalidation handler, per transport.
+/// Time from SIGKILL of a peer process to the survivor's invalidation handler, per transport;
+/// for a reference system (``ReferenceSystem``), to its client's exit with the error it noticed.
 public struct InvalidationResult: Codable, Sendable {
     public var transport: String
     /// Each trial's time from `kill(2)` returning to the handler starting, in nanoseconds.
     public var trials: [UInt64]
+    /// `true` for a reference system's row.
+    public var reference: Bool? = nil
+    /// `false` when the survivor did not notice the death: the trial's time is when it gave up
+    /// on its own (a reference's client, at its 10 s no-progress deadline). `nil`: noticed.
+    public var detected: Bool? = nil
+    /// What the survivor said it noticed (a reference client's error line), or why it did not.
+    public var outcome: String? = nil
+
+    public init(transport: String, trials: [UInt64], reference: Bool? = nil, detected: Bool? = nil, outcome: String? = nil) {
+        self.transport = transport
+        self.trials = trials
+        self.reference = reference
+        self.detected = detected
+        self.outcome = outcome
+    }
+
+    /// Whether the survivor noticed the death (always, for a transport's row).
+    public var noticed: Bool { detected ?? true }
 
     public var median: UInt64 { LatencyResult.median(trials) }
     public var maximum: UInt64 { trials.max() ?? 0 }
@@ -66,5 +85,58 @@ public struct InvalidationRunner: Sendable {
             throw IPCError(code: .receiveTimeout, message: "\(name): no invalidation within 10 s of SIGKILL")
         }
         return at - killedAt
+    }
+}
+
+/// "When a peer dies" for the reference systems: each system's server is SIGKILLed while a
+/// client is in a loop of round trips, and the time until that client exits with the error it
+/// noticed is taken (``ReferenceSession/killDuringRoundTrips(settle:)``). A client that notices
+/// nothing gives up at its own 10 s deadline: such a system is tried once and reported as not
+/// detecting the death.
+public struct ReferencePeerDeathRunner: Sendable {
+    public var references: [ReferenceSystem]
+    public var trials: Int
+    public var progress: ProgressReporter
+
+    public init(references: [ReferenceSystem], trials: Int = 3, progress: ProgressReporter) {
+        self.references = references
+        self.trials = trials
+        self.progress = progress
+    }
+
+    /// The systems' rows, and the systems that could not be measured, with why.
+    public func run() async throws -> (results: [InvalidationResult], skipped: [SkippedReference]) {
+        let group = try TemporaryGroup()
+        defer { group.remove() }
+        var results: [InvalidationResult] = []
+        var skipped: [SkippedReference] = []
+        for (index, reference) in references.enumerated() {
+            progress.begin(step: index + 1, of: references.count, label: "peer death: \(reference.resultName)")
+            var times: [UInt64] = []
+            var outcome: ReferenceSession.PeerDeath?
+            do {
+                for trial in 0..<trials {
+                    let session = try ReferenceSession(reference, placement: .unpinned, group: URL(fileURLWithPath: group.directory.path), instance: "-kill\(trial)")
+                    defer { session.stop() }
+                    let death = try await session.killDuringRoundTrips()
+                    times.append(death.nanoseconds)
+                    outcome = death
+                    // One wait for a deadline is enough to know that nothing noticed.
+                    if !death.detected { break }
+                }
+            } catch {
+                progress.end(label: reference.resultName, summary: "not measured: \(error)")
+                skipped.append(SkippedReference(system: reference.system, reason: "\(error)", mode: "peer death"))
+                continue
+            }
+            guard let outcome else { continue }
+            let result = InvalidationResult(
+                transport: reference.resultName, trials: times, reference: true, detected: outcome.detected,
+                outcome: outcome.detected ? outcome.said : "the client noticed nothing and gave up at its own \(ReferenceSession.clientDeadline) deadline: \(outcome.said)"
+            )
+            progress.end(label: reference.resultName, summary: outcome.detected ? "median \(formatMicroseconds(result.median)): \(outcome.said)" : String(format: "not detected (the client gave up after %.1f s)", Double(result.maximum) / 1e9))
+            results.append(result)
+        }
+        return (results, skipped)
     }
 }

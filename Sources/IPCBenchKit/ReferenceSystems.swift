@@ -1,6 +1,8 @@
 import Foundation
 import IPCConformance
 import IPCCore
+import IPCEngine
+import IPCSystem
 import Synchronization
 
 /// What a user would pick instead of this package's transports — D-Bus, ZeroMQ, gRPC, a plain
@@ -119,9 +121,9 @@ final class ReferenceSession: Sendable {
     /// Starts `serve` in a directory of its own under `group` and waits for its `ready`.
     /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within 30 s,
     ///   with what it wrote on standard error.
-    init(_ reference: ReferenceSystem, placement: Placement, group: URL) throws {
+    init(_ reference: ReferenceSystem, placement: Placement, group: URL, instance: String = "") throws {
         self.reference = reference
-        address = group.appendingPathComponent("ref-\(reference.system)-\(placement.rawValue)")
+        address = group.appendingPathComponent("ref-\(reference.system)-\(placement.rawValue)\(instance)")
         try FileManager.default.createDirectory(at: address, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
         clientCPU = placement.cpus?.local
         var arguments = ["serve", "--system", reference.system, "--address", address.path]
@@ -218,6 +220,88 @@ final class ReferenceSession: Sendable {
             throw IPCError(code: .malformedPayload, message: "\(what): the measurement does not have \(count) positive samples")
         }
         return measurement
+    }
+
+    /// What a reference client did when its server was killed under it.
+    struct PeerDeath {
+        /// From `kill(2)` returning to the client's exit (the end of its standard error).
+        var nanoseconds: UInt64
+        /// Whether the client noticed (exit status 3 before its own no-progress deadline).
+        var detected: Bool
+        /// The client's error line.
+        var said: String
+    }
+
+    /// The client's own deadline: a wait that makes no progress for this long fails.
+    static let clientDeadline: Duration = .seconds(10)
+
+    /// Starts a long latency `measure` (64 B round trips), SIGKILLs this server once the client
+    /// is in its loop — `settle` after its start, and once the server has made 20 context
+    /// switches more than before the client started, the sign that it serves round trips — and
+    /// times until the client exits. The server is dead afterwards; ``stop()`` still reaps it and
+    /// removes its directory. Not for a spinning server, whose switches say nothing.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the client ends before the kill, if the
+    ///   server shows no sign of serving it within 10 s, or if the client does not end within 5 s
+    ///   after its own deadline.
+    func killDuringRoundTrips(settle: Duration = .milliseconds(500)) async throws -> PeerDeath {
+        var arguments = [
+            "measure", "--system", reference.system, "--address", address.path, "--server-pid", String(pid),
+            "--mode", "latency", "--payload", "64", "--warmup", "0", "--count", "2000000",
+        ]
+        if let clientCPU { arguments += ["--cpu", String(clientCPU)] }
+        let client = Process()
+        client.executableURL = reference.executable
+        client.arguments = arguments
+        let errors = Pipe()
+        client.standardOutput = FileHandle.nullDevice
+        client.standardError = errors
+        client.standardInput = FileHandle.nullDevice
+        let serverPID = pid
+        let switchesBefore = processContextSwitches(pid: serverPID) ?? 0
+        try client.run()
+        let system = reference.system
+        return try await runBlocking {
+            // Standard error ends when the client exits: that moment is the one timed.
+            let ended = DispatchSemaphore(value: 0)
+            let said = Mutex<(Data, UInt64)>((Data(), 0))
+            Thread.detachNewThread {
+                let data = errors.fileHandleForReading.readDataToEndOfFile()
+                let at = monotonicNanoseconds()
+                said.withLock { $0 = (data, at) }
+                ended.signal()
+            }
+            func endedEarly() -> IPCError {
+                client.waitUntilExit()
+                let text = String(decoding: said.withLock { $0.0 }, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+                return IPCError(code: .transportFailure, message: "ref:\(system): the client ended (status \(client.terminationStatus)) before its server was killed: \(text)")
+            }
+            if ended.wait(timeout: .now() + .nanoseconds(Int(settle.wholeNanoseconds))) == .success { throw endedEarly() }
+            let serving = monotonicNanoseconds() &+ 10_000_000_000
+            while (processContextSwitches(pid: serverPID) ?? 0) < switchesBefore + 20 {
+                guard monotonicNanoseconds() < serving else {
+                    kill(client.processIdentifier, SIGKILL)
+                    client.waitUntilExit()
+                    throw IPCError(code: .transportFailure, message: "ref:\(system): its server showed no sign of serving the client (20 context switches) within 10 s")
+                }
+                if ended.wait(timeout: .now() + .milliseconds(10)) == .success { throw endedEarly() }
+            }
+            let killedAt = monotonicNanoseconds()
+            kill(serverPID, SIGKILL)
+            let limit = Self.clientDeadline + .seconds(5)
+            guard ended.wait(timeout: .now() + .nanoseconds(Int(limit.wholeNanoseconds))) == .success else {
+                kill(client.processIdentifier, SIGKILL)
+                client.waitUntilExit()
+                throw IPCError(code: .transportFailure, message: "ref:\(system): the client neither noticed its server's death nor gave up within \(limit)")
+            }
+            client.waitUntilExit()
+            let (data, endedAt) = said.withLock { $0 }
+            let elapsed = endedAt &- killedAt
+            let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            // A client that noticed exits 3 with what it saw; one that waited out its own
+            // deadline exits 3 too, but only after that deadline.
+            let detected = client.terminationStatus == 3 && elapsed < UInt64((Self.clientDeadline - .milliseconds(500)).wholeNanoseconds)
+            return PeerDeath(nanoseconds: elapsed, detected: detected, said: text.split(separator: "\n").last.map(String.init) ?? "status \(client.terminationStatus)")
+        }
     }
 
     /// Closes the server's standard input (its signal to stop) and waits up to 5 s before SIGKILL.

@@ -83,7 +83,10 @@ public enum ReportRenderer {
     static let invalidationColumns = ["transport", "trials", "median", "max"]
 
     static func invalidationRows(_ results: [InvalidationResult]) -> [[String]] {
-        results.map { [$0.transport, String($0.trials.count), formatMicroseconds($0.median), formatMicroseconds($0.maximum)] }
+        results.map { row in
+            guard row.noticed else { return [row.transport, String(row.trials.count), "not detected", String(format: "gave up after %.1f s", Double(row.maximum) / 1e9)] }
+            return [row.transport, String(row.trials.count), formatMicroseconds(row.median), formatMicroseconds(row.maximum)]
+        }
     }
 
     /// Time from SIGKILL of the peer to invalidation, as a fixed-width table.
@@ -187,7 +190,7 @@ public enum ReportRenderer {
             text += "\n" + scaleVerdicts(scale).map { "- " + $0 + "\n" }.joined()
         }
         if !results.invalidation.isEmpty {
-            text += "\n## Invalidation after SIGKILL\n\nTime from `kill(pid, SIGKILL)` returning to the survivor's invalidation handler starting.\n\n"
+            text += "\n## Invalidation after SIGKILL\n\nTime from `kill(pid, SIGKILL)` returning to the survivor's invalidation handler starting (an idle client connection of this process; the serving peer killed, unpinned). For a reference system (`ref:`), the time from SIGKILL of its `serve` process, while a `measure` client is in a round-trip loop, to that client's exit with the error it noticed (its own process exit included); `not detected` when the client noticed nothing and gave up at its own 10 s no-progress deadline.\n\n"
             text += "| " + invalidationColumns.joined(separator: " | ") + " |\n|---|---:|---:|---:|\n"
             for row in invalidationRows(results.invalidation) {
                 text += "| " + row.joined(separator: " | ") + " |\n"

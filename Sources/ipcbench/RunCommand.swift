@@ -17,10 +17,12 @@ struct RunCommand: AsyncParsableCommand {
         timed until the receiving process has consumed everything), beside the native floor of \
         each kernel mechanism, measured the same way in the same run. With split-cores, the \
         transports that support it are measured again with a spin-then-block wait strategy; \
-        spinning is never used with both processes on one core. Then the scale of a Unix socket \
-        server: one client's latency alone and while --scale-clients other clients send \
-        --scale-rate requests/s each (from a separate load process), interleaved. Then invalidation latency after \
-        SIGKILL and in-process framing and secure-decoding speed.
+        spinning is never used with both processes on one core. Then invalidation latency after \
+        SIGKILL and in-process framing and secure-decoding speed. About 2 minutes on a 2-vCPU VM. \
+        --full adds rows from Swift's global executor and with the on-loop handler, 0-byte \
+        payloads, and the scale of a Unix socket server: one client's latency alone and while \
+        --scale-clients other clients send --scale-rate requests/s each (from a separate load \
+        process), interleaved (about 4 minutes). --references adds the reference systems.
         """
     )
 
@@ -33,8 +35,14 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .customLong("placement"), help: "Core placement: same-core, split-cores or unpinned; repeat for several. Default: same-core and split-cores.")
     var placements: [Placement] = []
 
-    @Option(help: "Payload sizes in bytes, comma-separated.")
-    var sizes: String = "0,64,4096,65536,1048576"
+    @Option(help: "Payload sizes in bytes, comma-separated. Default: 64,4096,65536,1048576; with --full also 0.")
+    var sizes: String?
+
+    @Flag(help: ArgumentHelp(
+        "Everything: the default run, and also the global-executor rows, the on-loop-handler rows, the scale measurement and 0-byte payloads.",
+        discussion: "The default run answers which transport to use and how close each is to its floor (every transport, framing and placement, the floors, spinning, throughput, peer death, in-process framing and decoding): about 2 minutes on a 2-vCPU VM. --full takes about 4 minutes there; --references adds about 2 minutes more, and a first build of the reference programs about 6 (Benchmarks/References/README.md). The --skip-… options apply to --full as well."
+    ))
+    var full = false
 
     @Option(help: "Multiply the default sample counts (20,000 round trips up to 4 KiB, 5,000 to 64 KiB, 1,000 above).")
     var sampleScale: Double = 1
@@ -48,21 +56,21 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(help: "Skip the native floor (a raw C ping-pong over each transport's kernel mechanism).")
     var skipFloor = false
 
-    @Flag(help: "Skip measuring the time from SIGKILL of a peer to invalidation.")
+    @Flag(help: "Skip measuring the time from SIGKILL of a peer to invalidation (and, with --references, the time each reference system's client takes to notice its server's death; a system that does not notice costs its client's 10 s deadline).")
     var skipInvalidation = false
 
     @Flag(help: "Skip one-way throughput.")
     var skipThroughput = false
 
     @Flag(help: ArgumentHelp(
-        "Skip the global-executor rows.",
-        discussion: "Round trips run on the connection's preferred executor (the event loop that reads its replies, for transports built on the connection engine). By default the run also measures the same connections from a task on Swift's global executor, what a task gets without a preference."
+        "With --full: skip the global-executor rows.",
+        discussion: "Round trips run on the connection's preferred executor (the event loop that reads its replies, for transports built on the connection engine). --full also measures the same connections from a task on Swift's global executor, what a task gets without a preference."
     ))
     var skipGlobalExecutor = false
 
     @Flag(help: ArgumentHelp(
-        "Skip the on-loop handler rows.",
-        discussion: "The main rows' peer answers with the async request handler, as tasks off its event loop (what users are told to serve with). By default the run also measures, against a peer of its own, the on-loop fast path (a synchronous handler on the loop): blocking, binary framing."
+        "With --full: skip the on-loop handler rows.",
+        discussion: "The main rows' peer answers with the async request handler, as tasks off its event loop (what users are told to serve with). --full also measures, against a peer of its own, the on-loop fast path (a synchronous handler on the loop): blocking, binary framing."
     ))
     var skipOnLoopHandler = false
 
@@ -75,7 +83,7 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Spin time of the spin-then-block wait strategy, in microseconds; 0 measures blocking waits only.")
     var spinMicroseconds: Int64 = 50
 
-    @Flag(help: "Skip the scale measurement (one client's latency to a Unix socket server, alone and with other clients sending).")
+    @Flag(help: "With --full: skip the scale measurement (one client's latency to a Unix socket server, alone and with other clients sending).")
     var skipScale = false
 
     @Option(help: "Scale measurement: the other clients connected and sending during the loaded phase.")
@@ -133,6 +141,7 @@ struct RunCommand: AsyncParsableCommand {
     }
 
     func parsedSizes() throws -> [Int] {
+        let sizes = sizes ?? (full ? "0,64,4096,65536,1048576" : "64,4096,65536,1048576")
         let values = sizes.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
         let parsed = values.compactMap { Int($0) }
         guard !parsed.isEmpty, parsed.count == values.count, parsed.allSatisfy({ $0 >= 0 && $0 <= 64 << 20 }) else {
@@ -152,8 +161,8 @@ struct RunCommand: AsyncParsableCommand {
             includeFloors: !skipFloor,
             waitStrategies: spinMicroseconds > 0 ? [.blocking, WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)] : [.blocking],
             includeThroughput: !skipThroughput,
-            includeGlobalExecutor: !skipGlobalExecutor,
-            includeOnLoopHandler: !skipOnLoopHandler,
+            includeGlobalExecutor: full && !skipGlobalExecutor,
+            includeOnLoopHandler: full && !skipOnLoopHandler,
             mainServing: handler,
             references: inProcessOnly ? [] : discovered.systems
         )
@@ -161,14 +170,22 @@ struct RunCommand: AsyncParsableCommand {
         let command = (["ipcbench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")
         let crossProcess = inProcessOnly ? CrossProcessResults() : try await LatencyRunner(plan: plan, progress: progress).run()
         let scalePlan = ScalePlan(clients: scaleClients, requestsPerSecondPerClient: scaleRate, placement: scalePlacement)
-        let measuresScale = !skipScale && !inProcessOnly && plan.transports.contains("unix-socket")
+        let measuresScale = full && !skipScale && !inProcessOnly && plan.transports.contains("unix-socket")
         let scale = measuresScale ? [try await ScaleRunner(plan: quick ? scalePlan.quick : scalePlan, progress: progress).run()] : []
-        let invalidation = skipInvalidation || inProcessOnly ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
+        var invalidation = skipInvalidation || inProcessOnly ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
+        // The reference systems that were measured, killed under a client in turn.
+        let measuredReferences = discovered.systems.filter { reference in crossProcess.latency.contains { $0.transport == reference.resultName } }
+        var peerDeathSkipped: [SkippedReference] = []
+        if !skipInvalidation, !measuredReferences.isEmpty {
+            let peerDeath = try await ReferencePeerDeathRunner(references: measuredReferences, trials: quick ? 1 : 3, progress: progress).run()
+            invalidation += peerDeath.results
+            peerDeathSkipped = peerDeath.skipped
+        }
         let inProcess = skipInProcess ? [] : try InProcessRunner(
             repetitionBudget: quick ? .milliseconds(2) : .milliseconds(20), progress: progress,
             allocationCount: { ipc_thread_allocation_count() }
         ).run()
-        let skipped = discovered.skipped + crossProcess.skippedReferences
+        let skipped = discovered.skipped + crossProcess.skippedReferences + peerDeathSkipped
         // This process's loop served the harness's own connections throughout.
         let ownStalls = (try? EventLoop.shared().stalls).map { LoopStallRecord(process: "harness", stalls: $0) }
         let loopStalls = (ownStalls.map { $0.count > 0 ? [$0] : [] } ?? []) + crossProcess.peerLoopStalls

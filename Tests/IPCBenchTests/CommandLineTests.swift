@@ -34,7 +34,7 @@ struct CommandLineTests {
         let output = group.directory.path + "/out"
         let (status, table) = try await PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core",
-            "--sizes", "0,64", "--sample-scale", "0.01", "--skip-in-process", "--skip-scale", "--no-progress", "--output", output,
+            "--full", "--sizes", "0,64", "--sample-scale", "0.01", "--skip-in-process", "--skip-scale", "--no-progress", "--output", output,
         ])
         #expect(status == 0)
         #expect(table.contains("unix-socket"))
@@ -86,6 +86,24 @@ struct CommandLineTests {
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
     }
 
+    @Test("the default run is the lean one: no global-executor or on-loop-handler rows, no scale, payloads from 64 B; --help says what --full adds")
+    func defaultRunIsLean() async throws {
+        let group = try TestGroup()
+        let output = group.directory.path + "/out"
+        let (status, _) = try await PeerProcess.runToCompletion([
+            "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core", "--sample-scale", "0.01",
+            "--skip-floor", "--skip-invalidation", "--skip-in-process", "--no-progress", "--output", output,
+        ])
+        #expect(status == 0)
+        let results = try ResultStore.read(output + "/results.json")
+        #expect(results.latency.map(\.payloadBytes) == [64, 4096, 65536, 1 << 20])
+        #expect(results.latency.allSatisfy { !$0.onGlobalExecutor && !$0.onLoopHandler })
+        #expect(results.throughput?.allSatisfy { !$0.onGlobalExecutor && !$0.onLoopHandler } == true)
+        #expect(results.scale?.isEmpty ?? true)
+        let (_, help) = try await PeerProcess.runToCompletion(["run", "--help"])
+        #expect(help.contains("--full") && help.contains("About 2 minutes"))
+    }
+
     @Test("a small scale run: one client alone and with 4 others sending, alternating, reported everywhere")
     func scaleRun() async throws {
         let group = try TestGroup()
@@ -93,7 +111,7 @@ struct CommandLineTests {
         let (status, table) = try await PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core", "--sizes", "64",
             "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--skip-throughput",
-            "--quick", "--scale-clients", "4", "--scale-rate", "200", "--no-progress", "--output", output,
+            "--quick", "--full", "--scale-clients", "4", "--scale-rate", "200", "--no-progress", "--output", output,
         ])
         #expect(status == 0)
         #expect(table.contains("p99 with 4 other clients sending"))
@@ -133,7 +151,7 @@ struct CommandLineTests {
         let output = group.directory.path + "/out"
         let (status, _) = try await PeerProcess.runToCompletion([
             "run", "--transport", "notify", "--transport", "file-presenter", "--placement", "same-core", "--placement", "split-cores",
-            "--sizes", "64", "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--no-progress", "--output", output,
+            "--full", "--sizes", "64", "--sample-scale", "0.01", "--skip-floor", "--skip-invalidation", "--skip-in-process", "--no-progress", "--output", output,
         ])
         #expect(status == 0)
         let results = try ResultStore.read(output + "/results.json")

@@ -93,22 +93,136 @@ struct ReferenceSystemTests {
         #expect(table.contains("skipped ref:grpc"))
     }
 
-    @Test("the choice section names who wins each figure and by what factor")
+    /// A stand-in whose server echoes bytes on a Unix socket, and whose long `measure` (the
+    /// harness's peer-death run asks for 2,000,000 round trips) makes one-byte round trips on it:
+    /// `notices` exits 3 at once when the server's end comes; `ignores` then waits out a 10 s
+    /// deadline, as a client of a system that reconnects silently would; `ends` finishes before
+    /// any kill.
+    static func dyingStandIn(behaviour: String) -> String {
+        """
+        #!/usr/bin/env python3
+        import json, os, socket, sys, threading, time
+        command, arguments = sys.argv[1], sys.argv[2:]
+        options = dict(zip(arguments[0::2], arguments[1::2]))
+        path = os.path.join(options["--address"], "s.sock")
+        def echo(connection):
+            while True:
+                data = connection.recv(1)
+                if not data:
+                    return
+                connection.sendall(data)
+        def serve(server):
+            while True:
+                connection, _ = server.accept()
+                threading.Thread(target=echo, args=(connection,), daemon=True).start()
+        if command == "serve":
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(path)
+            server.listen(8)
+            print("ready", flush=True)
+            threading.Thread(target=serve, args=(server,), daemon=True).start()
+            sys.stdin.read()
+            os.unlink(path)
+            sys.exit(0)
+        count = int(options["--count"])
+        if count >= 1000000:
+            behaviour = "\(behaviour)"
+            if behaviour == "ends":
+                sys.exit(0)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(path)
+            try:
+                while True:
+                    client.sendall(b"x")
+                    if not client.recv(1):
+                        break
+            except OSError:
+                pass
+            if behaviour == "ignores":
+                time.sleep(10)
+                print(options["--system"] + ": waiting for the echo: no progress for 10 s", file=sys.stderr)
+                sys.exit(3)
+            print(options["--system"] + ": the server closed the connection", file=sys.stderr)
+            sys.exit(3)
+        out = {"mode": options["--mode"], "system": options["--system"], "payload": int(options["--payload"]),
+               "clientCPUNs": count, "serverCPUNs": count, "clientVoluntarySwitches": count, "clientInvoluntarySwitches": 0,
+               "serverVoluntarySwitches": count, "serverInvoluntarySwitches": 0}
+        if options["--mode"] == "latency":
+            out["samplesNs"] = [12345] * count
+        else:
+            out["messages"] = count
+            out["elapsedNs"] = 1000 * count
+        print(json.dumps(out))
+        """
+    }
+
+    @Test("peer death: each reference's server is killed under a client; who notices is timed, who does not is said, one that ends first is skipped with why")
+    func referencePeerDeath() async throws {
+        let group = try TestGroup()
+        let bin = group.directory.path + "/bin"
+        try FileManager.default.createDirectory(atPath: bin, withIntermediateDirectories: true)
+        for (program, behaviour) in [("ref-nio", "notices"), ("ref-grpc", "ignores"), ("ref-dbus", "ends")] {
+            let path = bin + "/" + program
+            try Data(Self.dyingStandIn(behaviour: behaviour).utf8).write(to: URL(fileURLWithPath: path))
+            try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: path)
+        }
+        let output = group.directory.path + "/out"
+        let (status, table) = try await PeerProcess.runToCompletion([
+            "run", "--transport", "unix-socket", "--framing", "binary", "--placement", "same-core", "--sizes", "64",
+            "--sample-scale", "0.01", "--skip-floor", "--skip-in-process", "--skip-scale", "--skip-throughput", "--skip-global-executor",
+            "--skip-on-loop-handler", "--spin-microseconds", "0", "--references", bin, "--reference", "nio", "--reference", "grpc",
+            "--reference", "dbus-p2p", "--no-progress", "--output", output,
+        ])
+        #expect(status == 0, "\(table)")
+        let results = try ResultStore.read(output + "/results.json")
+        let nio = try #require(results.invalidation.first { $0.transport == "ref:nio" })
+        #expect(nio.reference == true && nio.noticed && nio.trials.count == 3)
+        // Noticed well before the client's own deadline, and said what it saw.
+        #expect(nio.maximum < 5_000_000_000)
+        #expect(nio.outcome?.contains("the server closed the connection") == true)
+        // The one that waits out its deadline is tried once and reported as not detecting.
+        let grpc = try #require(results.invalidation.first { $0.transport == "ref:grpc" })
+        #expect(grpc.detected == false && grpc.trials.count == 1 && grpc.maximum >= 9_500_000_000)
+        #expect(grpc.outcome?.contains("noticed nothing") == true)
+        // A client that ended before the kill is no measurement: skipped, with why.
+        #expect(!results.invalidation.contains { $0.transport == "ref:dbus-p2p" })
+        #expect(results.skippedReferences?.contains { $0.system == "dbus-p2p" && $0.mode == "peer death" && $0.reason.contains("before its server was killed") } == true)
+        // The transport's own row is there, and the report answers the use case with both.
+        #expect(results.invalidation.contains { $0.transport == "unix-socket" && $0.reference == nil })
+        let report = try String(contentsOfFile: output + "/report.md", encoding: .utf8)
+        #expect(report.contains("### When a peer dies") && report.contains("ref:grpc: **not detected**"))
+        #expect(table.contains("not detected"))
+    }
+
+    @Test("the choice section answers each use case with its winner and its lead, per placement")
     func verdicts() throws {
         let results = ReportFixtures.results(scale: 1, references: true)
-        let sections = ChoiceReport.sections(results)
-        #expect(sections.map(\.placement) == [.sameCore, .splitCores])
-        let sameCore = try #require(sections.first)
-        #expect(sameCore.candidates.map(\.label) == ["unix-socket (binary)", "notify", "ref:nio"])
-        let verdicts = sameCore.verdicts()
+        let cases = ChoiceReport.useCases(results)
+        // The fixtures have no spinning row, so no spinning case.
+        #expect(cases.map(\.title) == ["Lowest latency, blocking waits", "Throughput, small messages", "Throughput, large messages", "CPU per message", "When a peer dies"])
         // ref:nio's round trips are 0.75 × ours (fixtures): it wins p50 at 64 B by 1.33×.
-        #expect(verdicts.contains("p50 64 B: ref:nio beats every transport here (30 µs against 40 µs for unix-socket (binary)), 1.33×"))
+        #expect(cases[0].verdicts() == [
+            "same-core: **ref:nio**, 30 µs, 1.33× ahead of the next, unix-socket (binary) (40 µs)",
+            "split-cores: **ref:nio**, 90 µs, 1.33× ahead of the next, unix-socket (binary) (120 µs)",
+        ])
         // Its 64 B stream is half ours: ours wins by 2×.
-        #expect(verdicts.contains { $0.hasPrefix("64 B messages/s: unix-socket (binary) beats the best reference system") && $0.hasSuffix("2.00×") })
+        #expect(cases[1].verdicts().first == "same-core: **unix-socket (binary)**, 100 k messages/s, 2.00× ahead of the next, ref:nio (50 k messages/s)")
+        #expect(cases[4].verdicts() == ["unpinned: **unix-socket**, 100 µs, 3.10× ahead of the next, notify (310 µs)"])
         let markdown = ChoiceReport.markdown(results)
-        #expect(markdown.contains("### same-core") && markdown.contains("### split-cores"))
+        #expect(markdown.contains("### Lowest latency, blocking waits") && markdown.contains("### When a peer dies"))
+        #expect(markdown.contains("| transport or reference | same-core (µs) | split-cores (µs) |"))
         #expect(markdown.contains("- skipped ref:grpc: its program is missing"))
-        // Without any reference row or skipped reference, there is no section at all.
-        #expect(ChoiceReport.markdown(ReportFixtures.results(scale: 1)).isEmpty)
+        // Without any reference, the section still answers among the transports, and says how
+        // to add the references.
+        let alone = ChoiceReport.markdown(ReportFixtures.results(scale: 1))
+        #expect(alone.contains("## Which should I use") && alone.contains("measured no reference system"))
+        #expect(!alone.contains("ref:"))
+    }
+
+    @Test("skipped payloads of one reason are one line")
+    func skippedLines() {
+        let skipped = [64, 4096].map { SkippedReference(system: "zmq-reqrep", reason: "lockstep", mode: "throughput", payloadBytes: $0) }
+            + [SkippedReference(system: "grpc", reason: "missing")]
+        #expect(ReportRenderer.skippedReferenceLines(skipped) == ["skipped ref:zmq-reqrep (throughput of 64 B, 4 KiB): lockstep", "skipped ref:grpc: missing"])
     }
 }
