@@ -94,7 +94,7 @@ struct RunCommand: AsyncParsableCommand {
     var inProcessOnly = false
 
     @Option(help: ArgumentHelp(
-        "Also measure the reference systems (ZeroMQ, D-Bus, SwiftNIO, gRPC) whose programs are in this directory.",
+        "Also measure the reference systems (ZeroMQ, D-Bus, SwiftNIO, gRPC, iceoryx) whose programs are in this directory.",
         discussion: "Benchmarks/References/build.sh builds them into Benchmarks/References/.build/bin (Scripts/bench.sh --references does both). A system whose program is missing, or whose server does not start, is listed as skipped in the report with the reason.",
         valueName: "directory"
     ))
