@@ -6,7 +6,7 @@
 #   Scripts/bench.sh [--references] [ipcbench arguments...]
 #
 # --references also builds and measures the reference systems of Benchmarks/References (ZeroMQ,
-# D-Bus, SwiftNIO, gRPC; their Debian packages are installed first) in the same interleaved run,
+# D-Bus, SwiftNIO, gRPC, iceoryx; their Debian packages are installed first) in the same interleaved run,
 # and the report opens with "Which should I use". A reference that cannot be built or started
 # is listed in the report with the reason. Other arguments go to ipcbench (try --help).
 set -euo pipefail

@@ -2,6 +2,7 @@
 # Builds the reference systems into Benchmarks/References/.build/bin/:
 #   ref-zmq   (C, libzmq)    zmq-reqrep, zmq-pushpull
 #   ref-dbus  (C, sd-bus)    dbus-daemon, dbus-p2p
+#   ref-iceoryx (C, iceoryx 2.0 C binding)  iceoryx, iceoryx-spin
 #   ref-nio   (Swift, NIO)   nio
 #   ref-grpc  (Swift, gRPC)  grpc
 # A reference whose dependency is missing is skipped with one line saying which Debian package
@@ -45,6 +46,23 @@ build_c() { # program library debian-package
 
 build_c ref-zmq libzmq libzmq3-dev
 build_c ref-dbus libsystemd libsystemd-dev
+
+# iceoryx's C binding has no pkg-config file: its headers are in /usr/include/iceoryx/v<version>/
+# (C/Makefile finds them) and ref_iceoryx_chunk.cpp needs a C++ compiler.
+rm -f "$bin/ref-iceoryx"
+if ! compgen -G "/usr/include/iceoryx/v*/iceoryx_binding_c/api.h" >/dev/null \
+    || ! compgen -G "/usr/lib/*/libiceoryx_binding_c.so" >/dev/null; then
+    echo "skipped ref-iceoryx: iceoryx's C binding not found (Debian libiceoryx-binding-c-dev)"
+elif ! command -v make >/dev/null 2>&1 || ! command -v "${CC:-cc}" >/dev/null 2>&1 || ! command -v "${CXX:-c++}" >/dev/null 2>&1; then
+    echo "skipped ref-iceoryx: no C and C++ compiler or make (Debian gcc, g++, make)"
+elif make -s -C "$here/C" OUT="$bin" ref-iceoryx; then
+    echo "built ref-iceoryx"
+    command -v iox-roudi >/dev/null 2>&1 \
+        || echo "note: iox-roudi not found (Debian iceoryx): ref-iceoryx serve cannot start its RouDi"
+else
+    echo "FAILED to build ref-iceoryx" >&2
+    failed=1
+fi
 if [ -x "$bin/ref-dbus" ] && ! command -v dbus-daemon >/dev/null 2>&1; then
     echo "note: dbus-daemon not found (Debian dbus-daemon): ref-dbus's system dbus-daemon cannot serve; dbus-p2p can"
 fi

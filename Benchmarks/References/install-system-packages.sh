@@ -4,7 +4,10 @@
 #   libzmq3-dev     libzmq, for ref-zmq (zmq-reqrep, zmq-pushpull)
 #   libsystemd-dev  sd-bus, for ref-dbus (dbus-daemon, dbus-p2p)
 #   dbus-daemon     the daemon that ref-dbus serve starts for its private bus (system dbus-daemon)
-#   pkg-config, gcc, make  what finds those libraries and builds the C references (C/Makefile)
+#   iceoryx         iox-roudi, the RouDi daemon that ref-iceoryx serve starts (Eclipse iceoryx 2.0)
+#   libiceoryx-binding-c-dev  iceoryx's C binding, for ref-iceoryx (iceoryx, iceoryx-spin)
+#   pkg-config, gcc, g++, make  what finds those libraries and builds the C references (C/Makefile;
+#                   g++ for ref-iceoryx's one C++ file)
 # The Swift references (ref-nio, ref-grpc) need only the Swift toolchain and their packages.
 set -euo pipefail
-exec "$(dirname "$0")/../../Scripts/install-system-packages.sh" libzmq3-dev libsystemd-dev dbus-daemon pkg-config gcc make
+exec "$(dirname "$0")/../../Scripts/install-system-packages.sh" libzmq3-dev libsystemd-dev dbus-daemon iceoryx libiceoryx-binding-c-dev pkg-config gcc g++ make

@@ -88,7 +88,9 @@ public struct InvalidationRunner: Sendable {
     }
 }
 
-/// "When a peer dies" for the reference systems: each system's server is SIGKILLed while a
+/// "When a peer dies" for the reference systems (blocking ones: a spinning variant of a system
+/// dies the same way, and its server's context switches cannot show that it serves): each
+/// system's server is SIGKILLed while a
 /// client is in a loop of round trips, and the time until that client exits with the error it
 /// noticed is taken (``ReferenceSession/killDuringRoundTrips(settle:)``). A client that notices
 /// nothing gives up at its own 10 s deadline: such a system is tried once and reported as not
@@ -128,6 +130,12 @@ public struct ReferencePeerDeathRunner: Sendable {
                 progress.end(label: reference.resultName, summary: "not measured: \(error)")
                 skipped.append(SkippedReference(system: reference.system, reason: "\(error)", mode: "peer death"))
                 continue
+            }
+            // A system whose server cleans up after a killed predecessor (iceoryx's RouDi
+            // removes what a killed one left in /dev/shm and /tmp) is started once more and
+            // stopped in order, so that the run leaves nothing behind.
+            if let tidy = try? ReferenceSession(reference, placement: .unpinned, group: URL(fileURLWithPath: group.directory.path), instance: "-tidy") {
+                tidy.stop()
             }
             guard let outcome else { continue }
             let result = InvalidationResult(

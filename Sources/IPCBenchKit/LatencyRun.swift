@@ -36,8 +36,9 @@ public struct LatencyPlan: Sendable {
     /// How the main rows' peer serves: ``ConformancePeer/Configuration/Serving/task`` (the
     /// default) or ``ConformancePeer/Configuration/Serving/taskOnLoop``.
     public var mainServing: ConformancePeer.Serving
-    /// Reference systems (D-Bus, ZeroMQ, gRPC, SwiftNIO) to measure beside the transports, in
-    /// the first blocking phase's sweeps (see ``ReferenceSystem``).
+    /// Reference systems (D-Bus, ZeroMQ, gRPC, SwiftNIO, iceoryx) to measure beside the
+    /// transports, in the first blocking phase's sweeps, and the spinning ones (iceoryx-spin) in
+    /// the first spinning phase's, split cores only (see ``ReferenceSystem``).
     public var references: [ReferenceSystem]
 
     public init(
@@ -181,8 +182,13 @@ public struct LatencyRunner: Sendable {
             self.close = close
         }
 
+        /// The wait strategy of its rows: the phase's, but `spin` for a spinning reference system.
+        var waitStrategyName: String {
+            reference?.reference.spins == true ? ReferenceSystem.spinWaitStrategy : waitStrategy.name
+        }
+
         var label: String {
-            [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategy.name : nil, executor == LatencyResult.globalExecutor ? "global executor" : nil,
+            [name, framing?.rawValue, placement.rawValue, waitStrategy.spins ? waitStrategyName : nil, executor == LatencyResult.globalExecutor ? "global executor" : nil,
              handler == LatencyResult.onLoopHandler ? "on-loop handler" : nil]
                 .compactMap { $0 }.joined(separator: " ")
         }
@@ -192,8 +198,9 @@ public struct LatencyRunner: Sendable {
     /// - Throws: ``IPCError`` if a peer cannot be started or a request fails.
     public func run() async throws -> CrossProcessResults {
         let group = try TemporaryGroup()
-        // Reference systems whose server did not start, with the reason.
-        var unstarted: [SkippedReference] = []
+        // Reference systems whose server did not start, or that this run's phases and placements
+        // leave out (a spinning one without a spinning phase or split cores), with the reason.
+        var unstarted = referencesLeftOut()
         defer { group.remove() }
         let originalAffinity = CPUAffinity.current()
         defer { try? CPUAffinity.pinCurrentProcess(to: originalAffinity) }
@@ -229,6 +236,7 @@ public struct LatencyRunner: Sendable {
             plan.payloadSizes.map { size in
                 var row = result(session, size: size)
                 if session.reference != nil { row.reference = true }
+                row.waitStrategy = session.waitStrategyName
                 return row
             }
         }
@@ -236,7 +244,7 @@ public struct LatencyRunner: Sendable {
             plan.payloadSizes.compactMap { size -> ThroughputResult? in
                 guard var row = session.throughput[size]?.result(
                     transport: session.name, framing: session.framing, placement: session.placement,
-                    waitStrategy: session.waitStrategy.name, executor: session.executor, handler: session.handler, payloadBytes: size
+                    waitStrategy: session.waitStrategyName, executor: session.executor, handler: session.handler, payloadBytes: size
                 ) else { return nil }
                 if session.reference != nil { row.reference = true }
                 return row
@@ -270,14 +278,18 @@ public struct LatencyRunner: Sendable {
                 }
             }
         }
-        // The reference systems, beside the blocking transports (they do not spin).
+        // The reference systems: the blocking ones beside the blocking transports, the spinning
+        // ones (split cores only) beside the spinning transports. One of which only one server can
+        // run on the machine (iceoryx's RouDi) is started for each of its turns (see sweep).
         if references {
-            for reference in plan.references {
-                for placement in placements {
+            for reference in plan.references where reference.spins == strategy.spins {
+                for placement in placements where !reference.spins || placement.spreadsProcesses {
                     do {
-                        let server = try ReferenceSession(reference, placement: placement, group: URL(fileURLWithPath: group.path))
+                        let server = try ReferenceSession(
+                            reference, placement: placement, group: URL(fileURLWithPath: group.path), startNow: !reference.oneServerPerMachine
+                        )
                         sessions.append(Session(
-                            name: reference.resultName, framing: nil, placement: placement, peerPID: server.pid,
+                            name: reference.resultName, framing: nil, placement: placement, waitStrategy: strategy, peerPID: server.pid ?? 0,
                             roundTrips: { _, _ in [] }, stream: { _, _ in (0, nil) }, close: { server.stop() }, reference: server
                         ))
                     } catch {
@@ -310,7 +322,8 @@ public struct LatencyRunner: Sendable {
         var strategy: WaitStrategy
         var transports: [String]
         var placements: [Placement]
-        /// Whether the reference systems run in this phase (the first blocking one).
+        /// Whether the reference systems of this phase's kind (blocking or spinning) run in it:
+        /// the first blocking phase, and the first spinning one.
         var references = false
     }
 
@@ -331,15 +344,35 @@ public struct LatencyRunner: Sendable {
             return (others.isEmpty ? [] : [Phase(strategy: strategy, transports: others, placements: placements)])
                 + placements.map { Phase(strategy: strategy, transports: queued, placements: [$0]) }
         }
-        // The reference systems are measured interleaved with the first blocking phase's transports.
-        if !plan.references.isEmpty {
+        // The reference systems are measured interleaved with the first blocking phase's
+        // transports, and the spinning ones with the first spinning phase's.
+        if plan.references.contains(where: { !$0.spins }) {
             if let first = phases.firstIndex(where: { !$0.strategy.spins }) {
                 phases[first].references = true
             } else {
                 phases.append(Phase(strategy: .blocking, transports: [], placements: placements, references: true))
             }
         }
+        if plan.references.contains(where: \.spins), let first = phases.firstIndex(where: { $0.strategy.spins }) {
+            phases[first].references = true
+        }
         return phases
+    }
+
+    /// The spinning reference systems this run cannot measure, and why: they run only in a
+    /// spinning phase, with the processes on different cores.
+    func referencesLeftOut() -> [SkippedReference] {
+        let phases = phases()
+        let spinning = phases.first { $0.strategy.spins && $0.references }
+        return plan.references.filter(\.spins).compactMap { reference in
+            if spinning == nil {
+                return SkippedReference(system: reference.system, reason: "it spins, and is measured only in the spinning phase, which this run does not have (--spin-microseconds 0)")
+            }
+            if spinning?.placements.contains(where: \.spreadsProcesses) != true {
+                return SkippedReference(system: reference.system, reason: "it spins, and is measured only with the processes on different cores (split-cores), which this run does not measure")
+            }
+            return nil
+        }
     }
 
     /// Takes the samples of `sessions` in ``LatencyResult/repetitions`` sweeps.
@@ -350,7 +383,12 @@ public struct LatencyRunner: Sendable {
             progress.begin(step: repetition, of: repetitions, label: label)
             for (index, session) in sessions.enumerated() where session.failure == nil {
                 try CPUAffinity.pinCurrentProcess(to: session.placement.cpus.map { [$0.local] } ?? originalAffinity)
+                // A reference of which one server can run on the machine at a time (iceoryx's
+                // RouDi) runs for its turn only, so that its other placement's can run in theirs.
+                let onItsTurn = session.reference.flatMap { $0.reference.oneServerPerMachine ? $0 : nil }
                 do {
+                    try onItsTurn?.start()
+                    defer { onItsTurn?.stop() }
                     for size in plan.payloadSizes {
                         let blockSamples = max(1, plan.samples(forPayload: size) / repetitions)
                         // Warm up before each block: the connection may have been idle while others ran.

@@ -6,7 +6,7 @@ import IPCSystem
 import Synchronization
 
 /// What a user would pick instead of this package's transports — D-Bus, ZeroMQ, gRPC, a plain
-/// SwiftNIO socket — measured in the same run as the transports, through the programs of
+/// SwiftNIO socket, iceoryx's shared memory — measured in the same run as the transports, through the programs of
 /// `Benchmarks/References/` (a package and C programs of their own, outside this package's
 /// dependency graph). Their command-line contract is in `Benchmarks/References/README.md`:
 ///
@@ -38,7 +38,28 @@ public struct ReferenceSystem: Sendable, Hashable {
         ("ref-dbus", ["dbus-daemon", "dbus-p2p"], "sd-bus (Debian libsystemd-dev) and dbus-daemon (Debian dbus-daemon)"),
         ("ref-nio", ["nio"], "SwiftNIO (the Swift package in Benchmarks/References/Swift)"),
         ("ref-grpc", ["grpc"], "grpc-swift-2 with its NIO transport (the Swift package in Benchmarks/References/Swift)"),
+        ("ref-iceoryx", ["iceoryx", "iceoryx-spin"], "iceoryx 2.0's C binding and RouDi (Debian libiceoryx-binding-c-dev and iceoryx)"),
     ]
+
+    /// The catalog's systems whose waits spin (busy-poll, never block): measured in the spinning
+    /// phase, and only where the two processes are on different cores
+    /// (``Placement/spreadsProcesses``); their rows' wait strategy is ``spinWaitStrategy``.
+    static let spinningSystems: Set<String> = ["iceoryx-spin"]
+
+    /// The catalog's systems of which one server at a time can run on a machine: iceoryx 2.0
+    /// allows one RouDi per machine, and each `serve` starts its own. The harness starts their
+    /// server for each of its turns in a sweep and stops it after (``ReferenceSession/start()``).
+    static let oneServerPerMachineSystems: Set<String> = ["iceoryx", "iceoryx-spin"]
+
+    /// The wait strategy of a spinning reference system's rows (transports' spinning rows are
+    /// `spin-then-block`: they block after a bounded spin, a spinning reference never does).
+    static let spinWaitStrategy = "spin"
+
+    /// Whether the system's waits spin (``spinningSystems``).
+    package var spins: Bool { Self.spinningSystems.contains(system) }
+
+    /// Whether only one server of the system can run on the machine at a time.
+    var oneServerPerMachine: Bool { Self.oneServerPerMachineSystems.contains(system) }
 
     /// The reference systems whose program is in `directory`, and a reason for each that is not.
     public static func discover(in directory: URL, only names: [String] = []) -> (systems: [ReferenceSystem], skipped: [SkippedReference]) {
@@ -112,33 +133,49 @@ struct ReferenceMeasurement: Decodable {
 /// A reference system's server, started for one placement, and its `measure` runs.
 final class ReferenceSession: Sendable {
     let reference: ReferenceSystem
-    let pid: Int32
+    private let placement: Placement
     private let address: URL
     private let clientCPU: Int?
-    private let process: Process
-    private let input: Pipe
+    /// The running `serve`: its process and the pipe whose closing stops it (`nil`: stopped).
+    private let server = Mutex<(process: Process, input: Pipe)?>(nil)
 
-    /// Starts `serve` in a directory of its own under `group` and waits for its `ready`.
+    /// The running server's pid (`nil` while it is stopped).
+    var pid: Int32? { server.withLock { $0?.process.processIdentifier } }
+
+    /// A session whose `serve` runs in a directory of its own under `group`; started at once
+    /// unless `startNow` is false (then ``start()`` starts it).
+    /// - Throws: what ``start()`` throws.
+    init(_ reference: ReferenceSystem, placement: Placement, group: URL, instance: String = "", startNow: Bool = true) throws {
+        self.reference = reference
+        self.placement = placement
+        address = group.appendingPathComponent("ref-\(reference.system)-\(placement.rawValue)\(instance)")
+        clientCPU = placement.cpus?.local
+        if startNow { try start() }
+    }
+
+    /// Starts `serve` (if it is not running) and waits for its `ready`.
     /// - Throws: ``IPCError/Code/transportFailure`` if it exits or says nothing within 30 s,
     ///   with what it wrote on standard error.
-    init(_ reference: ReferenceSystem, placement: Placement, group: URL, instance: String = "") throws {
-        self.reference = reference
-        address = group.appendingPathComponent("ref-\(reference.system)-\(placement.rawValue)\(instance)")
+    func start() throws {
+        guard pid == nil else { return }
         try FileManager.default.createDirectory(at: address, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
-        clientCPU = placement.cpus?.local
         var arguments = ["serve", "--system", reference.system, "--address", address.path]
         if let cpu = placement.cpus?.peer { arguments += ["--cpu", String(cpu)] }
-        process = Process()
+        let process = Process()
         process.executableURL = reference.executable
         process.arguments = arguments
-        input = Pipe()
+        let input = Pipe()
         let output = Pipe()
         let errors = Pipe()
         process.standardInput = input
         process.standardOutput = output
         process.standardError = errors
-        try process.run()
-        pid = process.processIdentifier
+        do {
+            try process.run()
+        } catch {
+            try? FileManager.default.removeItem(at: address)
+            throw error
+        }
         // "ready" on standard output, read on a thread of its own so that a silent server times out.
         let line = Mutex<String?>(nil)
         let done = DispatchSemaphore(value: 0)
@@ -152,12 +189,15 @@ final class ReferenceSession: Sendable {
         }
         guard done.wait(timeout: .now() + 30) == .success, line.withLock({ $0 }) == "ready" else {
             process.terminate()
+            process.waitUntilExit()
+            try? FileManager.default.removeItem(at: address)
             let detail = String(decoding: errors.fileHandleForReading.availableData, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
             throw IPCError(
                 code: .transportFailure,
                 message: "\(reference.executable.lastPathComponent) serve --system \(reference.system) did not say ready within 30 s" + (detail.isEmpty ? "" : ": \(detail)")
             )
         }
+        server.withLock { $0 = (process, input) }
     }
 
     /// Runs `measure` to completion and reads its line.
@@ -166,6 +206,9 @@ final class ReferenceSession: Sendable {
     ///   reference's byte-for-byte check gives) or the output is not a measurement;
     ///   ``IPCError/Code/transportFailure`` for any other failure.
     func measure(mode: String, payload: Int, warmup: Int, count: Int) async throws -> ReferenceMeasurement {
+        guard let pid else {
+            throw IPCError(code: .transportFailure, message: "ref:\(reference.system) \(mode) of \(payload) B: its server is not running")
+        }
         var arguments = [
             "measure", "--system", reference.system, "--address", address.path, "--server-pid", String(pid),
             "--mode", mode, "--payload", String(payload), "--warmup", String(warmup), "--count", String(count),
@@ -244,6 +287,7 @@ final class ReferenceSession: Sendable {
     ///   server shows no sign of serving it within 10 s, or if the client does not end within 5 s
     ///   after its own deadline.
     func killDuringRoundTrips(settle: Duration = .milliseconds(500)) async throws -> PeerDeath {
+        guard let pid else { throw IPCError(code: .transportFailure, message: "ref:\(reference.system): its server is not running") }
         var arguments = [
             "measure", "--system", reference.system, "--address", address.path, "--server-pid", String(pid),
             "--mode", "latency", "--payload", "64", "--warmup", "0", "--count", "2000000",
@@ -304,8 +348,10 @@ final class ReferenceSession: Sendable {
         }
     }
 
-    /// Closes the server's standard input (its signal to stop) and waits up to 5 s before SIGKILL.
+    /// Closes the server's standard input (its signal to stop) and waits up to 5 s before
+    /// SIGKILL; nothing if it is not running.
     func stop() {
+        guard let (process, input) = server.withLock({ running in defer { running = nil }; return running }) else { return }
         try? input.fileHandleForWriting.close()
         let deadline = Date().addingTimeInterval(5)
         while process.isRunning, Date() < deadline { usleep(10_000) }

@@ -154,7 +154,8 @@ public enum ReportRenderer {
         the payload. Times from an HDR histogram (3 significant digits). `same-core` pins both
         processes to CPU 0; `split-cores` pins this process to CPU 0 and the peer to CPU 1.
         `wait` is the wait strategy of both ends: `blocking` sleeps in the kernel at once;
-        `spin-then-block` polls for a bounded time first (only ever with split cores).
+        `spin-then-block` polls for a bounded time first (only ever with split cores); `spin`
+        (a reference system's, such as `ref:iceoryx-spin`) polls and never blocks (split cores only).
         `p50 ÷ floor` divides by the native floor's p50 (same mechanism, placement and payload,
         blocking). `÷ same-work floor` divides by the p50 of a C floor that does the kernel work
         the transport's round trip does: for blocking rows the mechanism waited on as an event

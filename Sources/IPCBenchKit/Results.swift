@@ -199,7 +199,8 @@ public struct LatencyResult: Codable, Sendable {
     /// The framing, for transports that carry a selectable one; `nil` for the others.
     public var framing: Framing?
     public var placement: Placement
-    /// `blocking` or `spin-then-block` (``IPCCore/WaitStrategy/name``); absent in files from
+    /// `blocking` or `spin-then-block` (``IPCCore/WaitStrategy/name``), or `spin` for a spinning
+    /// reference system's rows (``ReferenceSystem/spinWaitStrategy``); absent in files from
     /// before wait strategies were measured, which were all blocking.
     public var waitStrategy: String?
     /// The executor the harness's requests ran on, for transports that offer one

@@ -7,7 +7,8 @@ public struct ThroughputResult: Codable, Sendable {
     public var transport: String
     public var framing: Framing?
     public var placement: Placement
-    /// `blocking` or `spin-then-block`.
+    /// `blocking` or `spin-then-block`, or `spin` for a spinning reference system's rows
+    /// (``ReferenceSystem/spinWaitStrategy``).
     public var waitStrategy: String
     public var payloadBytes: Int
     /// Messages per repetition, and the repetitions' rates (messages per second), in run order.

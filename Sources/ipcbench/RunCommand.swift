@@ -102,7 +102,7 @@ struct RunCommand: AsyncParsableCommand {
     var inProcessOnly = false
 
     @Option(help: ArgumentHelp(
-        "Also measure the reference systems (ZeroMQ, D-Bus, SwiftNIO, gRPC) whose programs are in this directory.",
+        "Also measure the reference systems (ZeroMQ, D-Bus, SwiftNIO, gRPC, iceoryx) whose programs are in this directory.",
         discussion: "Benchmarks/References/build.sh builds them into Benchmarks/References/.build/bin (Scripts/bench.sh --references does both). A system whose program is missing, or whose server does not start, is listed as skipped in the report with the reason.",
         valueName: "directory"
     ))
@@ -174,7 +174,7 @@ struct RunCommand: AsyncParsableCommand {
         let scale = measuresScale ? [try await ScaleRunner(plan: quick ? scalePlan.quick : scalePlan, progress: progress).run()] : []
         var invalidation = skipInvalidation || inProcessOnly ? [] : try await InvalidationRunner(transports: plan.transports, trials: quick ? 3 : 7, progress: progress).run()
         // The reference systems that were measured, killed under a client in turn.
-        let measuredReferences = discovered.systems.filter { reference in crossProcess.latency.contains { $0.transport == reference.resultName } }
+        let measuredReferences = discovered.systems.filter { reference in !reference.spins && crossProcess.latency.contains { $0.transport == reference.resultName } }
         var peerDeathSkipped: [SkippedReference] = []
         if !skipInvalidation, !measuredReferences.isEmpty {
             let peerDeath = try await ReferencePeerDeathRunner(references: measuredReferences, trials: quick ? 1 : 3, progress: progress).run()

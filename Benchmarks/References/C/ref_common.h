@@ -5,7 +5,8 @@
  * and the one-line JSON result.
  *
  * The contract these implement is written down in ../README.md; keep the two in step.
- * Header-only: each reference is one translation unit (ref_zmq.c, ref_dbus.c) that includes it.
+ * Header-only: each reference is one translation unit (ref_zmq.c, ref_dbus.c, ref_iceoryx.c) that
+ * includes it.
  */
 #ifndef REF_COMMON_H
 #define REF_COMMON_H
@@ -50,6 +51,12 @@ static const char *ref_program = "ref";
 /* Run by ref_exit before the process ends (removes a client's own socket, stops a daemon). */
 static void (*ref_on_exit)(void);
 
+/* Set by a reference whose library cleans up in exit-time destructors (iceoryx's runtime
+ * deregisters from RouDi and removes its socket in /tmp in one): ref_exit then ends the process
+ * with exit(), which runs them, when it is called on the main thread. On any other thread (the
+ * watchdog) it still uses _exit, since the main thread may be inside the library. */
+static int ref_exit_runs_destructors;
+
 /* ----------------------------------------------------------------------------------------------
  * Failures
  */
@@ -67,6 +74,7 @@ __attribute__((format(printf, 2, 3), noreturn)) static void ref_exit(int status,
     fprintf(stderr, "%s: %s\n", ref_program, line);
     fflush(stderr);
     if (ref_on_exit) ref_on_exit();
+    if (ref_exit_runs_destructors && gettid() == getpid()) exit(status);
     _exit(status);
 }
 
@@ -367,7 +375,8 @@ static uint8_t *ref_corrupted_copy(const void *data, size_t *size)
 }
 
 /* ----------------------------------------------------------------------------------------------
- * Accounting: CPU time (ns on CPU, first field of schedstat) and context switches (status),
+ * Accounting: CPU time (the process's CPU clock, clock_getcpuclockid; the sum of the first field
+ * of every thread's schedstat where that clock cannot be read) and context switches (status),
  * summed over every thread of a process, as /proc/PID/schedstat and /proc/PID/status count the
  * thread group leader only.
  */
@@ -413,7 +422,18 @@ static int ref_read_usage(pid_t pid, struct ref_usage *usage)
         threads++;
     }
     closedir(tasks);
-    return threads > 0 ? 0 : -1;
+    if (threads == 0) return -1;
+    /* CPU time from the process's CPU clock when it can be read: the same sum over its threads,
+     * still counting threads that have ended, and, for this process, up to date for the thread
+     * reading it. A thread's stored runtime (schedstat's field, and what another process's clock
+     * sums) is brought up to date only when it leaves its CPU or at a scheduler tick; a thread
+     * that spins without leaving its CPU (iceoryx-spin's server) is therefore counted to within
+     * a tick (4 ms at HZ=250) at each end of a timed section. */
+    clockid_t clock = CLOCK_PROCESS_CPUTIME_ID;
+    struct timespec cpu;
+    if ((pid == 0 || clock_getcpuclockid(pid, &clock) == 0) && clock_gettime(clock, &cpu) == 0)
+        usage->cpu_ns = (uint64_t)cpu.tv_sec * 1000000000ULL + (uint64_t)cpu.tv_nsec;
+    return 0;
 }
 
 /* The serving side: the server process and any helper (the D-Bus daemon). */
