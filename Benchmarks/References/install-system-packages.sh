@@ -4,7 +4,8 @@
 #   libzmq3-dev     libzmq, for ref-zmq (zmq-reqrep, zmq-pushpull)
 #   libsystemd-dev  sd-bus, for ref-dbus (dbus-daemon, dbus-p2p)
 #   dbus-daemon     the daemon that ref-dbus serve starts for its private bus (system dbus-daemon)
-#   pkg-config, gcc, make  what finds those libraries and builds the C references (C/Makefile)
+#   libgrpc++-dev   gRPC C++ (1.51 on Debian 12), for ref-grpc-cpp (grpc-cpp)
+#   pkg-config, gcc, g++, make  what finds those libraries and builds the C and C++ references (C/Makefile)
 # The Swift references (ref-nio, ref-grpc) need only the Swift toolchain and their packages.
 set -euo pipefail
-exec "$(dirname "$0")/../../Scripts/install-system-packages.sh" libzmq3-dev libsystemd-dev dbus-daemon pkg-config gcc make
+exec "$(dirname "$0")/../../Scripts/install-system-packages.sh" libzmq3-dev libsystemd-dev dbus-daemon libgrpc++-dev pkg-config gcc g++ make
