@@ -3,6 +3,7 @@
 #   ref-zmq   (C, libzmq)    zmq-reqrep, zmq-pushpull
 #   ref-dbus  (C, sd-bus)    dbus-daemon, dbus-p2p
 #   ref-iceoryx (C, iceoryx 2.0 C binding)  iceoryx, iceoryx-spin
+#   ref-grpc-cpp (C++, gRPC C++)  grpc-cpp
 #   ref-nio   (Swift, NIO)   nio
 #   ref-grpc  (Swift, gRPC)  grpc
 # A reference whose dependency is missing is skipped with one line saying which Debian package
@@ -27,18 +28,25 @@ failed=0
 
 have_library() { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$1"; }
 
-build_c() { # program library debian-package
-    local program="$1" library="$2" package="$3"
-    rm -f "$bin/$program" # a skipped reference leaves no binary of an earlier build behind
-    if ! command -v make >/dev/null 2>&1 || ! command -v "${CC:-cc}" >/dev/null 2>&1; then
-        echo "skipped $program: no C compiler or make (Debian gcc, make)"
+build_c() { # program library debian-package [compiler compiler's-debian-package]
+    local program="$1" library="$2" package="$3" compiler="${4:-${CC:-cc}}" compiler_package="${5:-gcc}" skip=""
+    if ! command -v make >/dev/null 2>&1 || ! command -v "$compiler" >/dev/null 2>&1; then
+        skip="no $compiler or make (Debian $compiler_package, make)"
     elif ! command -v pkg-config >/dev/null 2>&1; then
-        echo "skipped $program: pkg-config not found (Debian pkg-config)"
+        skip="pkg-config not found (Debian pkg-config)"
     elif ! have_library "$library"; then
-        echo "skipped $program: $library not found (Debian $package)"
-    elif make -s -C "$here/C" OUT="$bin" "$program"; then
-        echo "built $program"
+        skip="$library not found (Debian $package)"
+    fi
+    if [ -n "$skip" ]; then
+        rm -f "$bin/$program" # a skipped reference leaves no binary of an earlier build behind
+        echo "skipped $program: $skip"
+        return
+    fi
+    local started=$(date +%s)
+    if make -s -C "$here/C" OUT="$bin" "$program"; then # make: rebuilt only if its sources changed
+        echo "built $program in $(( $(date +%s) - started )) s"
     else
+        rm -f "$bin/$program"
         echo "FAILED to build $program" >&2
         failed=1
     fi
@@ -46,6 +54,7 @@ build_c() { # program library debian-package
 
 build_c ref-zmq libzmq libzmq3-dev
 build_c ref-dbus libsystemd libsystemd-dev
+build_c ref-grpc-cpp grpc++ libgrpc++-dev "${CXX:-g++}" g++
 
 # iceoryx's C binding has no pkg-config file: its headers are in /usr/include/iceoryx/v<version>/
 # (C/Makefile finds them) and ref_iceoryx_chunk.cpp needs a C++ compiler.

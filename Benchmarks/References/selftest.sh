@@ -14,7 +14,7 @@ set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$here/.build/bin"
-all_systems=(ref-zmq:zmq-reqrep ref-zmq:zmq-pushpull ref-dbus:dbus-daemon ref-dbus:dbus-p2p ref-nio:nio ref-grpc:grpc
+all_systems=(ref-zmq:zmq-reqrep ref-zmq:zmq-pushpull ref-dbus:dbus-daemon ref-dbus:dbus-p2p ref-grpc-cpp:grpc-cpp ref-nio:nio ref-grpc:grpc
     ref-iceoryx:iceoryx ref-iceoryx:iceoryx-spin)
 only=()
 while [ $# -gt 0 ]; do

@@ -38,6 +38,7 @@ public struct ReferenceSystem: Sendable, Hashable {
         ("ref-dbus", ["dbus-daemon", "dbus-p2p"], "sd-bus (Debian libsystemd-dev) and dbus-daemon (Debian dbus-daemon)"),
         ("ref-nio", ["nio"], "SwiftNIO (the Swift package in Benchmarks/References/Swift)"),
         ("ref-grpc", ["grpc"], "grpc-swift-2 with its NIO transport (the Swift package in Benchmarks/References/Swift)"),
+        ("ref-grpc-cpp", ["grpc-cpp"], "gRPC C++ (Debian libgrpc++-dev) and g++"),
         ("ref-iceoryx", ["iceoryx", "iceoryx-spin"], "iceoryx 2.0's C binding and RouDi (Debian libiceoryx-binding-c-dev and iceoryx)"),
     ]
 

@@ -5,13 +5,17 @@
  * and the one-line JSON result.
  *
  * The contract these implement is written down in ../README.md; keep the two in step.
- * Header-only: each reference is one translation unit (ref_zmq.c, ref_dbus.c, ref_iceoryx.c) that
- * includes it.
+ * Header-only: each reference is one translation unit (ref_zmq.c, ref_dbus.c, ref_iceoryx.c,
+ * ref_grpc_cpp.cc) that includes it. It compiles as C (gnu11) and as C++ (ref_grpc_cpp.cc): void
+ * pointers are cast, and the watchdog's timestamp uses the compilers' __atomic builtins rather
+ * than C11's _Atomic.
  */
 #ifndef REF_COMMON_H
 #define REF_COMMON_H
 
+#ifndef _GNU_SOURCE /* g++ defines it already */
 #define _GNU_SOURCE
+#endif
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -20,7 +24,6 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -274,11 +277,11 @@ static inline uint64_t ref_now_ns(void)
  * (sd-bus's authentication, for one, waits 90 s); it wakes once a second.
  */
 
-static _Atomic uint64_t ref_last_progress_ns;
+static uint64_t ref_last_progress_ns; /* read and written with __atomic builtins only */
 
 static inline void ref_progress(void)
 {
-    atomic_store_explicit(&ref_last_progress_ns, ref_now_ns(), memory_order_relaxed);
+    __atomic_store_n(&ref_last_progress_ns, ref_now_ns(), __ATOMIC_RELAXED);
 }
 
 static void *ref_watchdog_thread(void *argument)
@@ -286,7 +289,7 @@ static void *ref_watchdog_thread(void *argument)
     (void)argument;
     for (;;) {
         sleep(1);
-        uint64_t last = atomic_load_explicit(&ref_last_progress_ns, memory_order_relaxed);
+        uint64_t last = __atomic_load_n(&ref_last_progress_ns, __ATOMIC_RELAXED);
         if (ref_now_ns() - last > REF_TIMEOUT_MS * 1000000ULL)
             ref_exit(REF_EXIT_FAILURE, "no progress for %d s", REF_TIMEOUT_MS / 1000);
     }
@@ -319,7 +322,7 @@ static void ref_pattern_init(struct ref_pattern *pattern, size_t payload)
 {
     free(pattern->base);
     pattern->payload = payload;
-    pattern->base = malloc(payload + 256);
+    pattern->base = (uint8_t *)malloc(payload + 256);
     if (!pattern->base) ref_fail("out of memory for a %zu-byte payload", payload);
     for (size_t x = 0; x < payload + 256; x++) pattern->base[x] = (uint8_t)((x * 31 + 1) & 0xff);
 }
@@ -342,7 +345,7 @@ static void ref_describe_mismatch(char *out, size_t out_size, const struct ref_p
         snprintf(out, out_size, "message %" PRIu64 " has %zu bytes, expected %zu", k, size, pattern->payload);
         return;
     }
-    const uint8_t *expected = ref_message(pattern, k), *got = data;
+    const uint8_t *expected = ref_message(pattern, k), *got = (const uint8_t *)data;
     for (size_t i = 0; i < size; i++)
         if (got[i] != expected[i]) {
             snprintf(out, out_size, "message %" PRIu64 " byte %zu is 0x%02x, expected 0x%02x", k, i, got[i],
@@ -367,7 +370,7 @@ static void ref_check_echo(const struct ref_pattern *pattern, uint64_t k, const 
  * where there were none. Sets *size to the copy's size; the caller frees the copy. */
 static uint8_t *ref_corrupted_copy(const void *data, size_t *size)
 {
-    uint8_t *copy = malloc(*size + 1);
+    uint8_t *copy = (uint8_t *)malloc(*size + 1);
     if (!copy) ref_fail("out of memory");
     if (*size) memcpy(copy, data, *size), copy[*size / 2] ^= 0xff;
     else copy[0] = 0x5a, *size = 1;
@@ -535,7 +538,7 @@ static inline uint64_t ref_sample(uint64_t start, uint64_t end)
 static uint64_t *ref_latency_round_trips(const struct ref_args *args, struct ref_accounting *accounting,
                                          uint64_t (*round_trip)(void *state, uint64_t k), void *state)
 {
-    uint64_t *samples = calloc((size_t)args->count, sizeof *samples);
+    uint64_t *samples = (uint64_t *)calloc((size_t)args->count, sizeof *samples);
     if (!samples) ref_fail("out of memory");
     long total = args->warmup + args->count;
     for (long k = 0; k < total; k++) {

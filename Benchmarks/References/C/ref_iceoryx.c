@@ -28,6 +28,8 @@
  */
 #include "ref_common.h"
 
+#include <stdatomic.h>
+
 #include <grp.h>
 #include <sys/file.h>
 #include <sys/prctl.h>

@@ -44,7 +44,10 @@ let package = Package(
         // gRPC unary echo and client-streaming over a Unix domain socket, raw bytes, no protobuf.
         reference(
             "ref-grpc",
-            using: [("GRPCCore", "grpc-swift-2"), ("GRPCNIOTransportHTTP2Posix", "grpc-swift-nio-transport")]
+            using: [
+                ("GRPCCore", "grpc-swift-2"), ("GRPCNIOTransportHTTP2Posix", "grpc-swift-nio-transport"),
+                ("NIOCore", "swift-nio"), ("NIOPosix", "swift-nio"),
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -8,9 +8,17 @@
 //                        the server has taken and checked the last one, carries (taken,
 //                        mismatched) as two big-endian UInt64s: the receiver's acknowledgement
 //                        (throughput). The payload size travels as metadata "ipcbench-payload".
+//
+// Configured for latency as a user would (what was tried, and what each setting cost, is in
+// ../../README.md, "Why grpc-swift is slow here"): each process has one event-loop thread of its
+// own, and the RPC code (the server's handlers, the client's calls) runs on that thread through a
+// task executor preference, instead of hopping between the event loop and Swift Concurrency's
+// global pool for every message; and the HTTP/2 window is raised for large messages.
 // The command-line contract is in ../../README.md.
 import GRPCCore
 import GRPCNIOTransportHTTP2Posix
+import NIOCore
+import NIOPosix
 import RefCommon
 
 #if canImport(Glibc)
@@ -21,6 +29,25 @@ let arguments = Arguments.parse(systems: ["grpc"])
 let socketName = "grpc.sock"
 /// Above the 4 MiB default, so that every payload up to --payload's limit is carried.
 let maxMessageBytes = 80 << 20
+/// HTTP/2 flow-control window of each stream and the connection, both ways: 64 MiB instead of the
+/// transport's 8 MiB default, which held 64 KiB and 1 MiB messages to a tenth of this speed (README).
+let windowBytes = 64 << 20
+
+/// The process's one event loop: the transport's connections run on it, and so does the RPC code.
+let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+let loopExecutor = EventLoopTaskExecutor(group.next())
+
+/// A task executor that runs jobs on a NIO event loop, so that a task preferring it (and every
+/// child task) runs on the thread that does the I/O. NIO 2.101 has none to offer, so here it is.
+final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
+    let loop: any EventLoop
+    init(_ loop: any EventLoop) { self.loop = loop }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        loop.execute { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
+}
 
 let echoMethod = MethodDescriptor(fullyQualifiedService: "ipcbench.Echo", method: "Echo")
 let pushMethod = MethodDescriptor(fullyQualifiedService: "ipcbench.Echo", method: "Push")
@@ -86,12 +113,16 @@ func serve() async -> Never {
     let transport = HTTP2ServerTransport.Posix(
         address: .unixDomainSocket(path: path),
         transportSecurity: .plaintext,
-        config: .defaults { $0.rpc.maxRequestPayloadSize = maxMessageBytes }
+        config: .defaults {
+            $0.rpc.maxRequestPayloadSize = maxMessageBytes
+            $0.http2.targetWindowSize = windowBytes
+        },
+        eventLoopGroup: group
     )
     let server = GRPCServer(transport: transport, services: [EchoService(corrupt: arguments.corrupt)])
     let serving = Task {
         do {
-            try await server.serve()
+            try await withTaskExecutorPreference(loopExecutor) { try await server.serve() }
         } catch {
             Reference.exit(error, context: "gRPC server on \(path)")
         }
@@ -126,75 +157,79 @@ func measure() async -> Never {
     do {
         let transport = try HTTP2ClientTransport.Posix(
             target: .unixDomainSocket(path: path),
-            transportSecurity: .plaintext
+            transportSecurity: .plaintext,
+            config: .defaults { $0.http2.targetWindowSize = windowBytes },
+            eventLoopGroup: group
         )
-        try await withGRPCClient(transport: transport) { client in
-            switch arguments.mode {
-            case .latency:
-                var unaryOptions = options
-                unaryOptions.timeout = .seconds(10)
-                var samples: [UInt64] = []
-                samples.reserveCapacity(count)
-                for k in 0..<(warmup + count) {
-                    if k == warmup { Reference.startAccounting() }
-                    let request = ClientRequest(message: [UInt8](pattern.message(k)))
-                    let start = Reference.now()
-                    let echo = try await client.unary(
-                        request: request,
-                        descriptor: echoMethod,
-                        serializer: BytesSerializer(),
-                        deserializer: BytesDeserializer(),
-                        options: unaryOptions
-                    ) { response in try response.message }
-                    let end = Reference.now()
-                    try echo.withUnsafeBytes { bytes in
-                        guard pattern.check(k, bytes) else {
-                            throw ReferenceFailure("wrong echo: \(pattern.describeMismatch(k, bytes))")
-                        }
-                    }
-                    if k >= warmup { samples.append(Reference.sample(from: start, to: end)) }
-                    Reference.progress()
-                }
-                Reference.stopAccounting()
-                Reference.printLatency(samples: samples)
-
-            case .throughput:
-                // One client-streaming call per phase: the warmup (untimed), then the timed one.
-                func push(_ messages: Int, corruptFirst: Bool) async throws {
-                    let request = StreamingClientRequest<[UInt8]>(metadata: ["ipcbench-payload": "\(pattern.payload)"]) {
-                        writer in
-                        for k in 0..<messages {
-                            if k == 0 && corruptFirst {
-                                try await writer.write(Pattern.corrupted(pattern.message(0)))
-                            } else {
-                                try await writer.write([UInt8](pattern.message(k)))
+        try await withTaskExecutorPreference(loopExecutor) {
+            try await withGRPCClient(transport: transport) { client in
+                switch arguments.mode {
+                case .latency:
+                    var unaryOptions = options
+                    unaryOptions.timeout = .seconds(10)
+                    var samples: [UInt64] = []
+                    samples.reserveCapacity(count)
+                    for k in 0..<(warmup + count) {
+                        if k == warmup { Reference.startAccounting() }
+                        let request = ClientRequest(message: [UInt8](pattern.message(k)))
+                        let start = Reference.now()
+                        let echo = try await client.unary(
+                            request: request,
+                            descriptor: echoMethod,
+                            serializer: BytesSerializer(),
+                            deserializer: BytesDeserializer(),
+                            options: unaryOptions
+                        ) { response in try response.message }
+                        let end = Reference.now()
+                        try echo.withUnsafeBytes { bytes in
+                            guard pattern.check(k, bytes) else {
+                                throw ReferenceFailure("wrong echo: \(pattern.describeMismatch(k, bytes))")
                             }
-                            Reference.progress()
                         }
+                        if k >= warmup { samples.append(Reference.sample(from: start, to: end)) }
+                        Reference.progress()
                     }
-                    let ack = try await client.clientStreaming(
-                        request: request,
-                        descriptor: pushMethod,
-                        serializer: BytesSerializer(),
-                        deserializer: BytesDeserializer(),
-                        options: options
-                    ) { response in try response.message }
-                    guard ack.count == 16 else { throw ReferenceFailure("unexpected acknowledgement of \(ack.count) bytes") }
-                    let taken = ack[0..<8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-                    let mismatched = ack[8..<16].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-                    if mismatched != 0 { throw ReferenceFailure("the receiver found \(mismatched) of \(taken) messages wrong") }
-                    if taken != UInt64(messages) {
-                        throw ReferenceFailure("the receiver took \(taken) messages, expected \(messages)")
+                    Reference.stopAccounting()
+                    Reference.printLatency(samples: samples)
+
+                case .throughput:
+                    // One client-streaming call per phase: the warmup (untimed), then the timed one.
+                    func push(_ messages: Int, corruptFirst: Bool) async throws {
+                        let request = StreamingClientRequest<[UInt8]>(metadata: ["ipcbench-payload": "\(pattern.payload)"]) {
+                            writer in
+                            for k in 0..<messages {
+                                if k == 0 && corruptFirst {
+                                    try await writer.write(Pattern.corrupted(pattern.message(0)))
+                                } else {
+                                    try await writer.write([UInt8](pattern.message(k)))
+                                }
+                                Reference.progress()
+                            }
+                        }
+                        let ack = try await client.clientStreaming(
+                            request: request,
+                            descriptor: pushMethod,
+                            serializer: BytesSerializer(),
+                            deserializer: BytesDeserializer(),
+                            options: options
+                        ) { response in try response.message }
+                        guard ack.count == 16 else { throw ReferenceFailure("unexpected acknowledgement of \(ack.count) bytes") }
+                        let taken = ack[0..<8].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+                        let mismatched = ack[8..<16].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+                        if mismatched != 0 { throw ReferenceFailure("the receiver found \(mismatched) of \(taken) messages wrong") }
+                        if taken != UInt64(messages) {
+                            throw ReferenceFailure("the receiver took \(taken) messages, expected \(messages)")
+                        }
+                        Reference.progress()
                     }
-                    Reference.progress()
+                    if warmup > 0 { try await push(warmup, corruptFirst: false) }
+                    Reference.startAccounting()
+                    let start = Reference.now()
+                    try await push(count, corruptFirst: corrupt)
+                    let end = Reference.now()
+                    Reference.stopAccounting()
+                    Reference.printThroughput(elapsedNs: Reference.sample(from: start, to: end))
                 }
-                if warmup > 0 { try await push(warmup, corruptFirst: false) }
-                Reference.startAccounting()
-                let start = Reference.now()
-                try await push(count, corruptFirst: corrupt)
-                let end = Reference.now()
-                Reference.stopAccounting()
-                Reference.printThroughput(elapsedNs: Reference.sample(from: start, to: end))
             }
         }
     } catch {
