@@ -302,8 +302,14 @@ public struct LatencyRunner: Sendable {
         guard floors else { return }
         let base = transports.compactMap(FloorMechanism.init(transport:))
         let handingOff = plan.mainServing == .task ? base.compactMap(\.handOff) : []
+        // A mechanism's plain event-driven floors (epoll, io_uring) are the same work of rows
+        // served on the loop; main rows served off it are compared with its hand-off floor. So
+        // where there is a hand-off floor, they are measured only with the on-loop rows (--full).
+        let sameWork = base.flatMap { mechanism in
+            mechanism.handOff == nil || plan.mainServing != .task || plan.includeOnLoopHandler ? mechanism.sameWorkFloors : []
+        }
         // The io_uring floors only where the kernel allows io_uring (a note says when it does not).
-        let mechanisms = (strategy.spins ? base.compactMap(\.spinning) : base + base.flatMap(\.sameWorkFloors) + handingOff).filter(\.isAvailable)
+        let mechanisms = (strategy.spins ? base.compactMap(\.spinning) : base + sameWork + handingOff).filter(\.isAvailable)
         for mechanism in orderedUnique(mechanisms) {
             for placement in placements where !mechanism.spins || placement.spreadsProcesses {
                 let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))

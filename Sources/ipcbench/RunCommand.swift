@@ -18,11 +18,11 @@ struct RunCommand: AsyncParsableCommand {
         each kernel mechanism, measured the same way in the same run. With split-cores, the \
         transports that support it are measured again with a spin-then-block wait strategy; \
         spinning is never used with both processes on one core. Then invalidation latency after \
-        SIGKILL and in-process framing and secure-decoding speed. About 2 minutes on a 2-vCPU VM. \
+        SIGKILL and in-process framing and secure-decoding speed: under 2 minutes on a 2-vCPU VM. \
         --full adds rows from Swift's global executor and with the on-loop handler, 0-byte \
         payloads, and the scale of a Unix socket server: one client's latency alone and while \
         --scale-clients other clients send --scale-rate requests/s each (from a separate load \
-        process), interleaved (about 4 minutes). --references adds the reference systems.
+        process), interleaved (about 5 minutes). --references adds the reference systems.
         """
     )
 
@@ -40,7 +40,7 @@ struct RunCommand: AsyncParsableCommand {
 
     @Flag(help: ArgumentHelp(
         "Everything: the default run, and also the global-executor rows, the on-loop-handler rows, the scale measurement and 0-byte payloads.",
-        discussion: "The default run answers which transport to use and how close each is to its floor (every transport, framing and placement, the floors, spinning, throughput, peer death, in-process framing and decoding): about 2 minutes on a 2-vCPU VM. --full takes about 4 minutes there; --references adds about 2 minutes more, and a first build of the reference programs about 6 (Benchmarks/References/README.md). The --skip-… options apply to --full as well."
+        discussion: "The default run answers which transport to use and how close each is to its floor (every transport, framing and placement, the floors, spinning, throughput, peer death, in-process framing and decoding): 107 s on this repository's 2-vCPU VM. --full took 294 s there; --references adds the reference systems' sessions to the sweeps and about 40 s of peer-death trials, and a first build of the reference programs about 6 minutes (README.md has the measured times). The --skip-… options apply to --full as well."
     ))
     var full = false
 
