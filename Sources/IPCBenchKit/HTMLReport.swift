@@ -124,7 +124,8 @@ public enum HTMLReport {
         for placement in Placement.allCases {
             let here = rows.filter { $0.result.placement == placement }
             guard !here.isEmpty else { continue }
-            let sizes = Array(Set(here.map(\.result.payloadBytes))).sorted()
+            // A 0-byte message carries no payload bytes: nothing to draw in MB/s.
+            let sizes = Array(Set(here.map(\.result.payloadBytes))).filter { $0 > 0 }.sorted()
             html += "<h2>One-way throughput, \(placement)</h2>\n<p>Payload bytes per second by payload size, timed until the receiving process has consumed every message; one chart per transport, with its floors (a C sender and a receiver that only drains the kernel's buffer, and the fastest event-driven C stream) and the two fastest reference systems.</p>\n<div class=\"multiples\">"
             for transport in orderedUnique(here.map(\.result.transport)).filter(isOurs) {
                 let mine = here.filter { $0.result.transport == transport && !$0.result.onGlobalExecutor && !$0.result.onLoopHandler }
@@ -165,7 +166,7 @@ public enum HTMLReport {
     }
 
     /// One chart per transport of ours: its main rows and spinning rows, its floors (native,
-    /// same-work, spinning), the two fastest blocking reference systems and the fastest
+    /// the main rows' same work — the hand-off floor where there is one —, spinning), the two fastest blocking reference systems and the fastest
     /// spinning one; at most ``maximumSeries`` lines, in that order of importance.
     package static func latencyMultiples(_ rows: [(label: String, result: LatencyResult)], sizes: [Int], placement: Placement) -> String {
         let results = rows.map(\.result)
@@ -173,15 +174,24 @@ public enum HTMLReport {
         for transport in orderedUnique(results.map(\.transport)).filter(isOurs) {
             let mine = rows.filter { $0.result.transport == transport && !$0.result.onGlobalExecutor && !$0.result.onLoopHandler }
             let mechanism = FloorMechanism(transport: transport)
-            let blockingFloors = ([mechanism?.resultName] + (mechanism?.sameWorkFloors.map(\.resultName) ?? [])).compactMap { $0 }
+            // The native floor and the same-work floor of the main rows: the hand-off floor where
+            // there is one (they are served off the loop), else the event-driven floors.
+            let sameWork = mechanism.map { $0.handOff.map { [$0] } ?? $0.sameWorkFloors } ?? []
+            let blockingFloors = ([mechanism?.resultName] + sameWork.map(\.resultName)).compactMap { $0 }
             let floors = rows.filter { row in
                 (blockingFloors.contains(row.result.transport) && !row.result.spins)
                     || (row.result.spins && row.result.transport == mechanism?.spinning?.resultName && mine.contains { $0.result.spins })
             }
             let references = results.filter { ReferenceSystem.isReference($0.transport) }
-            let chosen = fastest(references.filter { !$0.spins }, count: 2) { $0.p50 < $1.p50 } + fastest(references.filter(\.spins), count: 1) { $0.p50 < $1.p50 }
-            let ordered = mine.filter { !$0.result.spins } + floors.filter { !$0.result.spins } + mine.filter(\.result.spins) + floors.filter(\.result.spins)
-                + rows.filter { chosen.contains($0.result.transport) }
+            // The fastest blocking reference, the fastest spinning one where this transport spins,
+            // then the second blocking one: in that order, so the cap drops the last first.
+            let blocking = fastest(references.filter { !$0.spins }, count: 2) { $0.p50 < $1.p50 }
+            let spinning = mine.contains { $0.result.spins } ? fastest(references.filter(\.spins), count: 1) { $0.p50 < $1.p50 } : []
+            let chosen = Array(blocking.prefix(1)) + spinning + Array(blocking.dropFirst())
+            let chosenRows: [(label: String, result: LatencyResult)] = chosen.flatMap { name in rows.filter { $0.result.transport == name } }
+            let blockingRows: [(label: String, result: LatencyResult)] = mine.filter { !$0.result.spins } + floors.filter { !$0.result.spins }
+            let spinningRows: [(label: String, result: LatencyResult)] = mine.filter(\.result.spins) + floors.filter(\.result.spins)
+            let ordered = blockingRows + spinningRows + chosenRows
             let names = Array(orderedUnique(ordered.map { $0.label + seriesName($0.result) }).prefix(maximumSeries))
             let series = names.map { name in
                 SVGChart.Series(name: name, values: sizes.map { size in
