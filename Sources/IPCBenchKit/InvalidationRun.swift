@@ -106,43 +106,73 @@ public struct ReferencePeerDeathRunner: Sendable {
         self.progress = progress
     }
 
+    /// Starts a server off the cooperative pool, trying again for up to 5 s: a killed
+    /// predecessor's daemon may still be on its way out (one RouDi per machine).
+    private static func start(_ reference: ReferenceSystem, in directory: URL, instance: String) async throws -> ReferenceSession {
+        try await runBlocking {
+            let deadline = Date().addingTimeInterval(5)
+            var attempt = 0
+            while true {
+                do {
+                    return try ReferenceSession(reference, placement: .unpinned, group: directory, instance: instance + (attempt == 0 ? "" : "-\(attempt)"))
+                } catch where Date() < deadline {
+                    attempt += 1
+                    usleep(200_000)
+                }
+            }
+        }
+    }
+
     /// The systems' rows, and the systems that could not be measured, with why.
     public func run() async throws -> (results: [InvalidationResult], skipped: [SkippedReference]) {
         let group = try TemporaryGroup()
         defer { group.remove() }
         var results: [InvalidationResult] = []
         var skipped: [SkippedReference] = []
+        let directory = URL(fileURLWithPath: group.directory.path)
         for (index, reference) in references.enumerated() {
             progress.begin(step: index + 1, of: references.count, label: "peer death: \(reference.resultName)")
-            var times: [UInt64] = []
-            var outcome: ReferenceSession.PeerDeath?
+            var deaths: [ReferenceSession.PeerDeath] = []
+            var failure: (any Error)?
             do {
                 for trial in 0..<trials {
-                    let session = try ReferenceSession(reference, placement: .unpinned, group: URL(fileURLWithPath: group.directory.path), instance: "-kill\(trial)")
-                    defer { session.stop() }
-                    let death = try await session.killDuringRoundTrips()
-                    times.append(death.nanoseconds)
-                    outcome = death
+                    let session = try await Self.start(reference, in: directory, instance: "-kill\(trial)")
+                    do {
+                        deaths.append(try await session.killDuringRoundTrips())
+                        _ = try? await runBlocking { session.stop() }
+                    } catch {
+                        _ = try? await runBlocking { session.stop() }
+                        throw error
+                    }
                     // One wait for a deadline is enough to know that nothing noticed.
-                    if !death.detected { break }
+                    if deaths.last?.detected == false { break }
                 }
             } catch {
-                progress.end(label: reference.resultName, summary: "not measured: \(error)")
-                skipped.append(SkippedReference(system: reference.system, reason: "\(error)", mode: "peer death"))
+                failure = error
+            }
+            // Started once more and stopped in order, whatever happened: a system whose server
+            // cleans up after a killed predecessor (iceoryx's RouDi removes what a killed one
+            // left in /dev/shm and /tmp) then leaves nothing behind.
+            do {
+                let tidy = try await Self.start(reference, in: directory, instance: "-tidy")
+                _ = try? await runBlocking { tidy.stop() }
+            } catch {
+                skipped.append(SkippedReference(system: reference.system, reason: "starting it again after the kills, to clean up, failed: \(error)", mode: "peer death"))
+            }
+            if let failure {
+                progress.end(label: reference.resultName, summary: "not measured: \(failure)")
+                skipped.append(SkippedReference(system: reference.system, reason: "\(failure)", mode: "peer death"))
                 continue
             }
-            // A system whose server cleans up after a killed predecessor (iceoryx's RouDi
-            // removes what a killed one left in /dev/shm and /tmp) is started once more and
-            // stopped in order, so that the run leaves nothing behind.
-            if let tidy = try? ReferenceSession(reference, placement: .unpinned, group: URL(fileURLWithPath: group.directory.path), instance: "-tidy") {
-                tidy.stop()
-            }
-            guard let outcome else { continue }
+            guard let last = deaths.last else { continue }
+            let noticed = deaths.filter(\.detected).count
+            let outcome = last.detected
+                ? last.said
+                : (noticed > 0 ? "noticed in \(noticed) of \(deaths.count) trials; then " : "") + "the client noticed nothing and gave up at its own \(ReferenceSession.clientDeadline) deadline: \(last.said)"
             let result = InvalidationResult(
-                transport: reference.resultName, trials: times, reference: true, detected: outcome.detected,
-                outcome: outcome.detected ? outcome.said : "the client noticed nothing and gave up at its own \(ReferenceSession.clientDeadline) deadline: \(outcome.said)"
+                transport: reference.resultName, trials: deaths.map(\.nanoseconds), reference: true, detected: last.detected, outcome: outcome
             )
-            progress.end(label: reference.resultName, summary: outcome.detected ? "median \(formatMicroseconds(result.median)): \(outcome.said)" : String(format: "not detected (the client gave up after %.1f s)", Double(result.maximum) / 1e9))
+            progress.end(label: reference.resultName, summary: last.detected ? "median \(formatMicroseconds(result.median)): \(last.said)" : String(format: "not detected (the client gave up after %.1f s)", Double(result.maximum) / 1e9))
             results.append(result)
         }
         return (results, skipped)

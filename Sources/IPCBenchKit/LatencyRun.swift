@@ -393,17 +393,23 @@ public struct LatencyRunner: Sendable {
                 // RouDi) runs for its turn only, so that its other placement's can run in theirs.
                 let onItsTurn = session.reference.flatMap { $0.reference.oneServerPerMachine ? $0 : nil }
                 do {
-                    try onItsTurn?.start()
-                    defer { onItsTurn?.stop() }
-                    for size in plan.payloadSizes {
-                        let blockSamples = max(1, plan.samples(forPayload: size) / repetitions)
-                        // Warm up before each block: the connection may have been idle while others ran.
-                        try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
-                        try await measureBlock(session, size: size, samples: blockSamples, record: true)
-                        if plan.includeThroughput, session.stream != nil {
-                            try await measureThroughput(session, size: size)
+                    // Started and stopped off the cooperative pool: both wait for the process.
+                    if let onItsTurn { try await runBlocking { try onItsTurn.start() } }
+                    do {
+                        for size in plan.payloadSizes {
+                            let blockSamples = max(1, plan.samples(forPayload: size) / repetitions)
+                            // Warm up before each block: the connection may have been idle while others ran.
+                            try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
+                            try await measureBlock(session, size: size, samples: blockSamples, record: true)
+                            if plan.includeThroughput, session.stream != nil {
+                                try await measureThroughput(session, size: size)
+                            }
                         }
+                    } catch {
+                        if let onItsTurn { _ = try? await runBlocking { onItsTurn.stop() } }
+                        throw error
                     }
+                    if let onItsTurn { _ = try? await runBlocking { onItsTurn.stop() } }
                 } catch let error where session.reference != nil {
                     // A reference system that fails (a wrong echo, a crash) is reported as such,
                     // never with figures, and the run goes on with the others.

@@ -177,6 +177,14 @@ final class ReferenceSession: Sendable {
             try? FileManager.default.removeItem(at: address)
             throw error
         }
+        // Standard error is drained for as long as the server lives (a daemon's log goes there,
+        // and a full pipe would stall it); its first 16 KiB are kept for a failure's message.
+        let said = Mutex<Data>(Data())
+        Thread.detachNewThread {
+            while let chunk = try? errors.fileHandleForReading.read(upToCount: 4096), !chunk.isEmpty {
+                said.withLock { if $0.count < 16_384 { $0.append(chunk.prefix(16_384 - $0.count)) } }
+            }
+        }
         // "ready" on standard output, read on a thread of its own so that a silent server times out.
         let line = Mutex<String?>(nil)
         let done = DispatchSemaphore(value: 0)
@@ -189,10 +197,15 @@ final class ReferenceSession: Sendable {
             done.signal()
         }
         guard done.wait(timeout: .now() + 30) == .success, line.withLock({ $0 }) == "ready" else {
+            // As stop() does: standard input closed, SIGTERM, a bounded wait, then SIGKILL.
+            try? input.fileHandleForWriting.close()
             process.terminate()
+            let deadline = Date().addingTimeInterval(5)
+            while process.isRunning, Date() < deadline { usleep(10_000) }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
             process.waitUntilExit()
             try? FileManager.default.removeItem(at: address)
-            let detail = String(decoding: errors.fileHandleForReading.availableData, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            let detail = String(decoding: said.withLock { $0 }, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
             throw IPCError(
                 code: .transportFailure,
                 message: "\(reference.executable.lastPathComponent) serve --system \(reference.system) did not say ready within 30 s" + (detail.isEmpty ? "" : ": \(detail)")
@@ -302,7 +315,6 @@ final class ReferenceSession: Sendable {
         client.standardError = errors
         client.standardInput = FileHandle.nullDevice
         let serverPID = pid
-        let switchesBefore = processContextSwitches(pid: serverPID) ?? 0
         try client.run()
         let system = reference.system
         return try await runBlocking {
@@ -321,6 +333,9 @@ final class ReferenceSession: Sendable {
                 return IPCError(code: .transportFailure, message: "ref:\(system): the client ended (status \(client.terminationStatus)) before its server was killed: \(text)")
             }
             if ended.wait(timeout: .now() + .nanoseconds(Int(settle.wholeNanoseconds))) == .success { throw endedEarly() }
+            // Counted from after the settling time, so that the client's start and connect, and
+            // the server's own timers, are not taken for round trips.
+            let switchesBefore = processContextSwitches(pid: serverPID) ?? 0
             let serving = monotonicNanoseconds() &+ 10_000_000_000
             while (processContextSwitches(pid: serverPID) ?? 0) < switchesBefore + 20 {
                 guard monotonicNanoseconds() < serving else {
@@ -340,8 +355,13 @@ final class ReferenceSession: Sendable {
             }
             client.waitUntilExit()
             let (data, endedAt) = said.withLock { $0 }
-            let elapsed = endedAt &- killedAt
+            // The client ended between the last look and the kill: it was not killed under.
+            guard endedAt >= killedAt else { throw endedEarly() }
+            let elapsed = endedAt - killedAt
             let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            guard client.terminationReason == .exit else {
+                throw IPCError(code: .transportFailure, message: "ref:\(system): the client died of signal \(client.terminationStatus) \(elapsed / 1_000_000) ms after its server was killed: \(text)")
+            }
             // A client that noticed exits 3 with what it saw; one that waited out its own
             // deadline exits 3 too, but only after that deadline.
             let detected = client.terminationStatus == 3 && elapsed < UInt64((Self.clientDeadline - .milliseconds(500)).wholeNanoseconds)

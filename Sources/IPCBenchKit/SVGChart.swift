@@ -286,6 +286,7 @@ public enum SVGChart {
     /// Ticks from 0 at a round step (1, 2 or 5 times a power of ten), about four of them, the
     /// last at or above `high` with a little room.
     static func niceTicks(upTo high: Double) -> [Double] {
+        guard high.isFinite, high > 1e-300 else { return [0, 1] }
         let raw = max(high * 1.05, .leastNonzeroMagnitude) / 4
         let magnitude = pow(10, Foundation.floor(log10(raw)))
         let step = [1.0, 2, 2.5, 5, 10].first { $0 * magnitude >= raw }! * magnitude

@@ -33,6 +33,7 @@
 #include <grp.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 
 #include "iceoryx_binding_c/api.h"
@@ -460,8 +461,24 @@ static void *stop_thread(void *argument)
     return NULL;
 }
 
+/* RouDi maps its segments in /dev/shm without checking that they fit; a smaller /dev/shm (64 MiB
+ * in a default Docker container) would end in SIGBUS on first touch. So serve checks first. */
+#define IOX_SHM_NEEDED (160ull << 20)
+
+static void refuse_if_shm_too_small(void)
+{
+    struct statvfs shm;
+    if (statvfs("/dev/shm", &shm) != 0)
+        ref_fail("cannot read the size of /dev/shm, where RouDi puts its shared memory: %s", strerror(errno));
+    unsigned long long available = (unsigned long long)shm.f_bavail * shm.f_frsize;
+    if (available < IOX_SHM_NEEDED)
+        ref_fail("/dev/shm has %llu MiB free; RouDi's pools and management segment need about %llu MiB",
+                 available >> 20, IOX_SHM_NEEDED >> 20);
+}
+
 static int serve(const struct ref_args *args, struct ref_stop *stop)
 {
+    refuse_if_shm_too_small();
     roudi_config = ref_path(args, "iox-roudi.toml");
     roudi_pidfile = ref_path(args, "iox-roudi.pid");
     ref_exit_runs_destructors = 1;
