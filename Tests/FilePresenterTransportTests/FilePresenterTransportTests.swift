@@ -328,7 +328,10 @@ struct FilePresenterTransportTests {
                 group.addTask {
                     for round in 0..<50 {
                         let payload = Array("client \(index) round \(round)".utf8)
-                        let reply = try await client.request(payload, msgid: 1, sendTimeout: .seconds(10), receiveTimeout: .seconds(10))
+                        // Generous: a writer that held the others up would hang them for good. In
+                        // the full suite, with dozens of tests on the process's one loop, these
+                        // 100 requests have taken 25-35 s (0.01 s alone), single ones over 10 s.
+                        let reply = try await client.request(payload, msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
                         #expect(reply == payload)
                     }
                 }
