@@ -102,7 +102,7 @@ struct SocketActivationTests {
             // The launcher or service of the last round: the one process holding the socket.
             _ = try? Process.run(URL(fileURLWithPath: "/usr/bin/pkill"), arguments: ["-KILL", "-f", "--", "--group \(directory) "])
         }
-        func startCount() -> Int { lines(starts).filter { $0.hasPrefix("READY") }.count }
+        @Sendable func startCount() -> Int { lines(starts).filter { $0.hasPrefix("READY") }.count }
         func diagnostics() -> String {
             "starts: \(lines(starts)); exits: \(lines(exits)); stderr: \(lines(starts + ".err").suffix(10))"
         }
@@ -123,8 +123,11 @@ struct SocketActivationTests {
             #expect(reply == payload, "request \(index): the reply differs")
         }
 
-        // The first client starts it; clients while it runs reuse it.
+        // The first client starts it; clients while it runs reuse it. The service writes its
+        // READY line once it listens, and may answer the first request before that write lands:
+        // the log is looked at until the line is there.
         try await echo(0)
+        _ = await poll(seconds: 10) { startCount() >= 1 }
         #expect(startCount() == 1, "\(diagnostics())")
         let connection = try await transport.connect(to: endpoint, options: options, retrying: retry)
         for index in 1...5 {
@@ -142,6 +145,7 @@ struct SocketActivationTests {
         try #require(exited, "the idle service did not exit within 30 s: \(diagnostics())")
         #expect(lines(exits).first == "exit 0", "\(diagnostics())")
         try await echo(100)
+        _ = await poll(seconds: 10) { startCount() >= 2 }
         #expect(startCount() == 2, "\(diagnostics())")
 
         // Clients arriving around the idle exits: every one is answered (a connect refused while
