@@ -1,5 +1,6 @@
 import json,os,sys,statistics as st
 directory=sys.argv[1] if len(sys.argv)>1 else os.path.dirname(os.path.abspath(__file__))
+new_label=sys.argv[2] if len(sys.argv)>2 else '136d897'  # the commit the new-N.json runs measured
 samework={'unix-socket':'floor:unix-stream+epoll','file-presenter':'floor:journal'}
 res={}
 rounds=sorted({int(n.split('-')[1].split('.')[0]) for n in os.listdir(directory) if n.startswith('base-') and n.endswith('.json')})
@@ -15,7 +16,7 @@ for kind in ['base','new']:
             if not sw: continue
             key=(t,x.get('framing') or '-',h,x['payloadBytes'],kind)
             res.setdefault(key,[]).append((x['p50']/1000, x['p50']/sw['p50'], x['p99']/1000))
-print(f"| transport | handler | size | 8aa36a6 p50 (÷ same-work floor) | 136d897 p50 (÷ same-work floor) | p99 base / new |")
+print(f"| transport | handler | size | 8aa36a6 p50 (÷ same-work floor) | {new_label} p50 (÷ same-work floor) | p99 base / new |")
 print("|---|---|---|---|---|---|")
 for t in ['unix-socket','file-presenter']:
     for fr in (['binary','http'] if t=='unix-socket' else ['-']):

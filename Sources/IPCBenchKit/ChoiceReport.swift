@@ -203,14 +203,8 @@ extension ChoiceReport.Candidate {
 }
 
 extension ReportRenderer {
-    /// One line saying which reference system (or which of its measurements) was not measured, and why.
-    public static func skippedReferenceLine(_ skipped: SkippedReference) -> String {
-        let what = [skipped.mode, skipped.payloadBytes.map(formatBytes)].compactMap { $0 }.joined(separator: " of ")
-        return "skipped \(ReferenceSystem.prefix)\(skipped.system)\(what.isEmpty ? "" : " (\(what))"): \(skipped.reason)"
-    }
-
-    /// The lines of ``skippedReferenceLine(_:)``, one per system, mode and reason: the payloads
-    /// skipped for the same reason are listed in one line.
+    /// One line per reference system, mode and reason that was not measured, saying why: the
+    /// payloads skipped for the same reason are listed in one line.
     public static func skippedReferenceLines(_ skipped: [SkippedReference]) -> [String] {
         var groups: [(key: SkippedReference, sizes: [Int])] = []
         for skip in skipped {
