@@ -33,13 +33,12 @@ public final class SocketEndpoint: Sendable {
         )
     }
 
-    public let endpoint: Endpoint
+    public var endpoint: Endpoint { claim.endpoint }
     /// The listening socket's path.
     public let path: String
-    public let loop: EventLoop
+    public var loop: EventLoop { claim.loop }
     private let activated: Bool
-    private let lock: EndpointLock
-    private let registry = ConnectionRegistry<EngineConnection>()
+    private let claim: ClaimedEndpoint
     private let acceptor = Mutex<SocketAcceptor?>(nil)
 
     /// Listens at `path` (a file in `endpoint`'s group directory), or, with `activated`, on the
@@ -48,21 +47,13 @@ public final class SocketEndpoint: Sendable {
     ///   ``IPCError/Code/invalidEndpoint`` for an unsafe group directory or a wrong hand-over;
     ///   ``IPCError/Code/transportFailure``.
     public init(endpoint: Endpoint, path: String, kind: UnixSocket.Kind = .stream, acceptFilter: AcceptFilter?, activated: Bool = false, accept: Accept) throws {
-        try GroupDirectories.prepare(endpoint.group)
-        let lock = try EndpointLock(endpoint: endpoint)
+        let claim = try ClaimedEndpoint(endpoint)
         // We hold the endpoint's lock, so a socket file still here belongs to a dead listener
         // (or, socket-activated, to the launcher that handed it over).
         if !activated { unlink(path) }
-        self.endpoint = endpoint
+        self.claim = claim
         self.path = path
-        self.lock = lock
         self.activated = activated
-        do {
-            loop = try EventLoop.shared()
-        } catch {
-            lock.release()
-            throw error
-        }
         let mode: SocketAcceptor.Mode
         switch accept {
         case .immediately(let refusal, let serve):
@@ -76,11 +67,10 @@ public final class SocketEndpoint: Sendable {
             }
         }
         do {
-            let acceptor = try SocketAcceptor(path: path, kind: kind, activated: activated, loop: loop, acceptFilter: acceptFilter, mode: mode)
+            let acceptor = try SocketAcceptor(path: path, kind: kind, activated: activated, loop: claim.loop, acceptFilter: acceptFilter, mode: mode)
             self.acceptor.withLock { $0 = acceptor }
         } catch {
-            if !activated { unlink(path) }
-            lock.release()
+            claim.close { if !activated { unlink(path) } }
             throw error
         }
     }
@@ -95,44 +85,36 @@ public final class SocketEndpoint: Sendable {
         }
     }
 
-    /// Keeps the connection `make` makes (given the handler that takes it out of the registry
-    /// when it is invalidated), for a transport whose connection needs more than
-    /// ``serve(_:peer:options:label:)`` does.
+    /// Keeps the connection `make` makes, for a transport whose connection needs more than
+    /// ``serve(_:peer:options:label:)`` does (see ``ClaimedEndpoint/keep(_:)``).
     @discardableResult
     public func keep(_ make: (_ onInvalidated: @escaping @Sendable (EngineConnection) -> Void) throws -> EngineConnection) -> EngineConnection? {
-        guard let connection = try? make({ [weak registry] connection in registry?.remove(connection) }) else { return nil }
-        guard registry.add(connection) else {
-            connection.invalidate()
-            return nil
-        }
-        return connection
+        claim.keep(make)
     }
 
-    public var connections: AsyncStream<EngineConnection> { registry.connections }
+    public var connections: AsyncStream<EngineConnection> { claim.connections }
 
-    public var activeConnections: [EngineConnection] { registry.activeConnections }
+    public var activeConnections: [EngineConnection] { claim.activeConnections }
 
     @discardableResult
     public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
-        registry.broadcast(payload, msgid: msgid, timeout: timeout)
+        claim.broadcast(payload, msgid: msgid, timeout: timeout)
     }
 
     /// Stops accepting, invalidates every connection and removes the socket file (not a
     /// launcher's), then gives up the endpoint's name. Idempotent.
     public func close() {
-        guard let toInvalidate = registry.close() else { return }
-        // Remove the socket file before giving up the name, so a successor never loses its own file.
-        if !activated { unlink(path) }
-        acceptor.withLock { $0.take() }?.close()
-        lock.release()
-        for connection in toInvalidate { connection.invalidate() }
+        claim.close {
+            if !activated { unlink(path) }
+            acceptor.withLock { $0.take() }?.close()
+        }
     }
 
     /// ``IdleClosingListener/closeIfIdle(handOver:)``: closes if no connection is open, none is
     /// mid-handshake and none waits in the backlog.
     public func closeIfIdle(handOver: IdleHandOver) async -> Bool {
         guard let acceptor = acceptor.withLock({ $0 }) else { return true }
-        guard await acceptor.stopIfIdle(handOver: handOver, isIdle: { [registry] in registry.activeConnections.isEmpty }) else { return false }
+        guard await acceptor.stopIfIdle(handOver: handOver, isIdle: { [claim] in claim.activeConnections.isEmpty }) else { return false }
         close()
         return true
     }

@@ -10,21 +10,21 @@ import Synchronization
 public final class MessagePortListener: MessageListener, @unchecked Sendable {
     // @unchecked: `readBuffer` and `polled` are touched only by the loop's thread; the rest is immutable or
     // behind a Mutex.
-    public let endpoint: Endpoint
-    public let connections: AsyncStream<MessagePortConnection>
+    public var endpoint: Endpoint { claim.endpoint }
+    public var connections: AsyncStream<MessagePortConnection> { claim.connections }
 
+    /// The group directory, the endpoint's lock, the registry of connections and the close order.
+    private let claim: ClaimedEndpoint
     private let queue: MessageQueue
     private let messageSize: Int
     /// The port queue's receive buffer, one message long (loop thread only).
     private let readBuffer: UnsafeMutableRawBufferPointer
     private let readToken = Mutex<UInt64?>(nil)
-    private let lock: EndpointLock
     private let options: ConnectionOptions
-    private let loop: EventLoop
-    private let connectionSink: AsyncStream<MessagePortConnection>.Continuation
+    private var loop: EventLoop { claim.loop }
 
-    private struct State {
-        var closed = false
+    /// Where each admitted client's fragments go (the registry keeps its connection).
+    private struct Routes {
         var nextClientID: UInt32 = 1
         var clients: [UInt32: Client] = [:]
     }
@@ -37,7 +37,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let pid: Int32
     }
 
-    private let state = Mutex(State())
+    private let routes = Mutex(Routes())
     private let queueLimits: (maximumMessages: Int, messageSize: Int)
     /// Queues made after ``queue``'s name was taken from it (see ``checkName()``), with their
     /// registrations: clients that opened an earlier one still write there.
@@ -52,9 +52,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     init(endpoint: Endpoint, options: ConnectionOptions, queueLimits: (maximumMessages: Int, messageSize: Int), acceptFilter: AcceptFilter? = nil) throws {
         self.acceptFilter = acceptFilter
         try MessagePortTransport.checkScoped(endpoint)
-        loop = try EventLoop.shared()
-        try GroupDirectories.prepare(endpoint.group)
-        let lock = try EndpointLock(endpoint: endpoint)
+        let claim = try ClaimedEndpoint(endpoint)
         let name = PortNames.serverQueue(endpoint)
         do {
             // We hold the name's lock, so a queue still registered belongs to a dead server, or
@@ -63,23 +61,20 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             Self.removeReplyQueuesOfDeadClients(endpoint)
             queue = try MessageQueue.create(name: name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize)
         } catch {
-            lock.release()
+            claim.close {}
             throw error
         }
         do {
             messageSize = try queue.messageSize()
         } catch {
             queue.close()
-            MessageQueue.unlink(name: name)
-            lock.release()
+            claim.close { MessageQueue.unlink(name: name) }
             throw error
         }
-        self.endpoint = endpoint
-        self.lock = lock
+        self.claim = claim
         self.options = options
         self.queueLimits = queueLimits
         readBuffer = .allocate(byteCount: messageSize, alignment: 8)
-        (connections, connectionSink) = AsyncStream.makeStream(of: MessagePortConnection.self)
         do {
             let token = try register(queue, polled: true)
             readToken.withLock { $0 = token }
@@ -110,7 +105,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// else's there is removed, and a new queue is made under the name, read beside the old one,
     /// whose clients keep writing to it.
     private func checkName() {
-        guard !state.withLock({ $0.closed }) else { return }
+        guard !claim.isClosed else { return }
         defer { scheduleNameCheck() }
         let current = MessageQueue.inode(named: queue.name)
         let ours = [queue.inode] + replacementQueues.withLock { $0.map(\.queue.inode) }
@@ -161,32 +156,24 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// The spinning loop's poll of the port's own queue (loop thread): takes a message if there
     /// is one and keeps it for ``readPort(_:)``: one `mq_timedreceive` per message that arrives.
     private func pollPort(_ queue: MessageQueue) -> Bool {
-        guard !state.withLock({ $0.closed }) else { return false }
+        guard !claim.isClosed else { return false }
         return polled.poll { try queue.receiveIfReady(into: readBuffer) }
     }
 
-    public var activeConnections: [MessagePortConnection] {
-        state.withLock { $0.clients.values.map(\.connection) }
-    }
+    public var activeConnections: [MessagePortConnection] { claim.activeConnections }
 
     @discardableResult
     public func broadcast(_ payload: [UInt8], msgid: UInt32, timeout: Duration) -> Int {
-        activeConnections.broadcast(payload, msgid: msgid, timeout: timeout)
+        claim.broadcast(payload, msgid: msgid, timeout: timeout)
     }
 
     public func close() {
-        let clients: [MessagePortConnection]? = state.withLock { state in
-            guard !state.closed else { return nil }
-            state.closed = true
-            return state.clients.values.map(\.connection)
-        }
-        guard let clients else { return }
-        // Deregister the name before giving it up, so a successor's queue is never removed.
-        MessageQueue.unlink(name: queue.name)
-        Self.removeReplyQueuesOfDeadClients(endpoint)
-        lock.release()
-        connectionSink.finish()
-        for client in clients { client.invalidate() }
+        // The queue's name goes before the endpoint's name is given up, so a successor's queue
+        // is never removed.
+        guard claim.close(giveUpName: { [queue, endpoint] in
+            MessageQueue.unlink(name: queue.name)
+            Self.removeReplyQueuesOfDeadClients(endpoint)
+        }) else { return }
         // The loop may be reading the queues right now: it stops watching and closes them.
         let token = readToken.withLock { $0.take() }
         let replacements = replacementQueues.withLock { queues in
@@ -206,7 +193,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// Takes one message from one of the port's queues per readiness report (loop thread; the
     /// loop is level-triggered, so what is left is reported again on its next round).
     private func readPort(_ queue: MessageQueue) {
-        guard !state.withLock({ $0.closed }) else { return }
+        guard !claim.isClosed else { return }
         // The port's own message may wait in the buffer: a replacement queue is then read on the
         // loop's next round (it is level-triggered), not over that message.
         if polled.isHolding, queue.descriptor != self.queue.descriptor { return }
@@ -222,7 +209,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         case .wake:
             return
         default:
-            guard let client = state.withLock({ $0.clients[header.sender] }) else { return }
+            guard let client = routes.withLock({ $0.clients[header.sender] }) else { return }
             client.channel.deliver(header, body) { client.connection.readNow() }
         }
     }
@@ -301,7 +288,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let serial = replyName.dropFirst((queue.name + ".r\(pid).").count)
         guard pid > 0, replyName.hasPrefix(queue.name + ".r\(pid)."), !serial.isEmpty, serial.allSatisfy(\.isASCII), serial.allSatisfy(\.isNumber),
             Self.isLiveProcessOfThisUser(pid), Self.process(pid, holdsQueue: replyName),
-            !state.withLock({ $0.clients.values.contains { $0.queueName == replyName } }),
+            !routes.withLock({ $0.clients.values.contains { $0.queueName == replyName } }),
             let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true),
             let credentials = Self.credentials(of: pid)
         else { return }
@@ -315,18 +302,16 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
         // A process's clients are bounded, so that one process (which could make queues as long
         // as its user's quota lasts) cannot make the listener hold without end.
-        if state.withLock({ $0.clients.values.count(where: { $0.pid == pid }) }) >= Self.maximumClientsPerProcess { return refuse(.tooManyConnectionsFromProcess) }
+        if routes.withLock({ $0.clients.values.count(where: { $0.pid == pid }) }) >= Self.maximumClientsPerProcess { return refuse(.tooManyConnectionsFromProcess) }
         if let acceptFilter, !acceptFilter(credentials) { return refuse(.acceptFilter) }
-        let id: UInt32? = state.withLock { state in
-            guard !state.closed else { return nil }
-            defer { state.nextClientID &+= 1 }
-            return state.nextClientID
-        }
-        guard let id else {
+        guard !claim.isClosed else {
             replyQueue.close()
             return
         }
-        let connection: EngineConnection
+        let id = routes.withLock { routes in
+            defer { routes.nextClientID &+= 1 }
+            return routes.nextClientID
+        }
         let channel: MessagePortChannel
         do {
             channel = try MessagePortChannel(
@@ -338,27 +323,27 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             replyQueue.close()
             return
         }
-        do {
-            connection = try EngineConnection(
+        claim.keep { onInvalidated in
+            let connection = try EngineConnection(
                 channel: channel, peer: credentials, options: options, loop: loop, label: "a message-port client of \(endpoint.name)"
-            ) { [weak self] _ in
-                _ = self?.state.withLock { $0.clients.removeValue(forKey: id) }
+            ) { [weak self] connection in
+                onInvalidated(connection)
+                _ = self?.routes.withLock { $0.clients.removeValue(forKey: id) }
             }
-        } catch {
-            return
+            routes.withLock { $0.clients[id] = Client(connection: connection, channel: channel, queueName: replyName, pid: pid) }
+            do {
+                // Without waiting (this is the loop's thread, which serves every client): a reply
+                // queue already full at the hello ends the connection, and the client's connect
+                // times out. The welcome goes before the connection is yielded, so nothing the
+                // listener's user sends can reach the client ahead of its id.
+                try FragmentWriter(queue: replyQueue, messageSize: messageSize)
+                    .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .zero))
+                try connection.watchPeerProcess(pid)
+            } catch {
+                connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
+                throw error
+            }
+            return connection
         }
-        state.withLock { $0.clients[id] = Client(connection: connection, channel: channel, queueName: replyName, pid: pid) }
-        do {
-            // Without waiting (this is the loop's thread, which serves every client): a reply
-            // queue already full at the hello ends the connection, and the client's connect
-            // times out.
-            try FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .zero))
-            try connection.watchPeerProcess(pid)
-        } catch {
-            connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))
-            return
-        }
-        connectionSink.yield(connection)
     }
 }
