@@ -151,7 +151,7 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCBenchTests",
-            dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport"]
+            dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport"]
         ),
         // Hostile peers against every transport's listening side, and the security guarantees.
         .testTarget(
@@ -166,11 +166,12 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-// An upcoming feature that gates the public API: `any` spelled out for every existential.
-// (MemberImportVisibility was tried and taken out: on a clean build it attributes Glibc's
-// `struct stat` to whichever C module imported its header first, so a file that builds
-// incrementally fails from scratch.)
+// The upcoming features that gate the public API: `any` spelled out for every existential;
+// members visible only from modules a file imports itself; and imports internal unless they
+// say `public import`, so that a module's public signatures name every module they expose.
+// (On a clean build the compiler may credit Glibc's `struct stat` to CIPCShims, whose header
+// includes <mqueue.h> and through it <fcntl.h>: a file that uses `stat` imports both.)
 for target in package.targets where target.type != .system && target.type != .plugin {
     guard !["CIPCShims", "CMallocCounter", "CNativeFloor"].contains(target.name) else { continue }
-    target.swiftSettings = (target.swiftSettings ?? []) + [.enableUpcomingFeature("ExistentialAny")]
+    target.swiftSettings = (target.swiftSettings ?? []) + [.enableUpcomingFeature("ExistentialAny"), .enableUpcomingFeature("MemberImportVisibility"), .enableUpcomingFeature("InternalImportsByDefault")]
 }

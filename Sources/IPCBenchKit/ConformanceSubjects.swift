@@ -1,7 +1,7 @@
 import Foundation
-import IPCConformance
+public import IPCConformance
 import IPCCore
-import IPCFraming
+public import IPCFraming
 import IPCSystem
 import FilePresenterTransport
 import IPCFileCoordination

@@ -1,8 +1,9 @@
+import CIPCShims
 import Foundation
-import IPCConformance
-import IPCCore
+public import IPCConformance
+public import IPCCore
 import IPCEngine
-import IPCFraming
+public import IPCFraming
 import IPCSystem
 import Synchronization
 

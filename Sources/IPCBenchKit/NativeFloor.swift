@@ -1,6 +1,6 @@
 import CNativeFloor
 import Foundation
-import IPCCore
+public import IPCCore
 import IPCEngine
 import IPCSystem
 import Synchronization

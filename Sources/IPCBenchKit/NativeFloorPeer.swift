@@ -1,5 +1,5 @@
 import Foundation
-import IPCCore
+public import IPCCore
 
 /// The floor peer's side, run by `ipcbench floor-peer`: creates the responder end of a floor
 /// channel, prints `READY <pid>` as `ipcbench peer` does, and echoes until the initiator says

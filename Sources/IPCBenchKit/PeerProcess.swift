@@ -1,7 +1,7 @@
-import Foundation
-import IPCConformance
-import IPCCore
-import IPCFraming
+public import Foundation
+public import IPCConformance
+public import IPCCore
+public import IPCFraming
 import Synchronization
 
 /// A peer started as a separate process: the `ipcbench` executable in peer mode.

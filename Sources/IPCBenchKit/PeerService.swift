@@ -1,7 +1,7 @@
 import FilePresenterTransport
 import Foundation
-import IPCConformance
-import IPCCore
+public import IPCConformance
+public import IPCCore
 import IPCEngine
 
 /// What a peer process does. The benchmark and the tests start the `ipcbench` executable in

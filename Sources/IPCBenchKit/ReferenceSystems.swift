@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import IPCConformance
 import IPCCore
 import IPCEngine

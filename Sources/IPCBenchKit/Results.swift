@@ -1,6 +1,6 @@
 import Foundation
-import IPCEngine
-import IPCFraming
+public import IPCEngine
+public import IPCFraming
 
 /// The result file `ipcbench` writes. The schema is versioned: readers check ``schema``.
 public struct RunResults: Codable, Sendable {

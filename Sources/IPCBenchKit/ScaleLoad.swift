@@ -1,6 +1,7 @@
-import Foundation
+public import Foundation
+import CIPCShims
 import Glibc
-import IPCCore
+public import IPCCore
 import IPCEngine
 import IPCFraming
 import IPCSystem

@@ -1,7 +1,7 @@
 import Foundation
 import IPCCore
 import IPCEngine
-import IPCFraming
+public import IPCFraming
 import IPCSystem
 import UnixSocketTransport
 

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// One transport's kill cycles in a soak.
 public struct SoakTransportResult: Codable, Sendable, Equatable {

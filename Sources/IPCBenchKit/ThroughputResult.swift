@@ -1,4 +1,4 @@
-import IPCFraming
+public import IPCFraming
 
 /// One-way throughput of one transport (or native floor), framing, placement, wait strategy and
 /// payload size: messages sent back to back, timed from the first send until the receiving

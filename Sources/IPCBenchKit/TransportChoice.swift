@@ -1,6 +1,6 @@
 import FilePresenterTransport
-import IPCCore
-import IPCFraming
+public import IPCCore
+public import IPCFraming
 import MessagePortTransport
 import NotifyTransport
 import UnixSocketTransport

@@ -1,5 +1,5 @@
-import Foundation
-import IPCCore
+public import Foundation
+public import IPCCore
 import Synchronization
 
 /// Area 9: file coordination (`NSFilePresenter` and `NSFileCoordinator`), for a subject with a

@@ -1,5 +1,5 @@
-import Foundation
-import IPCCore
+public import Foundation
+public import IPCCore
 import Synchronization
 
 /// Area 10: MMWormhole's mailbox, for a subject with a ``WormholeMailbox``

@@ -1,4 +1,4 @@
-import IPCCore
+public import IPCCore
 
 extension ConformancePeer {
     /// Which side of an endpoint a peer takes.

@@ -1,5 +1,5 @@
 import Foundation
-import IPCCore
+public import IPCCore
 import Synchronization
 
 /// The peer side of the suite: what the process at the other end of every case does.

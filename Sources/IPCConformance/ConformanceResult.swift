@@ -1,5 +1,5 @@
-import Foundation
-import IPCCore
+public import Foundation
+public import IPCCore
 
 /// The outcome of one case against one subject.
 public struct ConformanceResult: Sendable, Hashable, Codable {

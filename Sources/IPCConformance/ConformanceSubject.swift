@@ -1,6 +1,6 @@
-import Foundation
-import IPCCore
-import IPCSecureCoding
+public import Foundation
+public import IPCCore
+public import IPCSecureCoding
 
 /// What the suite runs against: a transport, how to start peer processes that speak it, and
 /// the optional extras some areas need.

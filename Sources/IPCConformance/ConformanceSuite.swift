@@ -2,6 +2,7 @@ import Foundation
 import IPCCore
 import Synchronization
 import IPCFraming
+import IPCSecureCoding
 
 /// Runs the cases of ``catalog`` against a subject, one at a time, and grades each.
 ///

@@ -6,8 +6,8 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import IPCCore
-import IPCFraming
+public import IPCCore
+public import IPCFraming
 import SystemPackage
 
 /// How the framing cases reach a stream transport's endpoint below the transport: an

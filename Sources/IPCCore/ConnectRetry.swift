@@ -95,6 +95,7 @@ extension MessageTransport {
 /// child process's exit) on a thread of its own, and waits for it without holding one of Swift's
 /// cooperative threads, which are few (one per core). The package's one way to call blocking
 /// code from `async` code: `Scripts/check-blocking-calls.sh` knows it.
+@discardableResult
 public func runBlocking<Result: Sendable>(_ body: @escaping @Sendable () throws -> Result) async throws -> Result {
     try await withCheckedThrowingContinuation { continuation in
         Thread.detachNewThread { continuation.resume(with: Swift.Result { try body() }) }

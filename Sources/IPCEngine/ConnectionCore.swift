@@ -1,4 +1,4 @@
-import IPCCore
+package import IPCCore
 
 /// The part of a connection that is the same in every transport: the invalidation latch, the
 /// pending requests, the stream of received messages, and what each kind of incoming frame

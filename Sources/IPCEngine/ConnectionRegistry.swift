@@ -1,4 +1,4 @@
-import IPCCore
+public import IPCCore
 import Synchronization
 
 /// A listener's bookkeeping, the same in every transport: the stream of accepted connections,

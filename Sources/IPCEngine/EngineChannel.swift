@@ -1,5 +1,5 @@
-import IPCCore
-import SystemPackage
+public import IPCCore
+public import SystemPackage
 
 /// What a transport supplies to the connection engine for one connection: a descriptor to wait
 /// on, how to read what is there and cut it into frames, how to write a frame, how to close.

@@ -1,5 +1,5 @@
 import DequeModule
-import IPCCore
+public import IPCCore
 import Synchronization
 import SystemPackage
 

@@ -5,9 +5,9 @@ import Darwin
 #endif
 import DequeModule
 import HeapModule
-import IPCCore
+package import IPCCore
 import Synchronization
-import SystemPackage
+public import SystemPackage
 
 /// What runs on the event loop when a registered descriptor is ready.
 package protocol EventHandler: AnyObject, Sendable {

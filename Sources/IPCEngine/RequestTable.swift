@@ -1,4 +1,4 @@
-import IPCCore
+package import IPCCore
 import Synchronization
 
 /// The requests a connection has sent and not yet had answered, keyed by correlation id.

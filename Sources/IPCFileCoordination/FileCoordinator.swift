@@ -1,10 +1,10 @@
 import CIPCShims
 import Glibc
-import IPCCore
+public import IPCCore
 import IPCEngine
 import IPCSystem
 import Synchronization
-import SystemPackage
+public import SystemPackage
 
 /// An open file that coordinated reads and writes lock: the counterpart of the item an
 /// `NSFileCoordinator` coordinates on.

@@ -1,7 +1,7 @@
 import CIPCShims
 import Dispatch
 import Glibc
-import IPCCore
+public import IPCCore
 import IPCEngine
 import IPCSystem
 import Synchronization

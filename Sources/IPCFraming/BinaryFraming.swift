@@ -1,4 +1,4 @@
-import IPCCore
+public import IPCCore
 
 /// The binary wire format, version 1. `docs/WIRE-FORMAT.md` is the specification:
 ///

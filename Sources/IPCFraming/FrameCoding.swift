@@ -1,4 +1,4 @@
-import IPCCore
+public import IPCCore
 
 /// The outcome of one decode attempt.
 public enum DecodeStep: Sendable, Equatable {

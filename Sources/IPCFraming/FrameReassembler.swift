@@ -1,4 +1,4 @@
-import IPCCore
+public import IPCCore
 
 /// Reassembles frames from a byte stream that arrives in arbitrary chunks.
 ///

@@ -1,4 +1,4 @@
-import IPCCore
+public import IPCCore
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import IPCCore
 
 /// The types a receiver accepts: NSSecureCoding's `allowedClasses`, as LLBSDMessaging's

@@ -26,7 +26,7 @@ public struct KeyedArchivePayloadCodec: PayloadCodec {
     /// - Throws: ``IPCError/Code/unsupportedOperation`` if `message` is not an `NSObject` that
     ///   conforms to `NSSecureCoding` with `supportsSecureCoding` true.
     public func encode(_ message: some SecureMessage) throws -> [UInt8] {
-        guard let object = message as? NSObject & NSSecureCoding, type(of: object).supportsSecureCoding else {
+        guard let object = message as? any NSObject & NSSecureCoding, type(of: object).supportsSecureCoding else {
             throw IPCError(code: .unsupportedOperation, message: "the keyed-archive codec carries NSObject classes that support secure coding; \(type(of: message)) is not one")
         }
         let archiver = NSKeyedArchiver(requiringSecureCoding: true)

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 extension NSCoder {
     /// Decodes the object stored under `key`, checking its class against every class the receiver

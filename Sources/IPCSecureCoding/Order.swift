@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The example message of tests and benchmarks: an order with line items, tags, a timestamp and a
 /// small binary attachment, as a Codable value. ``OrderObject`` is the same model as an

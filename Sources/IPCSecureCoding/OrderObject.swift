@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// ``Order`` as an `NSSecureCoding` class, for the keyed-archive codec. Its `init(coder:)`
 /// decodes children with `decodeAllowedObject(of:forKey:)`, as that codec requires.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A message that a receiver can name on its ``AllowList``.
 ///

@@ -1,5 +1,6 @@
+import CIPCShims
 import Glibc
-import IPCCore
+public import IPCCore
 import SystemPackage
 
 /// An exclusive claim on an endpoint name, held for as long as a listener lives.

@@ -1,5 +1,5 @@
-import CIPCShims
-import Glibc
+public import CIPCShims
+public import Glibc
 import IPCCore
 import SystemPackage
 

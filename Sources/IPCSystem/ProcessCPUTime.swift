@@ -1,3 +1,4 @@
+import CIPCShims
 import Glibc
 
 /// CPU time (user + system) a process has used, in nanoseconds: this process, or another one of

@@ -1,4 +1,5 @@
-import Glibc
+public import CIPCShims
+public import Glibc
 import IPCCore
 import SystemPackage
 

@@ -1,6 +1,6 @@
 import Glibc
-import IPCCore
-import SystemPackage
+public import IPCCore
+public import SystemPackage
 
 /// Runs a system call, retrying it while it fails with `EINTR`, and throws its `Errno`.
 ///

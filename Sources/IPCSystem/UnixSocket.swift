@@ -1,6 +1,6 @@
-import CIPCShims
+public import CIPCShims
 import Glibc
-import IPCCore
+public import IPCCore
 import SystemPackage
 
 /// Thin, typed wrappers over the `AF_UNIX` stream socket calls the Unix socket transport makes.

@@ -1,5 +1,5 @@
 import IPCCore
-import IPCSecureCoding
+public import IPCSecureCoding
 
 /// MMWormhole passes objects (`passMessageObject:identifier:` with NSCoding); this wormhole passes
 /// them through the package's secure codecs: each object is stored with its type's name, and a

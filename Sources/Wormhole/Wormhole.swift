@@ -1,5 +1,6 @@
+import CIPCShims
 import Glibc
-import IPCCore
+public import IPCCore
 import IPCSystem
 import Synchronization
 

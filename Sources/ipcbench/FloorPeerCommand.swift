@@ -1,4 +1,4 @@
-import ArgumentParser
+public import ArgumentParser
 import IPCBenchKit
 import IPCCore
 import IPCSystem

@@ -1,4 +1,4 @@
-import ArgumentParser
+public import ArgumentParser
 import CMallocCounter
 import Foundation
 import IPCBenchKit

@@ -1,4 +1,5 @@
 import FilePresenterTransport
+import CIPCShims
 import Foundation
 import IPCBenchKit
 import IPCConformance

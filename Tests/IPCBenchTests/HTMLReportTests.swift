@@ -4,6 +4,7 @@ import IPCBenchKit
 import IPCTestSupport
 import Testing
 import IPCCore
+import IPCFraming
 
 /// The HTML report is rendered by a real browser, headless Chromium from Debian
 /// (Scripts/install-system-packages.sh installs it), and the charts are checked to be drawn:

@@ -97,7 +97,7 @@ struct SocketActivationTests {
         ]
         _ = try ChildProcess.run(loop)
         defer {
-            FileManager.default.createFile(atPath: stop, contents: nil)
+            _ = FileManager.default.createFile(atPath: stop, contents: nil)
             _ = Foundation.kill(loop.processIdentifier, SIGKILL)
             // The launcher or service of the last round: the one process holding the socket.
             _ = try? Process.run(URL(fileURLWithPath: "/usr/bin/pkill"), arguments: ["-KILL", "-f", "--", "--group \(directory) "])

@@ -1,6 +1,6 @@
 import Foundation
 import IPCConformance
-import Testing
+public import Testing
 
 /// Runs one test in a process of its own: the test bundle again, filtered to that test.
 ///

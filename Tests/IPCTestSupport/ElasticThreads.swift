@@ -1,5 +1,5 @@
 import Foundation
-import Testing
+public import Testing
 
 /// Runs each test of a suite on threads of its own instead of Swift's cooperative pool.
 ///

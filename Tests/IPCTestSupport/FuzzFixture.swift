@@ -1,5 +1,5 @@
-import Foundation
-import Testing
+public import Foundation
+public import Testing
 
 /// An input kept under `Tests/Fixtures/fuzz-regressions/<folder>/`: a hostile stream or payload
 /// written by `Fuzz/make-corpus.py`, or one that a fuzz target once failed on. The folder is named

@@ -1,4 +1,4 @@
-import Testing
+public import Testing
 
 /// Runs the test cases that create POSIX message queues one at a time, whatever suite or target
 /// they are in.

@@ -1,7 +1,7 @@
 import Foundation
-import IPCCore
+public import IPCCore
 import Synchronization
-import Testing
+public import Testing
 
 /// A private group directory for one test, removed afterwards.
 public struct TestGroup: ~Copyable {

@@ -1,5 +1,5 @@
 #if os(Linux)
-import IPCCore
+public import IPCCore
 import IPCSystem
 
 /// An endpoint a listener holds, whatever its clients arrive on: the group directory prepared

@@ -1,8 +1,8 @@
 #if os(Linux)
 import CIPCShims
 import Glibc
-import IPCCore
-import IPCSystem
+package import IPCCore
+package import IPCSystem
 import Synchronization
 import SystemPackage
 

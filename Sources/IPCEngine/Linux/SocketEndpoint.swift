@@ -1,7 +1,7 @@
 #if os(Linux)
 import Glibc
-import IPCCore
-import IPCSystem
+public import IPCCore
+public import IPCSystem
 import Synchronization
 
 /// The listening side of a transport whose clients connect to an `AF_UNIX` socket in the group

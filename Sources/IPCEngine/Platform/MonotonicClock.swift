@@ -1,6 +1,7 @@
 // Seam: the monotonic clock (`clock_gettime(CLOCK_MONOTONIC)`, served by the vDSO on Linux and
 // by commpage on Darwin). The one place the engine reads the time.
 #if canImport(Glibc)
+import CIPCShims
 import Glibc
 #elseif canImport(Darwin)
 import Darwin

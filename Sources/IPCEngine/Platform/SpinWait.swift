@@ -2,7 +2,7 @@
 #if os(Linux)
 import CIPCShims
 #endif
-import IPCCore
+package import IPCCore
 
 /// Tells the CPU that the caller is spinning: it slows the loop a little and frees the core's
 /// shared resources for a sibling hyperthread. Not a system call.

@@ -1,5 +1,6 @@
+import CIPCShims
 import Glibc
-import IPCCore
+package import IPCCore
 import IPCFileCoordination
 import IPCFraming
 import Synchronization

@@ -3,7 +3,7 @@ import Dispatch
 import Glibc
 import IPCCore
 import IPCFileCoordination
-import IPCEngine
+public import IPCEngine
 import IPCFraming
 import IPCSystem
 import Synchronization

@@ -2,7 +2,7 @@ import CIPCShims
 import Glibc
 import IPCCore
 import IPCFileCoordination
-import IPCEngine
+public import IPCEngine
 import IPCSystem
 import Synchronization
 

@@ -1,8 +1,8 @@
 import CIPCShims
 import Glibc
-import IPCCore
+public import IPCCore
 import IPCFileCoordination
-import IPCEngine
+public import IPCEngine
 import IPCSystem
 import Synchronization
 import SystemPackage

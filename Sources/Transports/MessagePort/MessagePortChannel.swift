@@ -1,6 +1,6 @@
 import Glibc
 import IPCCore
-import IPCEngine
+public import IPCEngine
 import IPCSystem
 import SystemPackage
 

@@ -1,6 +1,7 @@
+import CIPCShims
 import Glibc
-import IPCCore
-import IPCEngine
+public import IPCCore
+public import IPCEngine
 import IPCSystem
 import Synchronization
 

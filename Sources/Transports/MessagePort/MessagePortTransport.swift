@@ -1,7 +1,7 @@
 import Glibc
-import IPCCore
-import IPCEngine
-import IPCSystem
+public import IPCCore
+public import IPCEngine
+public import IPCSystem
 import Synchronization
 
 /// Named request/reply ports in the spirit of `CFMessagePort`, on POSIX message queues.

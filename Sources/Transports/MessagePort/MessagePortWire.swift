@@ -1,3 +1,4 @@
+import CIPCShims
 import Glibc
 import IPCCore
 import IPCSystem

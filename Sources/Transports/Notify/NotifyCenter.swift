@@ -1,6 +1,6 @@
 import CIPCShims
 import Glibc
-import IPCCore
+public import IPCCore
 import IPCEngine
 import IPCSystem
 import Synchronization

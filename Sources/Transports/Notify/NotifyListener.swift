@@ -1,7 +1,7 @@
 import CIPCShims
 import Glibc
 import IPCCore
-import IPCEngine
+public import IPCEngine
 import IPCSystem
 import Synchronization
 import SystemPackage

@@ -1,6 +1,6 @@
 import Glibc
-import IPCCore
-import IPCEngine
+public import IPCCore
+public import IPCEngine
 import IPCSystem
 import Synchronization
 

@@ -1,5 +1,5 @@
 import IPCCore
-import IPCEngine
+public import IPCEngine
 import IPCFraming
 import IPCSystem
 import SystemPackage

@@ -1,6 +1,6 @@
-import IPCCore
-import IPCEngine
-import IPCFraming
+public import IPCCore
+public import IPCEngine
+public import IPCFraming
 import IPCSystem
 
 /// `AF_UNIX` stream sockets in the group directory: the Linux counterpart of LLBSDMessaging's
