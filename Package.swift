@@ -110,6 +110,7 @@ let package = Package(
                 "FilePresenterTransport", "IPCFileCoordination", "Wormhole",
                 "IPCConformance",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         // Counting replacements of malloc and its kin, for the in-process allocation counts;
@@ -120,6 +121,7 @@ let package = Package(
             dependencies: [
                 "IPCBenchKit", "NotifyTransport", "Wormhole", "IPCConformance", "IPCSystem", "CIPCShims", "CMallocCounter",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         // The engine in process, over a socketpair channel of the tests' own.
@@ -139,7 +141,10 @@ let package = Package(
         .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "IPCSecureCoding", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
-            dependencies: ["CIPCShims", "IPCCore", "IPCSystem", "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
+            dependencies: [
+                "CIPCShims", "IPCCore", "IPCSystem", "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
         ),
         .testTarget(
             name: "MessagePortTransportTests",
@@ -151,7 +156,10 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCBenchTests",
-            dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport"]
+            dependencies: [
+                "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
         ),
         // Hostile peers against every transport's listening side, and the security guarantees.
         .testTarget(

@@ -61,7 +61,7 @@ struct SecurityTests {
             let queue = try MessageQueue.open(name: name, forWriting: true)
             defer { queue.close() }
             var status = stat()
-            #expect(fstat(queue.descriptor, &status) == 0)
+            #expect(fstat(queue.descriptor.rawValue, &status) == 0)
             #expect(status.st_mode & 0o7777 == 0o600, "queue \(name) is mode \(String(status.st_mode & 0o7777, radix: 8))")
             #expect(!MessageQueue.exists(name: PortNames.replyQueue(endpoint, pid: client.pid, serial: 1)))
         }

@@ -96,7 +96,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private func register(_ queue: MessageQueue, polled: Bool = false) throws -> UInt64 {
         let handler = PortReader(queue: queue, pollsWhileSpinning: polled && options.waitStrategy.spins)
         handler.listener = self
-        return try loop.register(queue.descriptor, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
+        return try loop.register(queue.descriptor.rawValue, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
     }
 
     private func scheduleNameCheck() {
@@ -310,7 +310,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         // told, and its connect times out.
         func refuse(_ reason: PortRefusal) {
             try? FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                .sendControl(PortFragmentHeader(kind: .refused, msgid: reason.rawValue), deadline: MessageQueue.realtimeDeadline(after: .zero))
+                .sendControl(PortFragmentHeader(kind: .refused, msgid: reason.rawValue), deadline: .after(.zero))
             replyQueue.close()
         }
         // A process's clients are bounded, so that one process (which could make queues as long
@@ -353,7 +353,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             // queue already full at the hello ends the connection, and the client's connect
             // times out.
             try FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .zero))
+                .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: .after(.zero))
             try connection.watchPeerProcess(pid)
         } catch {
             connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))

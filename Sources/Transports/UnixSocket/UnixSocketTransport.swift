@@ -48,7 +48,7 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActi
             peer = try UnixSocket.peerCredentials(fd)
             try GroupDirectories.verifyListener(peer, at: Self.socketPath(endpoint))
         } catch {
-            closeDescriptor(fd)
+            try? fd.close()
             throw error
         }
         let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
