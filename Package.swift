@@ -69,12 +69,12 @@ let package = Package(
         ),
         .target(
             name: "MessagePortTransport",
-            dependencies: ["IPCCore", "IPCEngine", "IPCSystem"],
+            dependencies: ["IPCCore", "IPCEngine", "IPCSystem", "CIPCShims", .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Transports/MessagePort"
         ),
         .target(
             name: "NotifyTransport",
-            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "CIPCShims"],
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "CIPCShims", .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Transports/Notify"
         ),
         // NSFileCoordinator / NSFilePresenter's counterpart: coordinated reads and writes (open
@@ -94,7 +94,7 @@ let package = Package(
         ),
         // MMWormhole's mailbox: the last message per identifier, stored in the group directory,
         // listeners told through any NamedNotificationCenter.
-        .target(name: "Wormhole", dependencies: ["IPCCore", "IPCSystem", "IPCSecureCoding"]),
+        .target(name: "Wormhole", dependencies: ["IPCCore", "IPCSystem", "IPCSecureCoding", "CIPCShims"]),
         // The conformance suite as a library any transport's tests can run: cases, the peer
         // service a peer executable runs, reports. No test framework: assertions throw.
         .target(
@@ -106,10 +106,11 @@ let package = Package(
             name: "IPCBenchKit",
             dependencies: [
                 "IPCCore", "IPCEngine", "IPCFraming", "IPCSecureCoding", "IPCSystem", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
-                "CNativeFloor",
+                "CNativeFloor", "CIPCShims",
                 "FilePresenterTransport", "IPCFileCoordination", "Wormhole",
                 "IPCConformance",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         // Counting replacements of malloc and its kin, for the in-process allocation counts;
@@ -120,6 +121,7 @@ let package = Package(
             dependencies: [
                 "IPCBenchKit", "NotifyTransport", "Wormhole", "IPCConformance", "IPCSystem", "CIPCShims", "CMallocCounter",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         // The engine in process, over a socketpair channel of the tests' own.
@@ -134,12 +136,15 @@ let package = Package(
         ),
         .testTarget(
             name: "NotifyTransportTests",
-            dependencies: ["IPCCore", "IPCFraming", "IPCSystem", "CIPCShims", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCFraming", "IPCSystem", "CIPCShims", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", .product(name: "SystemPackage", package: "swift-system")]
         ),
         .testTarget(name: "WormholeTests", dependencies: ["IPCCore", "IPCSecureCoding", "Wormhole", "NotifyTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench"]),
         .testTarget(
             name: "FilePresenterTransportTests",
-            dependencies: ["CIPCShims", "IPCCore", "IPCSystem", "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance"]
+            dependencies: [
+                "CIPCShims", "IPCCore", "IPCSystem", "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
         ),
         .testTarget(
             name: "MessagePortTransportTests",
@@ -151,14 +156,18 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCBenchTests",
-            dependencies: ["IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport"]
+            dependencies: [
+                "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
         ),
         // Hostile peers against every transport's listening side, and the security guarantees.
         .testTarget(
             name: "HostileTests",
             dependencies: [
                 "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport",
-                "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench",
+                "FilePresenterTransport", "IPCFileCoordination", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench", "CIPCShims",
+                .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         .testTarget(name: "NativeFloorTests", dependencies: ["IPCBenchKit", "IPCCore", "IPCSystem", "IPCTestSupport", "ipcbench"]),

@@ -7,6 +7,7 @@ import IPCFraming
 import IPCSystem
 import UnixSocketTransport
 import IPCConformance
+import SystemPackage
 
 /// The other clients of a scale measurement (``ScaleRunner``), run by the hidden `ipcbench load`
 /// subcommand in a process of their own: `clients` connections to a Unix socket server, each
@@ -57,12 +58,12 @@ public struct ScaleLoad: Sendable {
     }
 
     private final class Client {
-        let fd: CInt
+        let fd: FileDescriptor
         let reassembler = Framing.binary.makeReassembler(maximumPayloadLength: 1 << 20)
         var nextSlot: UInt64
         var outstanding = false
 
-        init(fd: CInt, nextSlot: UInt64) {
+        init(fd: FileDescriptor, nextSlot: UInt64) {
             self.fd = fd
             self.nextSlot = nextSlot
         }
@@ -72,12 +73,12 @@ public struct ScaleLoad: Sendable {
     /// is readable at end of file or fails, and returns what was done.
     /// - Throws: ``IPCError`` if a client cannot connect, or a connection fails while sending.
     public func run(stopDescriptor: CInt = STDIN_FILENO, ready: () -> Void) throws -> Report {
-        var descriptors: [CInt] = []
-        defer { descriptors.forEach(closeDescriptor) }
+        var descriptors: [FileDescriptor] = []
+        defer { descriptors.forEach { try? $0.close() } }
         for _ in 0..<clients {
             let fd = try UnixSocket.connect(path: UnixSocketTransport.socketPath(endpoint))
             descriptors.append(fd)
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd.rawValue, F_SETFL, fcntl(fd.rawValue, F_GETFL) | O_NONBLOCK)
         }
         let interval = UInt64(1e9 / requestsPerSecond)
         let frame = try Framing.binary.makeEncoder(maximumPayloadLength: 1 << 20)
@@ -89,7 +90,7 @@ public struct ScaleLoad: Sendable {
         }
         var report = Report(served: 0, sent: 0, skipped: 0, nanoseconds: 0)
         var polled = [pollfd(fd: stopDescriptor, events: Int16(POLLIN), revents: 0)]
-            + population.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+            + population.map { pollfd(fd: $0.fd.rawValue, events: Int16(POLLIN), revents: 0) }
         while true {
             // Replies first, so a client whose reply is in is free for its slot.
             if poll(&polled, nfds_t(polled.count), 0) > 0 {
@@ -105,7 +106,7 @@ public struct ScaleLoad: Sendable {
                     if client.outstanding {
                         report.skipped += 1
                     } else {
-                        try send(frame, on: client.fd)
+                        try send(frame, on: client.fd.rawValue)
                         client.outstanding = true
                         report.sent += 1
                     }

@@ -150,7 +150,7 @@ enum FileCoordinationCases {
         try await Task.sleep(for: .milliseconds(200))
         coordinator.cancel()
         guard let outcome = await result(of: task, within: .seconds(5)) else {
-            try? await runBlocking { try peer.run("release") }
+            _ = try? await runBlocking { try peer.run("release") }
             throw ConformanceFailure("a cancelled write was still waiting 5 s after cancel()")
         }
         guard case .failure(let error) = outcome, error is CancellationError else {

@@ -153,7 +153,7 @@ extension ConformancePeer {
                 burstCount: try value("--burst-count") { Int($0) } ?? 0,
                 burstSize: try value("--burst-size") { Int($0) } ?? 4,
                 grandchild: try value("--grandchild", Grandchild.init(rawValue:)),
-                waitStrategy: WaitStrategy(spinNanoseconds: 1000 * (try value("--spin-microseconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } } ?? 0)),
+                waitStrategy: WaitStrategy(spinFor: .microseconds(try value("--spin-microseconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } } ?? 0)),
                 stalledFrameTimeout: try value("--stalled-frame-seconds") { Int64($0).flatMap { $0 >= 0 ? $0 : nil } }
                     .map { $0 == 0 ? nil : .seconds($0) } ?? ConnectionOptions.defaults.stalledFrameTimeout,
                 serving: try value("--serve", Serving.init(rawValue:)) ?? .task,

@@ -2,7 +2,7 @@
 ///
 /// Blocking puts the waiting thread to sleep in the kernel at once; the peer's message then costs
 /// a wake-up, which dominates a small round trip when the two processes run on different cores.
-/// Spin-then-block polls without sleeping for at most ``spinNanoseconds`` first (each poll is a
+/// Spin-then-block polls without sleeping for at most ``spinDuration`` first (each poll is a
 /// non-blocking system call or a load from shared memory), and blocks only if nothing arrived
 /// by then.
 ///
@@ -12,21 +12,29 @@
 /// spins with both processes on one core, and a transport that has no way to poll ignores the
 /// strategy (``TransportCapabilities/supportsSpinning``).
 public struct WaitStrategy: Sendable, Hashable, Codable, CustomStringConvertible {
-    /// How long to poll before blocking, in nanoseconds; 0 blocks at once.
-    public var spinNanoseconds: Int64
+    /// ``spinDuration`` in nanoseconds: what the spin loops compare with the monotonic clock
+    /// (and the key the strategy is encoded under).
+    package var spinNanoseconds: Int64
 
-    public init(spinNanoseconds: Int64) {
-        precondition(spinNanoseconds >= 0, "a spin time cannot be negative")
-        self.spinNanoseconds = spinNanoseconds
+    /// Polls for `spin` before blocking; `.zero` blocks at once.
+    /// - Precondition: `spin` is not negative.
+    public init(spinFor spin: Duration) {
+        precondition(spin >= .zero, "a spin time cannot be negative")
+        spinNanoseconds = Int64(clamping: spin.wholeNanoseconds)
+    }
+
+    /// How long to poll before blocking (to the nanosecond); `.zero` blocks at once.
+    public var spinDuration: Duration {
+        get { .nanoseconds(spinNanoseconds) }
+        set { self = WaitStrategy(spinFor: newValue) }
     }
 
     /// Block at once.
-    public static let blocking = WaitStrategy(spinNanoseconds: 0)
+    public static let blocking = WaitStrategy(spinFor: .zero)
 
     /// Poll for `spin` (50 µs by default) before blocking.
     public static func spinThenBlock(_ spin: Duration = .microseconds(50)) -> WaitStrategy {
-        let (seconds, attoseconds) = spin.components
-        return WaitStrategy(spinNanoseconds: max(0, seconds * 1_000_000_000 + attoseconds / 1_000_000_000))
+        WaitStrategy(spinFor: max(.zero, spin))
     }
 
     public var spins: Bool { spinNanoseconds > 0 }

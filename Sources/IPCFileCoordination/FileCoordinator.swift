@@ -50,7 +50,7 @@ public final class CoordinatedFile: Sendable {
     }
 
     deinit {
-        closeDescriptor(descriptor)
+        try? FileDescriptor(rawValue: descriptor).close()
     }
 
     /// Takes the lock, waiting until `timeout` (or the monotonic time `giveUp`, if given).

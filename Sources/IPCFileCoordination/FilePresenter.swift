@@ -101,7 +101,7 @@ private enum MarkerEvent {
 
 /// A presenter's listening socket in the file's presenters directory.
 private final class AnsweringSocket: Sendable {
-    let listener: CInt
+    let listener: FileDescriptor
     let path: String
 
     init(presenting file: String) throws {
@@ -115,7 +115,7 @@ private final class AnsweringSocket: Sendable {
 
     deinit {
         unlink(path)
-        closeDescriptor(listener)
+        try? listener.close()
     }
 }
 
@@ -150,7 +150,7 @@ private final class PresenterWatch: Sendable {
         marker = ipc_open_unnamed_file(directory)
         guard marker >= 0 else {
             let error = Errno(rawValue: errno)
-            closeDescriptor(inotify)
+            try? FileDescriptor(rawValue: inotify).close()
             throw IPCError.syscall("open(O_TMPFILE)", error, context: directory)
         }
         var byte: UInt8 = 0
@@ -163,8 +163,8 @@ private final class PresenterWatch: Sendable {
         markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
         guard fileWatch >= 0, markerWatch >= 0 else {
             let error = Errno(rawValue: errno)
-            closeDescriptor(inotify)
-            closeDescriptor(marker)
+            try? FileDescriptor(rawValue: inotify).close()
+            try? FileDescriptor(rawValue: marker).close()
             throw IPCError.syscall("inotify_add_watch", error, context: path)
         }
     }
@@ -174,8 +174,8 @@ private final class PresenterWatch: Sendable {
         // period: 10-25 ms at times on this VM kind), so it is closed off the releasing thread,
         // which may be ending a connection whose invalidation handler waits behind it.
         let inotify = inotify
-        DispatchQueue.global(qos: .utility).async { closeDescriptor(inotify) }
-        closeDescriptor(marker)
+        DispatchQueue.global(qos: .utility).async { try? FileDescriptor(rawValue: inotify).close() }
+        try? FileDescriptor(rawValue: marker).close()
     }
 
     func mark(_ event: MarkerEvent) {
@@ -342,7 +342,7 @@ private struct Conversations {
     }
 
     private struct Conversation {
-        let descriptor: CInt
+        let descriptor: FileDescriptor
         /// Set once the presenter relinquished: waiting for the end of the access.
         var relinquished = false
         var reacquirer: FilePresenterCallbacks.Reacquirer?
@@ -353,11 +353,11 @@ private struct Conversations {
     private var listenerReadable = false
 
     /// Waits until inotify, the listener or a conversation is readable; `false` if interrupted.
-    mutating func wait(inotify: CInt, listener: CInt) -> Bool {
+    mutating func wait(inotify: CInt, listener: FileDescriptor) -> Bool {
         // At the limit, new connections wait in the listener's backlog.
         let listening = open.count < PresenterDirectory.maximumConversations
-        var polled = [pollfd(fd: inotify, events: Int16(POLLIN), revents: 0), pollfd(fd: listening ? listener : -1, events: Int16(POLLIN), revents: 0)]
-        polled += open.map { pollfd(fd: $0.descriptor, events: Int16(POLLIN), revents: 0) }
+        var polled = [pollfd(fd: inotify, events: Int16(POLLIN), revents: 0), pollfd(fd: listening ? listener.rawValue : -1, events: Int16(POLLIN), revents: 0)]
+        polled += open.map { pollfd(fd: $0.descriptor.rawValue, events: Int16(POLLIN), revents: 0) }
         guard poll(&polled, nfds_t(polled.count), -1) > 0 else { return false }
         listenerReadable = polled[1].revents != 0
         readable = polled.dropFirst(2).map { $0.revents != 0 }
@@ -366,7 +366,7 @@ private struct Conversations {
 
     /// Accepts new conversations, reads the requests that came, answers them, and runs the
     /// reacquirers of accesses that are over.
-    mutating func serve(listener: CInt, answer: (PresenterRequest) -> Outcome, reacquire: (FilePresenterCallbacks.Reacquirer) -> Void) {
+    mutating func serve(listener: FileDescriptor, answer: (PresenterRequest) -> Outcome, reacquire: (FilePresenterCallbacks.Reacquirer) -> Void) {
         var still: [Conversation] = []
         for (conversation, isReadable) in zip(open, readable) {
             guard isReadable else {
@@ -380,12 +380,12 @@ private struct Conversations {
             }
             if conversation.relinquished {
                 // The end of the access (a close, or a death), or bytes the protocol has none of.
-                closeDescriptor(conversation.descriptor)
+                try? conversation.descriptor.close()
                 conversation.reacquirer.map(reacquire)
                 continue
             }
             guard case .byte(let byte) = received, let request = PresenterRequest(rawValue: byte) else {
-                closeDescriptor(conversation.descriptor)
+                try? conversation.descriptor.close()
                 continue
             }
             var reply: UInt8
@@ -398,13 +398,13 @@ private struct Conversations {
             case .failed:
                 reply = PresenterAnswer.failed.rawValue
             case .gone:
-                closeDescriptor(conversation.descriptor)
+                try? conversation.descriptor.close()
                 continue
             }
-            if send(conversation.descriptor, &reply, 1, CInt(MSG_NOSIGNAL | MSG_DONTWAIT)) == 1, next.relinquished {
+            if send(conversation.descriptor.rawValue, &reply, 1, CInt(MSG_NOSIGNAL | MSG_DONTWAIT)) == 1, next.relinquished {
                 still.append(next)
             } else {
-                closeDescriptor(conversation.descriptor)
+                try? conversation.descriptor.close()
                 // A coordinator gone before the answer: its access is over already.
                 if next.relinquished { next.reacquirer.map(reacquire) }
             }
@@ -415,7 +415,7 @@ private struct Conversations {
         listenerReadable = false
         while open.count < PresenterDirectory.maximumConversations, case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
             guard let peer = try? UnixSocket.peerCredentials(descriptor), peer.uid == geteuid() else {
-                closeDescriptor(descriptor)
+                try? descriptor.close()
                 continue
             }
             open.append(Conversation(descriptor: descriptor))
@@ -424,22 +424,22 @@ private struct Conversations {
 
     /// Closes the connections waiting in `listener`'s backlog unanswered (a listener the
     /// presenter leaves); the open conversations go on.
-    mutating func refuseWaiting(on listener: CInt) {
+    mutating func refuseWaiting(on listener: FileDescriptor) {
         listenerReadable = false
         while case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
-            closeDescriptor(descriptor)
+            try? descriptor.close()
         }
     }
 
     /// Ends every conversation without answering or reacquiring (the presenter is removed),
     /// also those still waiting to be accepted: their coordinators see the end at once, as for
     /// a presenter that died, instead of waiting for their timeouts.
-    mutating func closeAll(listener: CInt?) {
-        open.forEach { closeDescriptor($0.descriptor) }
+    mutating func closeAll(listener: FileDescriptor?) {
+        open.forEach { try? $0.descriptor.close() }
         open = []
         guard let listener else { return }
         while case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
-            closeDescriptor(descriptor)
+            try? descriptor.close()
         }
     }
 }

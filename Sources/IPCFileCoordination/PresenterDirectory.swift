@@ -81,7 +81,7 @@ struct PresenterDirectory {
     /// Binds a new answering socket for a presenter of this process.
     /// - Returns: the listening socket (non-blocking) and its path.
     /// - Throws: what ``check(create:)`` and `UnixSocket.listen` throw.
-    func register() throws -> (listener: CInt, path: String) {
+    func register() throws -> (listener: FileDescriptor, path: String) {
         try check(create: true)
         let socketPath = "\(path)/\(getpid()).\(Self.serial.add(1, ordering: .relaxed).newValue)"
         do {
@@ -105,14 +105,14 @@ struct PresenterDirectory {
     ///   `CancellationError` once `cancelled()` is true; what ``check(create:)`` throws.
     func ask(_ request: PresenterRequest, excluding own: String?, until giveUp: UInt64, timeout: Duration, cancelled: () -> Bool) throws -> PresenterConversations {
         guard try check(create: false) else { return PresenterConversations() }
-        var waiting: [(descriptor: CInt, pid: Int32)] = []
+        var waiting: [(descriptor: FileDescriptor, pid: Int32)] = []
         var answered = PresenterConversations()
         func giveUpAll() {
-            for entry in waiting { closeDescriptor(entry.descriptor) }
+            for entry in waiting { try? entry.descriptor.close() }
             answered.end()
         }
         for name in try presenterNames() where path + "/" + name != own {
-            let descriptor: CInt
+            let descriptor: FileDescriptor
             switch connect(name) {
             case .connected(let connected): descriptor = connected
             case .none: continue
@@ -123,9 +123,9 @@ struct PresenterDirectory {
                 throw IPCError(code: .coordinationTimeout, message: "the presenter socket \(path)/\(name) accepts no connection (its backlog is full)")
             }
             var byte = request.rawValue
-            guard send(descriptor, &byte, 1, CInt(MSG_NOSIGNAL)) == 1 else {
+            guard send(descriptor.rawValue, &byte, 1, CInt(MSG_NOSIGNAL)) == 1 else {
                 // The presenter went away between the connect and now.
-                closeDescriptor(descriptor)
+                try? descriptor.close()
                 continue
             }
             waiting.append((descriptor, Int32(name.prefix { $0 != "." }) ?? 0))
@@ -141,11 +141,11 @@ struct PresenterDirectory {
                 giveUpAll()
                 throw IPCError(code: .coordinationTimeout, message: "the presenters of \(path) in processes \(pids) did not answer within \(timeout)")
             }
-            var polled = waiting.map { pollfd(fd: $0.descriptor, events: Int16(POLLIN), revents: 0) }
+            var polled = waiting.map { pollfd(fd: $0.descriptor.rawValue, events: Int16(POLLIN), revents: 0) }
             // Slices of at most 10 ms, so that cancel() is seen promptly.
             let slice = CInt(min(10, (giveUp - now + 999_999) / 1_000_000))
             guard poll(&polled, nfds_t(polled.count), slice) > 0 else { continue }
-            var still: [(descriptor: CInt, pid: Int32)] = []
+            var still: [(descriptor: FileDescriptor, pid: Int32)] = []
             var refusal: IPCError?
             for (entry, result) in zip(waiting, polled) {
                 guard refusal == nil, result.revents != 0 else {
@@ -157,11 +157,11 @@ struct PresenterDirectory {
                     still.append(entry)
                 case .ended:
                     // The presenter's process died (or closed) before answering: nobody to wait for.
-                    closeDescriptor(entry.descriptor)
+                    try? entry.descriptor.close()
                 case .byte(PresenterAnswer.done.rawValue):
-                    if request == .save { closeDescriptor(entry.descriptor) } else { answered.descriptors.append(entry.descriptor) }
+                    if request == .save { try? entry.descriptor.close() } else { answered.descriptors.append(entry.descriptor) }
                 case .byte(let answer):
-                    closeDescriptor(entry.descriptor)
+                    try? entry.descriptor.close()
                     refusal = IPCError(
                         code: .presenterFailed,
                         message: answer == PresenterAnswer.failed.rawValue
@@ -201,7 +201,7 @@ struct PresenterDirectory {
     }
 
     private enum Connection {
-        case connected(CInt)
+        case connected(FileDescriptor)
         /// Not a presenter of this user, or one that died.
         case none
         case backlogFull
@@ -213,7 +213,7 @@ struct PresenterDirectory {
         let socketPath = path + "/" + name
         var status = stat()
         guard lstat(socketPath, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK, status.st_uid == geteuid() else { return .none }
-        let descriptor: CInt
+        let descriptor: FileDescriptor
         do {
             descriptor = try UnixSocket.connect(path: socketPath, nonBlocking: true)
         } catch let error as IPCError where error.code == .endpointNotFound {
@@ -226,7 +226,7 @@ struct PresenterDirectory {
             return .none
         }
         guard let peer = try? UnixSocket.peerCredentials(descriptor), peer.uid == geteuid() else {
-            closeDescriptor(descriptor)
+            try? descriptor.close()
             return .none
         }
         return .connected(descriptor)
@@ -243,20 +243,20 @@ enum ByteReceived: Equatable {
 }
 
 /// Reads one byte from a conversation without waiting.
-func receiveByte(_ descriptor: CInt) -> ByteReceived {
+func receiveByte(_ descriptor: FileDescriptor) -> ByteReceived {
     var byte: UInt8 = 0
-    let count = recv(descriptor, &byte, 1, CInt(MSG_DONTWAIT))
+    let count = recv(descriptor.rawValue, &byte, 1, CInt(MSG_DONTWAIT))
     if count == 1 { return .byte(byte) }
     return count < 0 && (errno == EAGAIN || errno == EINTR) ? .notYet : .ended
 }
 
 /// The open conversations of the presenters that relinquished a file to an access.
 struct PresenterConversations {
-    var descriptors: [CInt] = []
+    var descriptors: [FileDescriptor] = []
 
     /// Tells each presenter that the access is over (its reacquirer runs).
     mutating func end() {
-        descriptors.forEach(closeDescriptor)
+        descriptors.forEach { try? $0.close() }
         descriptors = []
     }
 

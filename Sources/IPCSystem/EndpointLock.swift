@@ -25,7 +25,7 @@ public final class EndpointLock: Sendable {
         do {
             _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX | LOCK_NB) }
         } catch {
-            closeDescriptor(fd)
+            try? FileDescriptor(rawValue: fd).close()
             if error == .wouldBlock {
                 throw IPCError(code: .endpointInUse, message: "another live process listens on \(endpoint)", cause: error)
             }
@@ -57,7 +57,7 @@ public final class EndpointLock: Sendable {
         let path = endpoint.path(suffix: ".lock")
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else { return nil }
-        defer { closeDescriptor(fd) }
+        defer { try? FileDescriptor(rawValue: fd).close() }
         // A shared lock is granted only when no listener holds the exclusive one.
         if flock(fd, LOCK_SH | LOCK_NB) == 0 {
             _ = flock(fd, LOCK_UN)
@@ -77,7 +77,7 @@ public final class EndpointLock: Sendable {
     private static func procLocks() -> String? {
         let fd = open("/proc/locks", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
-        defer { closeDescriptor(fd) }
+        defer { try? FileDescriptor(rawValue: fd).close() }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16384)
         while true {
@@ -109,7 +109,7 @@ public final class EndpointLock: Sendable {
     /// Releases the claim. The lock file stays: unlinking it would let a second process lock a
     /// new file of the same name while a third still holds the old one.
     public func release() {
-        closeDescriptor(fd)
+        try? FileDescriptor(rawValue: fd).close()
     }
 }
 
@@ -179,7 +179,7 @@ public enum FileLocks {
     public static func withExclusiveLock<T>(onFile path: String, _ body: () throws -> T) throws -> T {
         let fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else { throw IPCError.syscall("open", Errno(rawValue: errno), context: path) }
-        defer { closeDescriptor(fd) }
+        defer { try? FileDescriptor(rawValue: fd).close() }
         do { _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX) } } catch { throw IPCError.syscall("flock", error, context: path) }
         return try body()
     }

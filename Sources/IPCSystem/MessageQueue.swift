@@ -1,13 +1,43 @@
-public import CIPCShims
-public import Glibc
+import CIPCShims
+import Glibc
 import IPCCore
-import SystemPackage
+public import SystemPackage
 
 /// A POSIX message queue descriptor (`mq_open`): kernel-queued, named, message-preserving.
 /// Descriptors are close-on-exec; queues are created owner-only.
 public struct MessageQueue: Sendable {
-    public let descriptor: CInt
+    public let descriptor: FileDescriptor
     public let name: String
+
+    /// When a call that waits for the queue (``send(_:priority:deadline:)``,
+    /// ``receive(into:deadline:)``) gives up: a point in time, so that the fragments of one
+    /// message share it. Made from a timeout with ``after(_:)``. (It is `CLOCK_REALTIME`, which
+    /// `mq_timedsend` and `mq_timedreceive` require.)
+    public struct Deadline: Sendable {
+        fileprivate let time: timespec
+
+        fileprivate init(time: timespec) {
+            self.time = time
+        }
+
+        /// `timeout` from now; a timeout of zero or less has passed already, so a call returns
+        /// at once instead of waiting.
+        public static func after(_ timeout: Duration) -> Deadline {
+            var now = timespec()
+            clock_gettime(CLOCK_REALTIME, &now)
+            let (seconds, attoseconds) = max(.zero, timeout).components
+            var nanoseconds = Int(now.tv_nsec) + Int(attoseconds / 1_000_000_000)
+            var wholeSeconds = Int(now.tv_sec) + Int(clamping: seconds)
+            if nanoseconds >= 1_000_000_000 {
+                nanoseconds -= 1_000_000_000
+                wholeSeconds += 1
+            }
+            return Deadline(time: timespec(tv_sec: wholeSeconds, tv_nsec: nanoseconds))
+        }
+
+        /// Long past: a call that would wait returns at once.
+        fileprivate static var passed: Deadline { Deadline(time: timespec(tv_sec: 0, tv_nsec: 0)) }
+    }
 
     /// The kernel's limits for queues an unprivileged process creates
     /// (`/proc/sys/fs/mqueue/msg_max` and `msgsize_max`; 10 and 8192 by default).
@@ -19,7 +49,7 @@ public struct MessageQueue: Sendable {
     private static func readLimit(_ path: String) -> Int? {
         let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
-        defer { closeDescriptor(fd) }
+        defer { try? FileDescriptor(rawValue: fd).close() }
         var bytes = [UInt8](repeating: 0, count: 32)
         let count = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
         guard count > 0 else { return nil }
@@ -39,7 +69,7 @@ public struct MessageQueue: Sendable {
         var swept: [String]?
         while true {
             let fd = ipc_mq_open(name, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600, maximumMessages, messageSize)
-            if fd >= 0 { return MessageQueue(descriptor: fd, name: name) }
+            if fd >= 0 { return MessageQueue(descriptor: FileDescriptor(rawValue: fd), name: name) }
             let error = Errno(rawValue: errno)
             switch error {
             case .fileExists:
@@ -129,7 +159,7 @@ public struct MessageQueue: Sendable {
                 throw IPCError.syscall("mq_open", error, context: name)
             }
         }
-        return MessageQueue(descriptor: fd, name: name)
+        return MessageQueue(descriptor: FileDescriptor(rawValue: fd), name: name)
     }
 
     /// Removes the name; open descriptors keep working until closed.
@@ -160,21 +190,21 @@ public struct MessageQueue: Sendable {
     /// Whether a queue of that name exists.
     public static func exists(name: String) -> Bool {
         let fd = ipc_mq_open(name, O_RDONLY | O_CLOEXEC, 0, 0, 0)
-        if fd >= 0 { closeDescriptor(fd) }
+        if fd >= 0 { try? FileDescriptor(rawValue: fd).close() }
         return fd >= 0 || errno != ENOENT
     }
 
     /// The queue's inode in the queue file system: tells one queue from another of the same name.
     public var inode: UInt64? {
         var status = stat()
-        return fstat(descriptor, &status) == 0 ? UInt64(status.st_ino) : nil
+        return fstat(descriptor.rawValue, &status) == 0 ? UInt64(status.st_ino) : nil
     }
 
     /// The inode of the queue registered as `name` now, or `nil` if none is (or it cannot be opened).
     public static func inode(named name: String) -> UInt64? {
         let fd = ipc_mq_open(name, O_RDONLY | O_CLOEXEC, 0, 0, 0)
         guard fd >= 0 else { return nil }
-        defer { closeDescriptor(fd) }
+        defer { try? FileDescriptor(rawValue: fd).close() }
         var status = stat()
         return fstat(fd, &status) == 0 ? UInt64(status.st_ino) : nil
     }
@@ -182,17 +212,16 @@ public struct MessageQueue: Sendable {
     /// The queue's message size, from `mq_getattr`.
     public func messageSize() throws -> Int {
         var attributes = mq_attr()
-        guard mq_getattr(descriptor, &attributes) == 0 else { throw IPCError.syscall("mq_getattr", Errno(rawValue: errno), context: name) }
+        guard mq_getattr(descriptor.rawValue, &attributes) == 0 else { throw IPCError.syscall("mq_getattr", Errno(rawValue: errno), context: name) }
         return attributes.mq_msgsize
     }
 
-    /// Queues one message, waiting while the queue is full until `deadline` (`CLOCK_REALTIME`,
-    /// as `mq_timedsend` requires).
+    /// Queues one message, waiting while the queue is full until `deadline`.
     /// - Throws: ``IPCError/Code/sendTimeout`` if the queue stayed full.
-    public func send(_ bytes: UnsafeRawBufferPointer, priority: UInt32 = 0, deadline: timespec) throws {
-        var deadline = deadline
+    public func send(_ bytes: UnsafeRawBufferPointer, priority: UInt32 = 0, deadline: Deadline) throws {
+        var deadline = deadline.time
         do {
-            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &deadline) }
+            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor.rawValue, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &deadline) }
         } catch {
             if error == .timedOut {
                 throw IPCError(code: .sendTimeout, message: "message queue \(name) stayed full until the send timeout", cause: error)
@@ -205,9 +234,9 @@ public struct MessageQueue: Sendable {
     /// - Throws: ``IPCError/Code/transportFailure`` for anything but a full queue.
     public func sendIfRoom(_ bytes: UnsafeRawBufferPointer, priority: UInt32 = 0) throws -> Bool {
         // A deadline in the past: the call returns at once when the queue is full.
-        var past = timespec(tv_sec: 0, tv_nsec: 0)
+        var past = Deadline.passed.time
         do {
-            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &past) }
+            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor.rawValue, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &past) }
             return true
         } catch {
             if error == .timedOut { return false }
@@ -218,17 +247,17 @@ public struct MessageQueue: Sendable {
     /// Waits for one message and returns its length.
     public func receive(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         do {
-            return try syscallRetryingInterrupts { mq_receive(descriptor, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil) }
+            return try syscallRetryingInterrupts { mq_receive(descriptor.rawValue, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil) }
         } catch {
             throw IPCError.syscall("mq_receive", error, context: name)
         }
     }
 
-    /// Waits until `deadline` (`CLOCK_REALTIME`) for one message; `nil` on timeout.
-    public func receive(into buffer: UnsafeMutableRawBufferPointer, deadline: timespec) throws -> Int? {
-        var deadline = deadline
+    /// Waits until `deadline` for one message; `nil` on timeout.
+    public func receive(into buffer: UnsafeMutableRawBufferPointer, deadline: Deadline) throws -> Int? {
+        var deadline = deadline.time
         do {
-            return try syscallRetryingInterrupts { mq_timedreceive(descriptor, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil, &deadline) }
+            return try syscallRetryingInterrupts { mq_timedreceive(descriptor.rawValue, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil, &deadline) }
         } catch {
             if error == .timedOut { return nil }
             throw IPCError.syscall("mq_timedreceive", error, context: name)
@@ -238,24 +267,11 @@ public struct MessageQueue: Sendable {
     /// Takes one message if the queue holds one, without waiting: its length, or `nil`.
     public func receiveIfReady(into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
         // A deadline in the past: the call returns at once when the queue is empty.
-        try receive(into: buffer, deadline: timespec(tv_sec: 0, tv_nsec: 0))
+        try receive(into: buffer, deadline: .passed)
     }
 
+    /// Closes the descriptor (once; the queue itself stays until its name is removed).
     public func close() {
-        closeDescriptor(descriptor)
-    }
-
-    /// `CLOCK_REALTIME` now plus `duration`: the kind of deadline the queue calls take.
-    public static func realtimeDeadline(after duration: Duration) -> timespec {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        let (seconds, attoseconds) = duration.components
-        var nanoseconds = Int(now.tv_nsec) + Int(attoseconds / 1_000_000_000)
-        var wholeSeconds = Int(now.tv_sec) + Int(clamping: seconds)
-        if nanoseconds >= 1_000_000_000 {
-            nanoseconds -= 1_000_000_000
-            wholeSeconds += 1
-        }
-        return timespec(tv_sec: wholeSeconds, tv_nsec: nanoseconds)
+        try? descriptor.close()
     }
 }

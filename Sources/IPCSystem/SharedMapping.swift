@@ -30,7 +30,7 @@ public final class SharedMapping: @unchecked Sendable {
             }
             throw IPCError.syscall("open", error, context: path)
         }
-        defer { closeDescriptor(fd) }
+        defer { try? FileDescriptor(rawValue: fd).close() }
         var status = stat()
         guard fstat(fd, &status) == 0 else { throw IPCError.syscall("fstat", Errno(rawValue: errno), context: path) }
         if status.st_size < length {
@@ -99,18 +99,23 @@ public struct FutexCounter: @unchecked Sendable {
         _ = ipc_futex_wake(address, Int32.max)
     }
 
-    /// Sleeps until the counter differs from `seen`, at most `timeoutNanoseconds` (negative: no
-    /// limit). Returns the value now held; it may still equal `seen` after a timeout or a wake
-    /// without a post.
+    /// Sleeps until the counter differs from `seen`, at most `timeout` (`nil`: no limit; zero
+    /// or less: not at all). Returns the value now held; it may still equal `seen` after a
+    /// timeout or a wake without a post.
     @discardableResult
-    public func wait(whileEqualTo seen: UInt32, timeoutNanoseconds: Int64 = -1) -> UInt32 {
-        ipc_futex_counter_wait(address, seen, timeoutNanoseconds)
+    public func wait(whileEqualTo seen: UInt32, timeout: Duration? = nil) -> UInt32 {
+        ipc_futex_counter_wait(address, seen, Self.nanoseconds(timeout))
     }
 
-    /// The most counters ``wait(_:whileEqualTo:timeoutNanoseconds:)`` takes.
+    /// The shims' timeout: nanoseconds, -1 for none.
+    private static func nanoseconds(_ timeout: Duration?) -> Int64 {
+        timeout.map { Int64(clamping: $0.wholeNanoseconds) } ?? -1
+    }
+
+    /// The most counters ``wait(_:whileEqualTo:timeout:)`` takes.
     public static let maximumWaitedAtOnce = Int(IPC_FUTEX_COUNTERS_MAX)
 
-    /// How ``wait(_:whileEqualTo:timeoutNanoseconds:)`` ended.
+    /// How ``wait(_:whileEqualTo:timeout:)`` ended.
     public enum WaitOutcome: Sendable {
         /// A count already differed from its seen value: nothing slept.
         case changed
@@ -121,15 +126,15 @@ public struct FutexCounter: @unchecked Sendable {
         case unavailable
     }
 
-    /// ``wait(whileEqualTo:timeoutNanoseconds:)`` for several counters at once, on one thread
+    /// ``wait(whileEqualTo:timeout:)`` for several counters at once, on one thread
     /// (`futex_waitv`): sleeps while every counter's count equals its `seen` value.
     /// - Precondition: at most ``maximumWaitedAtOnce`` counters, as many seen values.
-    public static func wait(_ counters: [FutexCounter], whileEqualTo seen: [UInt32], timeoutNanoseconds: Int64 = -1) -> WaitOutcome {
+    public static func wait(_ counters: [FutexCounter], whileEqualTo seen: [UInt32], timeout: Duration? = nil) -> WaitOutcome {
         precondition(counters.count == seen.count && counters.count <= maximumWaitedAtOnce)
         let addresses = counters.map { Optional($0.address) }
         let result = addresses.withUnsafeBufferPointer { addresses in
             seen.withUnsafeBufferPointer { seen in
-                ipc_futex_counters_wait(addresses.baseAddress, seen.baseAddress, CInt(counters.count), timeoutNanoseconds)
+                ipc_futex_counters_wait(addresses.baseAddress, seen.baseAddress, CInt(counters.count), nanoseconds(timeout))
             }
         }
         switch result {

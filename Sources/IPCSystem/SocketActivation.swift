@@ -1,7 +1,7 @@
-public import CIPCShims
-public import Glibc
+import CIPCShims
+import Glibc
 import IPCCore
-import SystemPackage
+public import SystemPackage
 
 /// Listening sockets handed over by a launcher: the systemd socket-activation protocol
 /// (`sd_listen_fds(3)`), which systemd itself and `systemd-socket-activate(1)` speak. The
@@ -11,13 +11,15 @@ import SystemPackage
 /// the launcher's, but the descriptors could be anything.
 public enum SocketActivation {
     /// The first descriptor passed (`SD_LISTEN_FDS_START`).
-    public static let firstDescriptor: CInt = 3
+    public static let firstDescriptor = FileDescriptor(rawValue: 3)
     /// More than this many is not a launcher's hand-over: refused.
     public static let maximumDescriptors = 256
 
     /// What the launcher's environment says, parsed and checked against this process.
     public struct Handover: Sendable, Equatable {
-        public var descriptors: Range<CInt>
+        /// The descriptors passed, in order: ``firstDescriptor`` and the ones after it.
+        public var descriptors: [FileDescriptor]
+        /// Their names (`LISTEN_FDNAMES`), one for each descriptor, if the launcher gave them.
         public var names: [String]?
     }
 
@@ -26,7 +28,9 @@ public enum SocketActivation {
     /// - Throws: ``IPCError/Code/invalidEndpoint`` if the variables are malformed, if
     ///   `LISTEN_PID` is not `pid` (they were meant for another process: a parent's, inherited),
     ///   or if the names do not match the count.
-    public static func handover(environment: [String: String], pid: pid_t = getpid()) throws -> Handover? {
+    /// - Parameter pid: the process the sockets must be meant for; `nil` for this one.
+    public static func handover(environment: [String: String], pid: Int32? = nil) throws -> Handover? {
+        let pid = pid ?? getpid()
         guard let countText = environment["LISTEN_FDS"] else { return nil }
         guard let pidText = environment["LISTEN_PID"] else {
             throw IPCError(code: .invalidEndpoint, message: "socket activation: LISTEN_FDS is set but LISTEN_PID is not")
@@ -48,7 +52,8 @@ public enum SocketActivation {
             }
             names = split
         }
-        return Handover(descriptors: firstDescriptor..<(firstDescriptor + CInt(count)), names: names)
+        let descriptors = (0..<CInt(count)).map { FileDescriptor(rawValue: firstDescriptor.rawValue + $0) }
+        return Handover(descriptors: descriptors, names: names)
     }
 
     /// The process's own environment, as ``handover(environment:pid:)`` reads it.
@@ -68,12 +73,13 @@ public enum SocketActivation {
     /// - Throws: ``IPCError/Code/invalidEndpoint`` if the process was not socket-activated,
     ///   the environment is not this process's, or no passed descriptor is a listening
     ///   `AF_UNIX` stream socket bound to `path` (the message says what each one is).
-    public static func takeListeningSocket(boundTo path: String, kind: UnixSocket.Kind = .stream) throws -> CInt {
+    public static func takeListeningSocket(boundTo path: String, kind: UnixSocket.Kind = .stream) throws -> FileDescriptor {
         guard let handover = try handover(environment: processEnvironment()) else {
             throw IPCError(code: .invalidEndpoint, message: "socket activation: LISTEN_FDS is not set; start the service from a launcher that passes the listening socket (systemd, or systemd-socket-activate -l \(path))")
         }
         var seen: [String] = []
-        for fd in handover.descriptors {
+        for descriptor in handover.descriptors {
+            let fd = descriptor.rawValue
             switch describe(fd, kind: kind, expecting: path) {
             case .match:
                 _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
@@ -82,7 +88,7 @@ public enum SocketActivation {
                     throw IPCError.syscall("fcntl(O_NONBLOCK)", Errno(rawValue: errno), context: "inherited descriptor \(fd)")
                 }
                 for key in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] { unsetenv(key) }
-                return fd
+                return descriptor
             case .other(let what):
                 seen.append("\(fd): \(what)")
             }

@@ -1,9 +1,10 @@
-public import CIPCShims
+import CIPCShims
 import Glibc
 public import IPCCore
-import SystemPackage
+public import SystemPackage
 
 /// Thin, typed wrappers over the `AF_UNIX` stream socket calls the Unix socket transport makes.
+/// Sockets are swift-system `FileDescriptor`s, which the caller owns and closes (`close()`).
 /// Every descriptor is created close-on-exec, so a child process never inherits a connection.
 public enum UnixSocket {
     /// `sun_path` is 108 bytes including the terminating NUL.
@@ -36,24 +37,24 @@ public enum UnixSocket {
         }
     }
 
-    private static func makeSocket(_ kind: Kind, nonBlocking: Bool = false) throws -> CInt {
+    private static func makeSocket(_ kind: Kind, nonBlocking: Bool = false) throws -> FileDescriptor {
         let flags = kind.type | CInt(SOCK_CLOEXEC.rawValue) | (nonBlocking ? CInt(SOCK_NONBLOCK.rawValue) : 0)
         do {
-            return try syscallRetryingInterrupts { socket(AF_UNIX, flags, 0) }
+            return FileDescriptor(rawValue: try syscallRetryingInterrupts { socket(AF_UNIX, flags, 0) })
         } catch {
             throw IPCError.syscall("socket", error)
         }
     }
 
-    /// Binds and listens on `path`, which must not exist, with the largest backlog the kernel
-    /// allows (`SOMAXCONN`). The socket file is made owner-only before `listen`, so no other
+    /// Binds and listens on `path`, which must not exist, with `backlog` (`nil`: the largest the
+    /// kernel allows, `SOMAXCONN`). The socket file is made owner-only before `listen`, so no other
     /// user can ever connect. The socket is non-blocking: accept with ``acceptIfReady(_:)``
     /// when it is readable.
-    public static func listen(path: String, kind: Kind = .stream, backlog: CInt = SOMAXCONN) throws -> CInt {
+    public static func listen(path: String, kind: Kind = .stream, backlog: Int? = nil) throws -> FileDescriptor {
         let fd = try makeSocket(kind, nonBlocking: true)
         do {
             try withAddress(path) { address, length in
-                do throws(Errno) { _ = try syscallRetryingInterrupts { bind(fd, address, length) } } catch {
+                do throws(Errno) { _ = try syscallRetryingInterrupts { bind(fd.rawValue, address, length) } } catch {
                     if error == .addressInUse {
                         throw IPCError(code: .endpointInUse, message: "\(path) already exists", cause: error)
                     }
@@ -61,10 +62,10 @@ public enum UnixSocket {
                 }
             }
             do { _ = try syscallRetryingInterrupts { chmod(path, 0o600) } } catch { throw IPCError.syscall("chmod", error, context: path) }
-            do { _ = try syscallRetryingInterrupts { Glibc.listen(fd, backlog) } } catch { throw IPCError.syscall("listen", error, context: path) }
+            do { _ = try syscallRetryingInterrupts { Glibc.listen(fd.rawValue, backlog.map { CInt(clamping: $0) } ?? SOMAXCONN) } } catch { throw IPCError.syscall("listen", error, context: path) }
             return fd
         } catch {
-            closeDescriptor(fd)
+            try? fd.close()
             throw error
         }
     }
@@ -72,7 +73,7 @@ public enum UnixSocket {
     /// What ``acceptIfReady(_:)`` found.
     public enum AcceptOutcome: Sendable {
         /// A connection (close-on-exec, blocking mode; read and write it with the `IfReady` calls).
-        case accepted(CInt)
+        case accepted(FileDescriptor)
         /// None is waiting now.
         case none
         /// The listening socket was shut down.
@@ -80,9 +81,9 @@ public enum UnixSocket {
     }
 
     /// Accepts one waiting connection, without blocking.
-    public static func acceptIfReady(_ listener: CInt) throws -> AcceptOutcome {
+    public static func acceptIfReady(_ listener: FileDescriptor) throws -> AcceptOutcome {
         do {
-            return .accepted(try syscallRetryingInterrupts { ipc_accept4(listener, CInt(SOCK_CLOEXEC.rawValue)) })
+            return .accepted(FileDescriptor(rawValue: try syscallRetryingInterrupts { ipc_accept4(listener.rawValue, CInt(SOCK_CLOEXEC.rawValue)) }))
         } catch {
             switch error {
             case .wouldBlock:
@@ -107,11 +108,11 @@ public enum UnixSocket {
     /// - Throws: ``IPCError/Code/endpointNotFound`` when there is no socket or nobody listens on
     ///   it (a stale file); ``IPCError/Code/accessDenied`` when permissions refuse it;
     ///   ``IPCError/Code/transportFailure`` with `EAGAIN` for a full backlog (non-blocking only).
-    public static func connect(path: String, kind: Kind = .stream, nonBlocking: Bool = false) throws -> CInt {
+    public static func connect(path: String, kind: Kind = .stream, nonBlocking: Bool = false) throws -> FileDescriptor {
         let fd = try makeSocket(kind, nonBlocking: nonBlocking)
         do {
             try withAddress(path) { address, length in
-                do throws(Errno) { _ = try syscallRetryingInterrupts { Glibc.connect(fd, address, length) } } catch {
+                do throws(Errno) { _ = try syscallRetryingInterrupts { Glibc.connect(fd.rawValue, address, length) } } catch {
                     switch error {
                     case .noSuchFileOrDirectory, .connectionRefused:
                         throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)", cause: error)
@@ -124,7 +125,7 @@ public enum UnixSocket {
             }
             return fd
         } catch {
-            closeDescriptor(fd)
+            try? fd.close()
             throw error
         }
     }
@@ -132,31 +133,31 @@ public enum UnixSocket {
     /// Whether a process listens on `path` right now (a connect succeeds).
     public static func isListening(path: String) -> Bool {
         guard let fd = try? connect(path: path) else { return false }
-        closeDescriptor(fd)
+        try? fd.close()
         return true
     }
 
     /// The kernel-verified credentials of the process at the other end (`SO_PEERCRED`).
-    public static func peerCredentials(_ fd: CInt) throws -> PeerCredentials {
+    public static func peerCredentials(_ socket: FileDescriptor) throws -> PeerCredentials {
         var pid: pid_t = 0
         var uid: uid_t = 0
         var gid: gid_t = 0
-        do { _ = try syscallRetryingInterrupts { ipc_peer_credentials(fd, &pid, &uid, &gid) } } catch {
+        do { _ = try syscallRetryingInterrupts { ipc_peer_credentials(socket.rawValue, &pid, &uid, &gid) } } catch {
             throw IPCError.syscall("getsockopt(SO_PEERCRED)", error)
         }
         return PeerCredentials(pid: pid, uid: uid, gid: gid)
     }
 
-    /// Wakes a thread blocked reading or accepting on `fd`; the descriptor stays open.
-    public static func shutdown(_ fd: CInt) {
-        _ = Glibc.shutdown(fd, CInt(SHUT_RDWR))
+    /// Wakes a thread blocked reading or accepting on `socket`; the descriptor stays open.
+    public static func shutdown(_ socket: FileDescriptor) {
+        _ = Glibc.shutdown(socket.rawValue, CInt(SHUT_RDWR))
     }
 
     /// Reads into `buffer`, blocking. Returns 0 at end of stream.
     /// A connection reset by a peer that died is end of stream too: the connection is over either way.
-    public static func read(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+    public static func read(_ socket: FileDescriptor, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         do {
-            return try syscallRetryingInterrupts { Glibc.read(fd, buffer.baseAddress, buffer.count) }
+            return try syscallRetryingInterrupts { Glibc.read(socket.rawValue, buffer.baseAddress, buffer.count) }
         } catch {
             if error == .connectionReset { return 0 }
             throw IPCError.syscall("read", error)
@@ -164,15 +165,15 @@ public enum UnixSocket {
     }
 
     /// Reads what is there without blocking: `nil` if nothing is, 0 at end of stream.
-    public static func readIfReady(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
-        try receive(fd, into: buffer, flags: CInt(MSG_DONTWAIT))
+    public static func readIfReady(_ socket: FileDescriptor, into buffer: UnsafeMutableRawBufferPointer) throws -> Int? {
+        try receive(socket, into: buffer, flags: CInt(MSG_DONTWAIT))
     }
 
     /// Writes as much of `header` then `payload`, from byte `offset` of the two together, as the
     /// kernel takes now (one gathering `sendmsg`, never blocking, never raising SIGPIPE).
     /// Returns the bytes written, 0 if the buffer is full.
     /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer closed the connection.
-    public static func writeIfReady(_ fd: CInt, header: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer, from offset: Int) throws -> Int {
+    public static func writeIfReady(_ socket: FileDescriptor, header: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer, from offset: Int) throws -> Int {
         while true {
             let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
                 var count = 0
@@ -191,7 +192,7 @@ public enum UnixSocket {
                 var message = msghdr()
                 message.msg_iov = iov.baseAddress
                 message.msg_iovlen = count
-                return sendmsg(fd, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
+                return sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
             }
             if result >= 0 { return result }
             let error = Errno(rawValue: errno)
@@ -208,9 +209,9 @@ public enum UnixSocket {
 
     /// `recv` with `flags`: the byte count, 0 at end of stream (a reset by a dead peer too),
     /// `nil` when it would block.
-    private static func receive(_ fd: CInt, into buffer: UnsafeMutableRawBufferPointer, flags: CInt) throws -> Int? {
+    private static func receive(_ socket: FileDescriptor, into buffer: UnsafeMutableRawBufferPointer, flags: CInt) throws -> Int? {
         while true {
-            let count = recv(fd, buffer.baseAddress, buffer.count, flags)
+            let count = recv(socket.rawValue, buffer.baseAddress, buffer.count, flags)
             if count >= 0 { return count }
             switch Errno(rawValue: errno) {
             case .interrupted: continue
@@ -227,7 +228,7 @@ public enum UnixSocket {
     /// and tools; connections send through the engine, which never blocks its loop.
     /// - Throws: ``IPCError/Code/sendTimeout``; ``IPCError/Code/peerInvalidated``.
     public static func sendAll(
-        _ fd: CInt,
+        _ socket: FileDescriptor,
         header: UnsafeRawBufferPointer,
         payload: UnsafeRawBufferPointer,
         deadline: ContinuousClock.Instant,
@@ -236,14 +237,14 @@ public enum UnixSocket {
         let total = header.count + payload.count
         written = 0
         while written < total {
-            let count = try writeIfReady(fd, header: header, payload: payload, from: written)
+            let count = try writeIfReady(socket, header: header, payload: payload, from: written)
             written += count
             guard count == 0 else { continue }
             let remaining = ContinuousClock.now.duration(to: deadline)
             guard remaining > .zero else {
                 throw IPCError(code: .sendTimeout, message: "the peer's receive buffer stayed full; \(written) of \(total) bytes sent before the send timeout")
             }
-            var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+            var descriptor = pollfd(fd: socket.rawValue, events: Int16(POLLOUT), revents: 0)
             let (seconds, attoseconds) = remaining.components
             _ = poll(&descriptor, 1, CInt(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1))
         }

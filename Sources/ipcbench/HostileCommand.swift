@@ -4,6 +4,7 @@ import Foundation
 import IPCConformance
 import IPCCore
 import IPCSystem
+import SystemPackage
 
 /// A hostile peer for the tests: a second process that sends what no well-behaved peer would,
 /// below the transports (raw socket bytes, raw queue messages, raw writes into shared files).
@@ -91,16 +92,16 @@ struct HostileSocketCommand: ParsableCommand {
             // The listener dropped the connection while bytes were still coming: dropped.
             throw ExitCode(0)
         }
-        if then == .shutdown { _ = Glibc.shutdown(fd, CInt(SHUT_WR)) }
+        if then == .shutdown { _ = Glibc.shutdown(fd.rawValue, CInt(SHUT_WR)) }
         throw ExitCode(Self.waitForClose(fd, seconds: timeout) ? 0 : 3)
     }
 
     /// Reads (and discards) until end of file or `seconds` pass.
-    static func waitForClose(_ fd: CInt, seconds: Double) -> Bool {
+    static func waitForClose(_ fd: FileDescriptor, seconds: Double) -> Bool {
         let deadline = ContinuousClock.now + .seconds(seconds)
         var buffer = [UInt8](repeating: 0, count: 4096)
         while ContinuousClock.now < deadline {
-            var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            var descriptor = pollfd(fd: fd.rawValue, events: Int16(POLLIN), revents: 0)
             guard poll(&descriptor, 1, 100) > 0 else { continue }
             let count = buffer.withUnsafeMutableBytes { (try? UnixSocket.read(fd, into: $0)) ?? 0 }
             if count == 0 { return true }
@@ -131,7 +132,7 @@ struct HostileQueueCommand: ParsableCommand {
         defer { queue.close() }
         for message in hex {
             let bytes = try bytes(fromHex: message)
-            try bytes.withUnsafeBytes { try queue.send($0, deadline: MessageQueue.realtimeDeadline(after: .seconds(5))) }
+            try bytes.withUnsafeBytes { try queue.send($0, deadline: .after(.seconds(5))) }
         }
     }
 }
@@ -154,7 +155,7 @@ struct HostileWriteCommand: ParsableCommand {
         // Links are followed: a tester names a file a process maps through /proc/<pid>/map_files.
         let fd = open(file, O_RDWR | O_CLOEXEC)
         guard fd >= 0 else { throw ValidationError("cannot open \(file): errno \(errno)") }
-        defer { closeDescriptor(fd) }
+        defer { try? FileDescriptor(rawValue: fd).close() }
         for write in at {
             let parts = write.split(separator: ":", maxSplits: 1)
             guard parts.count == 2, let offset = Int(parts[0]) else { throw ValidationError("--at takes offset:hex, got \(write)") }

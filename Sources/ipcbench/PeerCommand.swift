@@ -133,7 +133,7 @@ struct PeerCommand: AsyncParsableCommand {
             burstCount: burstCount,
             burstSize: burstSize,
             grandchild: grandchild,
-            waitStrategy: WaitStrategy(spinNanoseconds: spinMicroseconds * 1000),
+            waitStrategy: WaitStrategy(spinFor: .microseconds(spinMicroseconds)),
             stalledFrameTimeout: stalledFrameSeconds == 0 ? nil : .seconds(stalledFrameSeconds),
             serving: serve,
             maximumConcurrentRequests: requestConcurrency,

@@ -159,7 +159,7 @@ struct RunCommand: AsyncParsableCommand {
             payloadSizes: try parsedSizes(),
             sampleScale: quick ? 0.05 : sampleScale,
             includeFloors: !skipFloor,
-            waitStrategies: spinMicroseconds > 0 ? [.blocking, WaitStrategy(spinNanoseconds: spinMicroseconds * 1000)] : [.blocking],
+            waitStrategies: spinMicroseconds > 0 ? [.blocking, WaitStrategy(spinFor: .microseconds(spinMicroseconds))] : [.blocking],
             includeThroughput: !skipThroughput,
             includeGlobalExecutor: full && !skipGlobalExecutor,
             includeOnLoopHandler: full && !skipOnLoopHandler,

@@ -5,6 +5,7 @@ import IPCCore
 import IPCSystem
 import IPCTestSupport
 import Synchronization
+import SystemPackage
 import Testing
 import IPCConformance
 
@@ -59,14 +60,14 @@ struct PresenterAnsweringTests {
         #expect(FileManager.default.createFile(atPath: presenters + "/notes", contents: Data()))
         // A socket nobody listens on any more.
         let stale = try UnixSocket.listen(path: presenters + "/999999.1")
-        closeDescriptor(stale)
+        try? stale.close()
         // A socket whose listener accepts and hangs up without answering.
         let rude = try UnixSocket.listen(path: presenters + "/999999.2")
         // Until the test is over, however late a loaded machine lets the access run.
         let over = Atomic<Bool>(false)
         let hangUps = Thread {
             while !over.load(ordering: .relaxed) {
-                if case .accepted(let fd) = (try? UnixSocket.acceptIfReady(rude)) ?? .none { closeDescriptor(fd) }
+                if case .accepted(let fd) = (try? UnixSocket.acceptIfReady(rude)) ?? .none { try? fd.close() }
                 usleep(10_000)
             }
         }
@@ -77,7 +78,7 @@ struct PresenterAnsweringTests {
         for name in ["1.2", "3.4", "notes", "999999.2"] {
             #expect(FileManager.default.fileExists(atPath: presenters + "/" + name), "\(name) was removed")
         }
-        closeDescriptor(rude)
+        try? rude.close()
     }
 
     @Test("a presenter that answers garbage refuses the access with presenterFailed")
@@ -86,7 +87,7 @@ struct PresenterAnsweringTests {
         let (path, presenters) = try makeItem(group)
         try FileManager.default.createDirectory(atPath: presenters, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
         let liar = try UnixSocket.listen(path: presenters + "/999999.3")
-        defer { closeDescriptor(liar) }
+        defer { try? liar.close() }
         // Until the test is over, however late a loaded machine lets the access run.
         let over = Atomic<Bool>(false)
         defer { over.store(true, ordering: .relaxed) }
@@ -94,9 +95,9 @@ struct PresenterAnsweringTests {
             while !over.load(ordering: .relaxed) {
                 if case .accepted(let fd) = (try? UnixSocket.acceptIfReady(liar)) ?? .none {
                     var garbage: UInt8 = 0x5A
-                    _ = send(fd, &garbage, 1, CInt(MSG_NOSIGNAL))
+                    _ = send(fd.rawValue, &garbage, 1, CInt(MSG_NOSIGNAL))
                     usleep(100_000)
-                    closeDescriptor(fd)
+                    try? fd.close()
                     return
                 }
                 usleep(10_000)
@@ -114,9 +115,9 @@ struct PresenterAnsweringTests {
         try FileManager.default.createDirectory(atPath: presenters, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
         let socketPath = presenters + "/999999.4"
         let squatter = try UnixSocket.listen(path: socketPath, backlog: 0)
-        defer { closeDescriptor(squatter) }
-        var fillers: [CInt] = []
-        defer { fillers.forEach(closeDescriptor) }
+        defer { try? squatter.close() }
+        var fillers: [FileDescriptor] = []
+        defer { fillers.forEach { try? $0.close() } }
         while fillers.count < 16, let filler = try? UnixSocket.connect(path: socketPath, nonBlocking: true) { fillers.append(filler) }
         #expect(fillers.count < 16, "the backlog never filled")
         await expectIPCError(.coordinationTimeout) { try write("blocked", to: path, timeout: .seconds(60)) }

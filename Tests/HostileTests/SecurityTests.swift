@@ -12,6 +12,7 @@ import Testing
 import UnixSocketTransport
 import IPCEngine
 import IPCFraming
+import SystemPackage
 
 /// Endpoints, queues and shared files are owner-only inside a group directory that is not
 /// world-writable, whatever the umask of the processes that create them.
@@ -62,7 +63,7 @@ struct SecurityTests {
             let queue = try MessageQueue.open(name: name, forWriting: true)
             defer { queue.close() }
             var status = stat()
-            #expect(fstat(queue.descriptor, &status) == 0)
+            #expect(fstat(queue.descriptor.rawValue, &status) == 0)
             #expect(status.st_mode & 0o7777 == 0o600, "queue \(name) is mode \(String(status.st_mode & 0o7777, radix: 8))")
             #expect(!MessageQueue.exists(name: PortNames.replyQueue(endpoint, pid: client.pid, serial: 1)))
         }

@@ -34,7 +34,19 @@ struct WaitStrategyTests {
         #expect(Self.spinning == ["unix-socket", "message-port", "notify"])
         #expect(!TransportCatalog.supportsSpinning("file-presenter"))
         #expect(WaitStrategy.blocking.name == "blocking" && !WaitStrategy.blocking.spins)
-        #expect(Self.strategy.spinNanoseconds == 200_000 && Self.strategy.name == "spin-then-block")
+        #expect(Self.strategy.spinDuration == .microseconds(200) && Self.strategy.name == "spin-then-block")
+    }
+
+    @Test("a spin time is a Duration; a strategy is encoded in nanoseconds, as before")
+    func spinDuration() throws {
+        var strategy = WaitStrategy(spinFor: .microseconds(75))
+        #expect(strategy.spinDuration == .microseconds(75) && strategy.description == "spin-then-block (75 µs)")
+        strategy.spinDuration = .zero
+        #expect(strategy == .blocking && !strategy.spins)
+        #expect(WaitStrategy.spinThenBlock(.microseconds(-5)) == .blocking)
+        let encoded = try JSONEncoder().encode(WaitStrategy.spinThenBlock())
+        #expect(String(decoding: encoded, as: UTF8.self) == #"{"spinNanoseconds":50000}"#)
+        #expect(try JSONDecoder().decode(WaitStrategy.self, from: encoded) == WaitStrategy(spinFor: .microseconds(50)))
     }
 
     @Test("requests and replies, spinning and after falling asleep", arguments: spinning)

@@ -81,7 +81,7 @@ struct MessagePortTests {
             let name = "/ipcb.leftover\(getpid()).\(leftovers.count)"
             let fd = ipc_mq_open(name, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600, limits.maximumMessages, limits.messageSize)
             guard fd >= 0 else { break }
-            closeDescriptor(fd)
+            close(fd)
             leftovers.append(name)
         }
         try #require(!leftovers.isEmpty && leftovers.count < 512, "the queue memory did not run out (\(leftovers.count) queues)")

@@ -9,6 +9,7 @@ import NotifyTransport
 import Testing
 import IPCConformance
 import IPCEngine
+import SystemPackage
 
 /// The message transport over notifications and a shared store, with peer processes.
 @Suite("Notify transport")
@@ -312,13 +313,13 @@ struct NotifyTransportTests {
         defer { listener.close() }
         let path = group.directory.path + "/silent.rendezvous"
         var silent = try (0..<(NotifyListener.maximumPendingHandshakes + 8)).map { _ in try UnixSocket.connect(path: path) }
-        defer { silent.forEach { closeDescriptor($0) } }
+        defer { silent.forEach { try? $0.close() } }
         // The listener answers the ones beyond the bound: 4 (busy), then closes them.
         var answers: [UInt8] = []
         for fd in silent.suffix(8) {
             let answer = try await withDeadline(seconds: 30, "the busy answer") { () -> UInt8 in
                 var word = [UInt8](repeating: 0, count: 4)
-                let count = word.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4, 0) }
+                let count = word.withUnsafeMutableBytes { recv(fd.rawValue, $0.baseAddress, 4, 0) }
                 return count == 4 ? word[0] : 0
             }
             answers.append(answer)
@@ -326,7 +327,7 @@ struct NotifyTransportTests {
         #expect(answers == [UInt8](repeating: 4, count: 8), "answers to the clients beyond the bound: \(answers)")
         await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
         // The silent clients hang up: the listener lets them go, and serves a real client.
-        silent.forEach { closeDescriptor($0) }
+        silent.forEach { try? $0.close() }
         silent = []
         let client = try await withDeadline(seconds: 30, "a connect once the silent clients are gone") { () -> NotifyConnection in
             while true {
@@ -346,11 +347,11 @@ struct NotifyTransportTests {
         let listener = try NotifyTransport(connectTimeout: .milliseconds(200)).listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
         let fd = try UnixSocket.connect(path: group.directory.path + "/mute.rendezvous")
-        defer { closeDescriptor(fd) }
+        defer { try? fd.close() }
         // The listener closes it without an answer: end of stream.
         let count = try await withDeadline(seconds: 30, "the listener dropping a silent client") { () -> Int in
             var byte: UInt8 = 0
-            return recv(fd, &byte, 1, 0)
+            return recv(fd.rawValue, &byte, 1, 0)
         }
         #expect(count == 0)
     }

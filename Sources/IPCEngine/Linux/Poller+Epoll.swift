@@ -49,14 +49,14 @@ package final class Poller: Sendable {
         let wakeFD = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
         guard wakeFD >= 0 else {
             let error = Errno(rawValue: errno)
-            closeDescriptor(epollFD)
+            try? FileDescriptor(rawValue: epollFD).close()
             throw IPCError.syscall("eventfd", error)
         }
         let timerFD = timerfd_create(CLOCK_MONOTONIC, CInt(TFD_CLOEXEC) | CInt(TFD_NONBLOCK))
         guard timerFD >= 0 else {
             let error = Errno(rawValue: errno)
-            closeDescriptor(wakeFD)
-            closeDescriptor(epollFD)
+            try? FileDescriptor(rawValue: wakeFD).close()
+            try? FileDescriptor(rawValue: epollFD).close()
             throw IPCError.syscall("timerfd_create", error)
         }
         self.epollFD = epollFD
@@ -67,9 +67,9 @@ package final class Poller: Sendable {
     }
 
     deinit {
-        closeDescriptor(timerFD)
-        closeDescriptor(wakeFD)
-        closeDescriptor(epollFD)
+        try? FileDescriptor(rawValue: timerFD).close()
+        try? FileDescriptor(rawValue: wakeFD).close()
+        try? FileDescriptor(rawValue: epollFD).close()
     }
 
     /// Makes a wait return once `deadline` (``monotonicNanoseconds()``) has passed; `nil`

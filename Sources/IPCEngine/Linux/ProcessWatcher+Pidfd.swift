@@ -51,7 +51,7 @@ package final class ProcessWatcher: Sendable {
         do {
             token = try loop.register(pidfd, interest: .readable, handler: exit)
         } catch {
-            closeDescriptor(pidfd)
+            try? FileDescriptor(rawValue: pidfd).close()
             throw error
         }
         // The loop may report the exit before the entry is in: it finds no entry, and the
@@ -65,14 +65,14 @@ package final class ProcessWatcher: Sendable {
     package func cancel(_ watch: Watch) {
         guard let entry = entries.withLock({ $0.removeValue(forKey: watch.token) }) else { return }
         entry.loop.deregister(watch.token)
-        closeDescriptor(entry.pidfd)
+        try? FileDescriptor(rawValue: entry.pidfd).close()
     }
 
     /// Whether `pid` is alive right now (a zombie counts as dead).
     package static func isAlive(pid: Int32) -> Bool {
         let pidfd = ipc_pidfd_open(pid, 0)
         guard pidfd >= 0 else { return false }
-        defer { closeDescriptor(pidfd) }
+        defer { try? FileDescriptor(rawValue: pidfd).close() }
         var descriptor = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
         return poll(&descriptor, 1, 0) == 0
     }
@@ -80,7 +80,7 @@ package final class ProcessWatcher: Sendable {
     fileprivate func exited(_ token: UInt64) {
         guard let entry = entries.withLock({ $0.removeValue(forKey: token) }) else { return }
         entry.loop.deregister(token)
-        closeDescriptor(entry.pidfd)
+        try? FileDescriptor(rawValue: entry.pidfd).close()
         entry.handler()
     }
 

@@ -4,7 +4,7 @@ import Glibc
 package import IPCCore
 package import IPCSystem
 import Synchronization
-import SystemPackage
+public import SystemPackage
 
 /// The answer a listener gives on a rendezvous socket: one 32-bit little-endian word
 /// (docs/WIRE-FORMAT.md, section 6).
@@ -20,23 +20,23 @@ public enum RendezvousStatus: UInt32, Sendable {
     public var bytes: [UInt8] { withUnsafeBytes(of: rawValue.littleEndian, Array.init) }
 
     /// Sends this answer without waiting (a client that does not read it is not waited for).
-    public func send(on fd: CInt) {
-        _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+    public func send(on socket: FileDescriptor) {
+        _ = bytes.withUnsafeBytes { Glibc.send(socket.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
     }
 
-    /// The client's side: waits up to `timeout` for the listener's answer on `fd`, and returns
-    /// if it is ``accepted``.
+    /// The client's side: waits up to `timeout` for the listener's answer on `socket`, and
+    /// returns if it is ``accepted``.
     /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused this process;
     ///   ``IPCError/Code/endpointNotFound`` if the listener was busy or did not answer in time;
     ///   ``IPCError/Code/transportFailure`` if it found the hello malformed or did not answer
     ///   with a status word. `listener` names the transport in the messages.
-    public static func awaitAcceptance(on fd: CInt, timeout: Duration, listener: String) throws {
-        try awaitAcceptance(on: fd, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: listener)
+    public static func awaitAcceptance(on socket: FileDescriptor, timeout: Duration, listener: String) throws {
+        try awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: listener)
     }
 
     /// ``awaitAcceptance(on:timeout:listener:)`` until a ``monotonicNanoseconds()`` deadline.
-    package static func awaitAcceptance(on fd: CInt, deadline: UInt64, listener: String) throws {
-        switch try read(from: fd, deadline: deadline) {
+    package static func awaitAcceptance(on socket: FileDescriptor, deadline: UInt64, listener: String) throws {
+        switch try read(from: socket, deadline: deadline) {
         case .accepted:
             return
         case .refused:
@@ -49,22 +49,22 @@ public enum RendezvousStatus: UInt32, Sendable {
     }
 
     /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's
-    /// answer on `fd`.
+    /// answer on `socket`.
     /// - Throws: ``IPCError/Code/endpointNotFound`` if none came in time;
     ///   ``IPCError/Code/transportFailure`` if the listener closed the socket without a whole
     ///   answer or answered something else.
-    package static func read(from fd: CInt, deadline: UInt64) throws -> RendezvousStatus {
+    package static func read(from socket: FileDescriptor, deadline: UInt64) throws -> RendezvousStatus {
         while true {
             let now = monotonicNanoseconds()
             guard now < deadline else {
                 throw IPCError(code: .endpointNotFound, message: "the listener did not answer within the connect timeout")
             }
-            var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            var entry = pollfd(fd: socket.rawValue, events: Int16(POLLIN), revents: 0)
             let result = poll(&entry, 1, CInt(clamping: (deadline - now + 999_999) / 1_000_000))
             if result < 0, errno != EINTR { throw IPCError.syscall("poll", Errno(rawValue: errno)) }
             guard result > 0 else { continue }
             var answer = [UInt8](repeating: 0, count: 4)
-            guard let count = try answer.withUnsafeMutableBytes({ try UnixSocket.readIfReady(fd, into: $0) }) else { continue }
+            guard let count = try answer.withUnsafeMutableBytes({ try UnixSocket.readIfReady(socket, into: $0) }) else { continue }
             guard count == 4, let status = RendezvousStatus(rawValue: answer.reversed().reduce(UInt32(0)) { $0 << 8 | UInt32($1) }) else {
                 throw IPCError(code: .transportFailure, message: "the listener did not answer with a status word (got \(answer.prefix(count)))")
             }
@@ -108,12 +108,12 @@ package final class SocketAcceptor: Sendable {
     package enum Mode: Sendable {
         /// Hand the socket over at once; the callee owns it. A refused client is sent `refusal`
         /// (without waiting: it is small enough for any socket buffer) before it is closed.
-        case immediate(refusal: [UInt8], @Sendable (CInt, PeerCredentials) -> Void)
+        case immediate(refusal: [UInt8], @Sendable (FileDescriptor, PeerCredentials) -> Void)
         /// Wait for the client's hello (see ``Handshake``).
-        case handshake(timeout: Duration, maximumPending: Int, @Sendable (CInt, PeerCredentials) -> Handshake)
+        case handshake(timeout: Duration, maximumPending: Int, @Sendable (FileDescriptor, PeerCredentials) -> Handshake)
     }
 
-    private let listenFD: CInt
+    private let listenFD: FileDescriptor
     /// The socket came from a launcher (socket activation), which keeps its own reference:
     /// closing must not shut it down, or the launcher's socket would refuse everyone after us.
     private let inherited: Bool
@@ -133,10 +133,10 @@ package final class SocketAcceptor: Sendable {
             var serial: UInt64
         }
 
-        let entries = Mutex<[CInt: Entry]>([:])
+        let entries = Mutex<[FileDescriptor: Entry]>([:])
         private let nextSerial = Atomic<UInt64>(0)
 
-        func add(_ fd: CInt, watch: EventLoop.ReadinessWatch, peer: PeerCredentials) -> UInt64 {
+        func add(_ fd: FileDescriptor, watch: EventLoop.ReadinessWatch, peer: PeerCredentials) -> UInt64 {
             let serial = nextSerial.add(1, ordering: .relaxed).newValue
             entries.withLock { $0[fd] = Entry(watch: watch, peer: peer, serial: serial) }
             return serial
@@ -144,7 +144,7 @@ package final class SocketAcceptor: Sendable {
 
         /// Stops watching `fd` (loop thread) if it is pending (and is handshake `serial`, if
         /// given); returns its entry if so. The caller answers or closes `fd`.
-        func remove(_ fd: CInt, serial: UInt64? = nil, on loop: EventLoop) -> Entry? {
+        func remove(_ fd: FileDescriptor, serial: UInt64? = nil, on loop: EventLoop) -> Entry? {
             let entry: Entry? = entries.withLock { entries in
                 guard let entry = entries[fd], serial == nil || entry.serial == serial else { return nil }
                 entries[fd] = nil
@@ -166,7 +166,7 @@ package final class SocketAcceptor: Sendable {
         try self.init(listening: fd, inherited: activated, loop: loop, acceptFilter: acceptFilter, mode: mode)
     }
 
-    private init(listening fd: CInt, inherited: Bool, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
+    private init(listening fd: FileDescriptor, inherited: Bool, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
         listenFD = fd
         self.inherited = inherited
         self.loop = loop
@@ -174,10 +174,10 @@ package final class SocketAcceptor: Sendable {
         self.mode = mode
         do {
             // Weak: the loop's table must not keep an acceptor alive that its owner dropped.
-            let watching = try loop.watchReadable(FileDescriptor(rawValue: listenFD)) { [weak self] in self?.acceptWaiting() }
+            let watching = try loop.watchReadable(listenFD) { [weak self] in self?.acceptWaiting() }
             watch.withLock { $0 = watching }
         } catch {
-            closeDescriptor(listenFD)
+            try? listenFD.close()
             throw error
         }
     }
@@ -190,9 +190,9 @@ package final class SocketAcceptor: Sendable {
         let watch = watch.withLock { $0 }
         loop.execute { [listenFD, loop, pending] in
             if let watch { loop.cancel(watch) }
-            closeDescriptor(listenFD)
+            try? listenFD.close()
             for fd in pending.entries.withLock({ Array($0.keys) }) where pending.remove(fd, on: loop) != nil {
-                closeDescriptor(fd)
+                try? fd.close()
             }
         }
     }
@@ -214,7 +214,7 @@ package final class SocketAcceptor: Sendable {
                 if handOver == .refuseNewConnections {
                     // A socket shut down for reading always polls readable: stop watching it
                     // (nothing new can arrive) and take what the backlog holds now.
-                    _ = Glibc.shutdown(listenFD, CInt(SHUT_RD))
+                    _ = Glibc.shutdown(listenFD.rawValue, CInt(SHUT_RD))
                     if let watch = watch.withLock({ $0.take() }) { loop.cancel(watch) }
                 }
                 acceptWaiting()
@@ -228,7 +228,7 @@ package final class SocketAcceptor: Sendable {
     /// Accepts every connection waiting (on the loop's thread).
     private func acceptWaiting() {
         while !closed.load(ordering: .acquiring) {
-            let fd: CInt
+            let fd: FileDescriptor
             do {
                 switch try UnixSocket.acceptIfReady(listenFD) {
                 case .accepted(let accepted): fd = accepted
@@ -240,43 +240,43 @@ package final class SocketAcceptor: Sendable {
                 return
             }
             guard let peer = try? UnixSocket.peerCredentials(fd) else {
-                closeDescriptor(fd)
+                try? fd.close()
                 continue
             }
             switch mode {
             case .immediate(let refusal, let accepted):
                 guard acceptFilter?(peer) ?? true else {
-                    _ = refusal.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
-                    closeDescriptor(fd)
+                    _ = refusal.withUnsafeBytes { Glibc.send(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+                    try? fd.close()
                     continue
                 }
                 accepted(fd, peer)
             case .handshake(let timeout, let maximumPending, _):
                 guard acceptFilter?(peer) ?? true else {
                     RendezvousStatus.refused.send(on: fd)
-                    closeDescriptor(fd)
+                    try? fd.close()
                     continue
                 }
                 guard pending.entries.withLock({ $0.count }) < maximumPending else {
                     RendezvousStatus.busy.send(on: fd)
-                    closeDescriptor(fd)
+                    try? fd.close()
                     continue
                 }
-                guard let watching = try? loop.watchReadable(FileDescriptor(rawValue: fd), { [weak self] in self?.readable(fd) }) else {
-                    closeDescriptor(fd)
+                guard let watching = try? loop.watchReadable(fd, { [weak self] in self?.readable(fd) }) else {
+                    try? fd.close()
                     continue
                 }
                 let serial = pending.add(fd, watch: watching, peer: peer)
                 loop.schedule(at: monotonicNanoseconds() &+ timeout.wholeNanoseconds) { [weak self] in
                     guard let self, self.pending.remove(fd, serial: serial, on: self.loop) != nil else { return }
-                    closeDescriptor(fd)
+                    try? fd.close()
                 }
             }
         }
     }
 
     /// A pending client's socket is readable (loop thread): hands it to the transport's handshake.
-    private func readable(_ fd: CInt) {
+    private func readable(_ fd: FileDescriptor) {
         guard case .handshake(_, _, let handshake) = mode, let peer = pending.entries.withLock({ $0[fd]?.peer }) else { return }
         switch handshake(fd, peer) {
         case .incomplete:
@@ -284,7 +284,7 @@ package final class SocketAcceptor: Sendable {
         case .finished(let status):
             guard pending.remove(fd, on: loop) != nil else { return }
             status.send(on: fd)
-            closeDescriptor(fd)
+            try? fd.close()
         case .accepted(let adopt):
             guard pending.remove(fd, on: loop) != nil else { return }
             RendezvousStatus.accepted.send(on: fd)

@@ -3,6 +3,7 @@ import Glibc
 public import IPCCore
 public import IPCSystem
 import Synchronization
+public import SystemPackage
 
 /// The listening side of a transport whose clients connect to an `AF_UNIX` socket in the group
 /// directory, with everything but the transport's own channel and handshake: the group
@@ -22,14 +23,14 @@ public final class SocketEndpoint: Sendable {
         /// owns it from then on, whether or not the connection could be made); if not, the
         /// socket is closed. A refused client is sent `refusal` (bytes it reads as the end of its connection;
         /// empty for none) before its socket is closed.
-        case immediately(refusal: [UInt8], serve: @Sendable (_ socket: CInt, _ peer: PeerCredentials, _ endpoint: SocketEndpoint) -> Bool)
+        case immediately(refusal: [UInt8], serve: @Sendable (_ socket: FileDescriptor, _ peer: PeerCredentials, _ endpoint: SocketEndpoint) -> Bool)
         /// The socket is a rendezvous: `handshake` is called each time it is readable until it
         /// says what became of the client (see ``RendezvousHandshake``). A client that says
         /// nothing is dropped after `timeout`; at most `maximumPending` are mid-handshake (the
         /// next are answered ``RendezvousStatus/busy``).
         case afterHandshake(
             timeout: Duration, maximumPending: Int,
-            handshake: @Sendable (_ socket: CInt, _ peer: PeerCredentials, _ endpoint: SocketEndpoint) -> RendezvousHandshake
+            handshake: @Sendable (_ socket: FileDescriptor, _ peer: PeerCredentials, _ endpoint: SocketEndpoint) -> RendezvousHandshake
         )
     }
 
@@ -58,7 +59,10 @@ public final class SocketEndpoint: Sendable {
         switch accept {
         case .immediately(let refusal, let serve):
             mode = .immediate(refusal: refusal) { [weak self] fd, peer in
-                guard let self, serve(fd, peer, self) else { return closeDescriptor(fd) }
+                guard let self, serve(fd, peer, self) else {
+                    try? fd.close()
+                    return
+                }
             }
         case .afterHandshake(let timeout, let maximumPending, let handshake):
             mode = .handshake(timeout: timeout, maximumPending: maximumPending) { [weak self] fd, peer in

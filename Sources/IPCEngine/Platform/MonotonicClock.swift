@@ -15,12 +15,3 @@ package func monotonicNanoseconds() -> UInt64 {
     clock_gettime(CLOCK_MONOTONIC, &time)
     return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
 }
-
-extension Duration {
-    /// This duration in whole nanoseconds, clamped to zero and above: for deadlines in
-    /// ``monotonicNanoseconds()``.
-    package var wholeNanoseconds: UInt64 {
-        let (seconds, attoseconds) = components
-        return UInt64(clamping: max(0, seconds)) &* 1_000_000_000 &+ UInt64(clamping: max(0, attoseconds / 1_000_000_000))
-    }
-}

@@ -94,10 +94,10 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
     ///   - outbound: the peer's journal, which this side appends to.
     ///   - reader: the reader of the file this side reads (the client's journal, or its outbox).
     init(
-        role: Role, lifeline: CInt, outbound: JournalAppender, sender: SenderID, peerPID: Int32, reader: JournalReader, maximumPayloadLength: Int, loop: EventLoop
+        role: Role, lifeline: FileDescriptor, outbound: JournalAppender, sender: SenderID, peerPID: Int32, reader: JournalReader, maximumPayloadLength: Int, loop: EventLoop
     ) {
         self.role = role
-        self.descriptor = FileDescriptor(rawValue: lifeline)
+        self.descriptor = lifeline
         self.outbound = outbound
         self.sender = sender
         self.peerPID = peerPID
@@ -271,7 +271,7 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
 
     /// Closes the socket and removes the files this side is responsible for.
     private func release() {
-        closeDescriptor(descriptor.rawValue)
+        try? descriptor.close()
         switch role {
         case .client(let journalPath, let outboxPath):
             _ = unlink(journalPath)

@@ -5,6 +5,7 @@ import IPCFileCoordination
 public import IPCEngine
 import IPCSystem
 import Synchronization
+import SystemPackage
 
 /// The listening side of a file presenter endpoint: a rendezvous socket
 /// (`G/<endpoint>.rendezvous`) that clients connect over, which gives the listener each client's
@@ -47,13 +48,13 @@ public final class FilePresenterListener: SocketEndpointListener, Sendable {
     /// process's and this user's, opens them, watches the outbox, and admits the client. Never
     /// waits: a file whose lock is taken (a client's fresh ones are not) makes the hello
     /// malformed.
-    private static func takeHello(_ fd: CInt, peer: PeerCredentials, options: ConnectionOptions, listener: SocketEndpoint, admitted: Admitted) -> RendezvousHandshake {
+    private static func takeHello(_ fd: FileDescriptor, peer: PeerCredentials, options: ConnectionOptions, listener: SocketEndpoint, admitted: Admitted) -> RendezvousHandshake {
         var hello = [UInt8](repeating: 0, count: RendezvousHello.length)
-        let count = hello.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_PEEK)) }
+        let count = hello.withUnsafeMutableBytes { recv(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_PEEK)) }
         if count < 0, errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return .incomplete }
         if count > 0, count < RendezvousHello.length { return .incomplete }
         guard count == RendezvousHello.length else { return .finished(.malformed) }
-        _ = hello.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT)) }
+        _ = hello.withUnsafeMutableBytes { recv(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT)) }
         guard let client = RendezvousHello.sender(parsing: hello[...]), client.pid == peer.pid else { return .finished(.malformed) }
         let endpoint = listener.endpoint
         let journalPath = JournalNames.clientJournal(endpoint, sender: client)

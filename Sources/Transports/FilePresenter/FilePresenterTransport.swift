@@ -96,7 +96,7 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
         try GroupDirectories.verify(endpoint.group)
         let socket = try UnixSocket.connect(path: RendezvousHello.socketPath(endpoint))
         var socketOwned = true
-        defer { if socketOwned { closeDescriptor(socket) } }
+        defer { if socketOwned { try? socket.close() } }
         let peer = try UnixSocket.peerCredentials(socket)
         try GroupDirectories.verifyListener(peer, at: RendezvousHello.socketPath(endpoint))
         let loop = try EventLoop.shared()
@@ -125,7 +125,7 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
         // Watched before the hello: the listener may write as soon as it has answered.
         channel.keep(try JournalWatch(path: journalPath, loop: loop) { [weak channel] in channel?.journalChanged() })
         let hello = RendezvousHello.bytes(identity)
-        let sent = hello.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_NOSIGNAL)) }
+        let sent = hello.withUnsafeBytes { send(socket.rawValue, $0.baseAddress, $0.count, CInt(MSG_NOSIGNAL)) }
         // A listener that refuses at once (accept filter, busy) may have answered and closed
         // before the hello went: the answer is still there to read.
         guard sent == hello.count || errno == EPIPE || errno == ECONNRESET else {

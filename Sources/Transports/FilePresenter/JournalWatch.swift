@@ -79,7 +79,7 @@ final class JournalInotify: @unchecked Sendable {
                 readEvents()
             }
         } catch {
-            closeDescriptor(inotify)
+            try? FileDescriptor(rawValue: inotify).close()
             throw error
         }
     }

@@ -62,10 +62,10 @@ final class MessagePortChannel: EngineChannel, @unchecked Sendable {
         self.writer = FragmentWriter(queue: outbound, messageSize: messageSize)
         self.senderID = senderID
         self.assembler = FragmentAssembler(maximumPayloadLength: maximumPayloadLength)
-        writeDescriptor = FileDescriptor(rawValue: outbound.descriptor)
+        writeDescriptor = outbound.descriptor
         switch role {
         case .client(let replyQueue, _, _):
-            descriptor = FileDescriptor(rawValue: replyQueue.descriptor)
+            descriptor = replyQueue.descriptor
             inbound = .descriptor
             readBuffer = .allocate(byteCount: try replyQueue.messageSize(), alignment: 8)
         case .server:
@@ -203,7 +203,7 @@ final class MessagePortChannel: EngineChannel, @unchecked Sendable {
         // read this either.
         let peerEnded = [.peerClosed, .peerDied].contains(endReason?.kind)
         if !peerEnded {
-            try? writer.sendControl(PortFragmentHeader(kind: .goodbye, sender: senderID), deadline: MessageQueue.realtimeDeadline(after: .zero))
+            try? writer.sendControl(PortFragmentHeader(kind: .goodbye, sender: senderID), deadline: .after(.zero))
         }
         writer.queue.close()
         switch role {

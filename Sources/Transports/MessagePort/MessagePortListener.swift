@@ -4,6 +4,7 @@ public import IPCCore
 public import IPCEngine
 import IPCSystem
 import Synchronization
+import SystemPackage
 
 /// A local message port: a queue registered under a name, read by the process's event loop,
 /// which takes every client's fragments and answers requests in arrival order (like a
@@ -92,7 +93,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private func register(_ queue: MessageQueue, polled: Bool = false) throws -> UInt64 {
         let handler = PortReader(queue: queue, pollsWhileSpinning: polled && options.waitStrategy.spins)
         handler.listener = self
-        return try loop.register(queue.descriptor, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
+        return try loop.register(queue.descriptor.rawValue, interest: .readable, waitStrategy: options.waitStrategy, handler: handler)
     }
 
     private func scheduleNameCheck() {
@@ -298,7 +299,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         // told, and its connect times out.
         func refuse(_ reason: PortRefusal) {
             try? FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                .sendControl(PortFragmentHeader(kind: .refused, msgid: reason.rawValue), deadline: MessageQueue.realtimeDeadline(after: .zero))
+                .sendControl(PortFragmentHeader(kind: .refused, msgid: reason.rawValue), deadline: .after(.zero))
             replyQueue.close()
         }
         // A process's clients are bounded, so that one process (which could make queues as long
@@ -338,7 +339,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
                 // times out. The welcome goes before the connection is yielded, so nothing the
                 // listener's user sends can reach the client ahead of its id.
                 try FragmentWriter(queue: replyQueue, messageSize: messageSize)
-                    .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: MessageQueue.realtimeDeadline(after: .zero))
+                    .sendControl(PortFragmentHeader(kind: .welcome, sender: id), deadline: .after(.zero))
                 try connection.watchPeerProcess(pid)
             } catch {
                 connection.invalidate(InvalidationReason(.transportFailure, error: error as? IPCError))

@@ -3,6 +3,7 @@ public import IPCCore
 public import IPCEngine
 public import IPCSystem
 import Synchronization
+import SystemPackage
 
 /// Named request/reply ports in the spirit of `CFMessagePort`, on POSIX message queues.
 ///
@@ -166,13 +167,13 @@ public struct MessagePortTransport: MessageTransport {
     /// Sends hello (our pid and reply queue name) and waits for the welcome that assigns our id.
     private func handshake(_ opening: Opening) throws -> UInt32 {
         let writer = FragmentWriter(queue: opening.server, messageSize: opening.messageSize)
-        try writer.sendControl(PortFragmentHeader(kind: .hello), payload: opening.hello, deadline: MessageQueue.realtimeDeadline(after: connectTimeout))
+        try writer.sendControl(PortFragmentHeader(kind: .hello), payload: opening.hello, deadline: .after(connectTimeout))
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try opening.replyQueue.messageSize(), alignment: 8)
         defer { buffer.deallocate() }
         // Wait in slices, so that a server that dies during the handshake is noticed at once.
         let deadline = ContinuousClock.now + connectTimeout
         while ContinuousClock.now < deadline, ProcessWatcher.isAlive(pid: opening.serverPID) {
-            guard let count = try opening.replyQueue.receive(into: buffer, deadline: MessageQueue.realtimeDeadline(after: .milliseconds(50))) else { continue }
+            guard let count = try opening.replyQueue.receive(into: buffer, deadline: .after(.milliseconds(50))) else { continue }
             return try welcome(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
         }
         throw serverDidNotAnswer()
@@ -184,7 +185,7 @@ public struct MessagePortTransport: MessageTransport {
         let deadline = monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds
         var sent = 0
         while try !FragmentWriter(queue: opening.server, messageSize: opening.messageSize).sendAvailable(PortFragmentHeader(kind: .hello), opening.hello, sent: &sent) {
-            switch try await opening.loop.waitUntil(opening.server.descriptor, is: .writable, deadline: deadline) {
+            switch try await opening.loop.waitUntil(opening.server.descriptor.rawValue, is: .writable, deadline: deadline) {
             case .ready: continue
             case .deadlinePassed: throw IPCError(code: .sendTimeout, message: "the message port's queue stayed full for \(connectTimeout)")
             case .cancelled: throw CancellationError()
@@ -197,7 +198,7 @@ public struct MessagePortTransport: MessageTransport {
                 return try welcome(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
             }
             let slice = min(deadline, monotonicNanoseconds() &+ Duration.milliseconds(50).wholeNanoseconds)
-            if try await opening.loop.waitUntil(opening.replyQueue.descriptor, is: .readable, deadline: slice) == .cancelled {
+            if try await opening.loop.waitUntil(opening.replyQueue.descriptor.rawValue, is: .readable, deadline: slice) == .cancelled {
                 throw CancellationError()
             }
         }

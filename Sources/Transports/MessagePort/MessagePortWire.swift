@@ -164,7 +164,7 @@ struct FragmentWriter {
 
     /// Sends one whole message. `sent` counts the fragments the kernel took, so a caller can tell
     /// a clean failure from a torn message.
-    func send(_ header: PortFragmentHeader, _ payload: [UInt8], deadline: timespec, sent: inout Int) throws {
+    func send(_ header: PortFragmentHeader, _ payload: [UInt8], deadline: MessageQueue.Deadline, sent: inout Int) throws {
         _ = try put(header, payload, sent: &sent) { fragment in
             try queue.send(fragment, deadline: deadline)
             return true
@@ -210,7 +210,7 @@ struct FragmentWriter {
     }
 
     /// Sends a header-only control message (hello payloads are small enough for one fragment).
-    func sendControl(_ header: PortFragmentHeader, payload: [UInt8] = [], deadline: timespec) throws {
+    func sendControl(_ header: PortFragmentHeader, payload: [UInt8] = [], deadline: MessageQueue.Deadline) throws {
         var sent = 0
         try send(header, payload, deadline: deadline, sent: &sent)
     }

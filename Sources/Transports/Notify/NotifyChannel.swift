@@ -150,8 +150,8 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
     func close() {
         store.close()
         Self.ring(peerBell)
-        closeDescriptor(peerBell)
-        closeDescriptor(descriptor.rawValue)
+        try? FileDescriptor(rawValue: peerBell).close()
+        try? descriptor.close()
         store.unmap()
     }
 }

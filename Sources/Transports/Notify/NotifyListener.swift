@@ -34,13 +34,13 @@ public final class NotifyListener: SocketEndpointListener, Sendable {
 
     /// Takes a client's hello when its socket is readable (loop thread): one message of
     /// ``NotifyRendezvous/helloLength`` bytes with the store and the two doorbells.
-    private static func takeHello(_ fd: CInt, peer: PeerCredentials, options: ConnectionOptions, listener: SocketEndpoint) -> RendezvousHandshake {
+    private static func takeHello(_ fd: FileDescriptor, peer: PeerCredentials, options: ConnectionOptions, listener: SocketEndpoint) -> RendezvousHandshake {
         var hello = [UInt8](repeating: 0, count: NotifyRendezvous.helloLength)
         var descriptors = [CInt](repeating: -1, count: NotifyRendezvous.descriptorCount)
         var received: CInt = 0
         let count = hello.withUnsafeMutableBytes { bytes in
             descriptors.withUnsafeMutableBufferPointer { fds in
-                ipc_receive_with_descriptors(fd, bytes.baseAddress, UInt(bytes.count), fds.baseAddress, CInt(fds.count), &received)
+                ipc_receive_with_descriptors(fd.rawValue, bytes.baseAddress, UInt(bytes.count), fds.baseAddress, CInt(fds.count), &received)
             }
         }
         if count < 0, errno == EAGAIN || errno == EWOULDBLOCK { return .incomplete }
@@ -50,10 +50,10 @@ public final class NotifyListener: SocketEndpointListener, Sendable {
             let capacity = NotifyRendezvous.ringCapacity(ofHello: hello[...]),
             let channel = try? Self.channel(memfd: handed[0], ownBell: handed[1], peerBell: handed[2], ringCapacity: capacity, options: options)
         else {
-            handed.forEach { closeDescriptor($0) }
+            handed.forEach { try? FileDescriptor(rawValue: $0).close() }
             return .finished(.malformed)
         }
-        closeDescriptor(handed[0])
+        try? FileDescriptor(rawValue: handed[0]).close()
         // Registered before the client hears it is accepted, so that a client that has
         // connected is among ``activeConnections``.
         let kept = listener.keep { onInvalidated in

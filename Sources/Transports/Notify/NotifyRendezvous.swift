@@ -41,22 +41,22 @@ enum NotifyRendezvous {
     /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused;
     ///   ``IPCError/Code/endpointNotFound`` if the listener did not answer in time;
     ///   ``IPCError/Code/transportFailure``.
-    static func connect(socket: CInt, ringCapacity: Int, storeLabel: String, timeout: Duration) throws -> (store: NotifyStore, ownBell: CInt, peerBell: CInt) {
+    static func connect(socket: FileDescriptor, ringCapacity: Int, storeLabel: String, timeout: Duration) throws -> (store: NotifyStore, ownBell: CInt, peerBell: CInt) {
         let (store, memfd) = try NotifyStore.create(ringCapacity: ringCapacity, label: storeLabel)
-        defer { closeDescriptor(memfd) }
+        defer { try? FileDescriptor(rawValue: memfd).close() }
         let ownBell = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
         let peerBell = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
         guard ownBell >= 0, peerBell >= 0 else {
             let error = Errno(rawValue: errno)
-            if ownBell >= 0 { closeDescriptor(ownBell) }
-            if peerBell >= 0 { closeDescriptor(peerBell) }
+            if ownBell >= 0 { try? FileDescriptor(rawValue: ownBell).close() }
+            if peerBell >= 0 { try? FileDescriptor(rawValue: peerBell).close() }
             throw IPCError.syscall("eventfd", error)
         }
         do {
             let hello = Self.hello(ringCapacity: ringCapacity)
             let descriptors = [memfd, peerBell, ownBell]
             let sent = hello.withUnsafeBytes { bytes in
-                descriptors.withUnsafeBufferPointer { ipc_send_with_descriptors(socket, bytes.baseAddress, UInt(bytes.count), $0.baseAddress, CInt($0.count)) }
+                descriptors.withUnsafeBufferPointer { ipc_send_with_descriptors(socket.rawValue, bytes.baseAddress, UInt(bytes.count), $0.baseAddress, CInt($0.count)) }
             }
             // A listener that refuses at once (accept filter, busy) may have answered and closed
             // before the hello went: the answer is still there to read.
@@ -66,8 +66,8 @@ enum NotifyRendezvous {
             try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: "notify")
             return (store, ownBell, peerBell)
         } catch {
-            closeDescriptor(ownBell)
-            closeDescriptor(peerBell)
+            try? FileDescriptor(rawValue: ownBell).close()
+            try? FileDescriptor(rawValue: peerBell).close()
             throw error
         }
     }

@@ -61,7 +61,7 @@ final class NotifyStore: @unchecked Sendable {
         let length = headerLength + 2 * ringCapacity
         guard ftruncate(fd, off_t(length)) == 0, ipc_seal_size(fd) == 0 else {
             let error = Errno(rawValue: errno)
-            closeDescriptor(fd)
+            try? FileDescriptor(rawValue: fd).close()
             throw IPCError.syscall("ftruncate/F_ADD_SEALS", error, context: "notify store")
         }
         do {
@@ -75,7 +75,7 @@ final class NotifyStore: @unchecked Sendable {
             ipc_atomic_store_u32(store.word32(at: 0), magic)
             return (store, fd)
         } catch {
-            closeDescriptor(fd)
+            try? FileDescriptor(rawValue: fd).close()
             throw error
         }
     }

@@ -3,6 +3,7 @@ public import IPCCore
 public import IPCEngine
 import IPCSystem
 import Synchronization
+import SystemPackage
 
 /// Messages over doorbells and a shared store: the MMWormhole pattern without its defects, on
 /// the notify(3) model of payload-less notifications delivered to a file descriptor.
@@ -70,7 +71,7 @@ public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> NotifyConnection {
         try GroupDirectories.verify(endpoint.group)
         let socket = try UnixSocket.connect(path: NotifyRendezvous.socketPath(endpoint))
-        defer { closeDescriptor(socket) }
+        defer { try? socket.close() }
         let peer = try UnixSocket.peerCredentials(socket)
         try GroupDirectories.verifyListener(peer, at: NotifyRendezvous.socketPath(endpoint))
         let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, timeout: connectTimeout)

@@ -111,7 +111,7 @@ final class NotifyWatcher: @unchecked Sendable {
                 seen = [group.changed.value] + waitedFor.map(\.seen)
             }
             if FutexCounter.wait(counters, whileEqualTo: seen) == .unavailable {
-                _ = group.changed.wait(whileEqualTo: seen[0], timeoutNanoseconds: 1_000_000)
+                _ = group.changed.wait(whileEqualTo: seen[0], timeout: .milliseconds(1))
             }
             let due: [(NotifyObservation, UInt32)] = lock.withLock {
                 waitedFor.compactMap { observation in

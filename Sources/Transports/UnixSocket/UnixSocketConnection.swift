@@ -31,8 +31,8 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
         case http(HTTPFrameEncoder)
     }
 
-    init(fd: CInt, framing: Framing, maximumPayloadLength: Int) {
-        descriptor = FileDescriptor(rawValue: fd)
+    init(fd: FileDescriptor, framing: Framing, maximumPayloadLength: Int) {
+        descriptor = fd
         switch framing {
         case .binary: encoding = .binary(BinaryFrameEncoder(maximumPayloadLength: maximumPayloadLength))
         case .http: encoding = .http(HTTPFrameEncoder(maximumPayloadLength: maximumPayloadLength))
@@ -47,7 +47,7 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
 
     /// A non-blocking read into the reassembler: the count, 0 at the end, `nil` if nothing was there.
     private func readNow() throws -> Int? {
-        let fd = descriptor.rawValue
+        let fd = descriptor
         let count = try reassembler.receive { buffer in try UnixSocket.readIfReady(fd, into: buffer) ?? -1 }
         return count < 0 ? nil : count
     }
@@ -88,7 +88,7 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     }
 
     func write(_ frame: Frame, from offset: Int) throws -> Int {
-        let fd = descriptor.rawValue
+        let fd = descriptor
         switch encoding {
         case .binary(let encoder):
             var header = try encoder.headerBytes(FrameHeader(frame))
@@ -109,10 +109,10 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     }
 
     func shutdown() {
-        UnixSocket.shutdown(descriptor.rawValue)
+        UnixSocket.shutdown(descriptor)
     }
 
     func close() {
-        closeDescriptor(descriptor.rawValue)
+        try? descriptor.close()
     }
 }

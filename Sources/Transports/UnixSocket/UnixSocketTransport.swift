@@ -2,6 +2,7 @@ public import IPCCore
 public import IPCEngine
 public import IPCFraming
 import IPCSystem
+import SystemPackage
 
 /// `AF_UNIX` stream sockets in the group directory: the Linux counterpart of LLBSDMessaging's
 /// BSD sockets. The endpoint `name` in group `G` is the socket file `G/name.sock`, guarded by
@@ -48,7 +49,7 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActi
             peer = try UnixSocket.peerCredentials(fd)
             try GroupDirectories.verifyListener(peer, at: Self.socketPath(endpoint))
         } catch {
-            closeDescriptor(fd)
+            try? fd.close()
             throw error
         }
         let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)

@@ -1,6 +1,6 @@
-import Glibc
 import IPCCore
 import IPCEngine
+import IPCSystem
 import SystemPackage
 
 /// One end of a toy connection: the engine's connection over a ``ToyChannel``. Request/reply,
@@ -16,8 +16,8 @@ final class ToyChannel: EngineChannel, @unchecked Sendable {
     private let maximumPayloadLength: Int
     private var packet: [UInt8]?
 
-    init(fd: CInt, maximumPayloadLength: Int) {
-        descriptor = FileDescriptor(rawValue: fd)
+    init(fd: FileDescriptor, maximumPayloadLength: Int) {
+        descriptor = fd
         self.maximumPayloadLength = min(maximumPayloadLength, ToyTransport.maximumPayloadLength)
     }
 
@@ -69,10 +69,10 @@ final class ToyChannel: EngineChannel, @unchecked Sendable {
     }
 
     func shutdown() {
-        _ = Glibc.shutdown(descriptor.rawValue, CInt(SHUT_RDWR))
+        UnixSocket.shutdown(descriptor)
     }
 
     func close() {
-        _ = Glibc.close(descriptor.rawValue)
+        try? descriptor.close()
     }
 }
