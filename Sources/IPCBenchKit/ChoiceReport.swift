@@ -60,7 +60,7 @@ public struct ChoiceReport: Sendable {
         let main = { (row: LatencyResult) in !row.onGlobalExecutor && !row.onLoopHandler && !row.transport.hasPrefix("floor:") }
         let blocking = results.latency.filter { main($0) && !$0.spins }
         let spinning = results.latency.filter { main($0) && $0.spins }
-        let streams = (results.throughput ?? []).filter { $0.waitStrategy == "blocking" && !$0.onGlobalExecutor && !$0.onLoopHandler && !$0.transport.hasPrefix("floor:") }
+        let streams = (results.throughput ?? []).filter { $0.waitStrategy == "blocking" && !$0.onGlobalExecutor && !$0.onLoopHandler && $0.batch == nil && !$0.transport.hasPrefix("floor:") }
         let placements = Placement.allCases.filter { placement in results.latency.contains { $0.placement == placement } }
         func candidate(_ transport: String, _ framing: Framing?) -> Candidate {
             Candidate(transport: transport, framing: framing?.rawValue, isReference: ReferenceSystem.isReference(transport))

@@ -117,7 +117,8 @@ public enum HTMLReport {
     private static func throughputCharts(_ rows: [(label: String, result: ThroughputResult)]) -> String {
         guard !rows.isEmpty else { return "" }
         func name(_ row: (label: String, result: ThroughputResult)) -> String {
-            row.label + [row.result.transport, row.result.framing?.rawValue, row.result.waitStrategy == "blocking" ? nil : "spinning", row.result.onGlobalExecutor ? "global executor" : nil, row.result.onLoopHandler ? "on-loop handler" : nil]
+            row.label + [row.result.transport, row.result.framing?.rawValue, row.result.waitStrategy == "blocking" ? nil : "spinning", row.result.onGlobalExecutor ? "global executor" : nil, row.result.onLoopHandler ? "on-loop handler" : nil,
+             row.result.batch.map { "batched by \($0)" }]
                 .compactMap { $0 }.joined(separator: " ")
         }
         var html = ""

@@ -41,6 +41,11 @@ public struct LatencyPlan: Sendable {
     /// transports, in the first blocking phase's sweeps, and the spinning ones (iceoryx-spin) in
     /// the first spinning phase's, split cores only (see ``ReferenceSystem``).
     public var references: [ReferenceSystem]
+    /// Besides the per-message streams, a one-way stream sent `batchedStream` messages at a time
+    /// (``IPCCore/MessageConnection/send(contentsOf:msgid:timeout:)``: one gathering write a batch
+    /// where the transport has one), from the connection's executor: blocking, binary framing, for
+    /// the transports that have a preferred executor (``ThroughputResult/batch``). 0: not measured.
+    public var batchedStream = 8
 
     public init(
         transports: [String] = TransportCatalog.names,
@@ -144,6 +149,9 @@ public struct LatencyRunner: Sendable {
         let executor: String?
         /// How the peer answers (``LatencyResult/handler``); `nil` for floors and references.
         let handler: String?
+        /// Messages a batched stream sends at a time (``ThroughputResult/batch``): a session that
+        /// measures that stream only (no round trips); `nil` for the others.
+        var batch: Int?
         let peerPID: Int32
         /// Makes `count` round trips of `size` bytes; returns each one's time in nanoseconds.
         let roundTrips: (_ size: Int, _ count: Int) async throws -> [UInt64]
@@ -233,7 +241,7 @@ public struct LatencyRunner: Sendable {
         }
         let failed = measured.compactMap(\.failure)
         measured.removeAll { $0.failure != nil }
-        let latency = measured.flatMap { session in
+        let latency = measured.filter { $0.batch == nil }.flatMap { session in
             plan.payloadSizes.map { size in
                 var row = result(session, size: size)
                 if session.reference != nil { row.reference = true }
@@ -247,6 +255,7 @@ public struct LatencyRunner: Sendable {
                     transport: session.name, framing: session.framing, placement: session.placement,
                     waitStrategy: session.waitStrategyName, executor: session.executor, handler: session.handler, payloadBytes: size
                 ) else { return nil }
+                row.batch = session.batch
                 if session.reference != nil { row.reference = true }
                 return row
             }
@@ -272,6 +281,9 @@ public struct LatencyRunner: Sendable {
                     sessions.append(session.main)
                     if plan.includeGlobalExecutor, !strategy.spins, framing ?? .binary == .binary, let global = session.global {
                         sessions.append(global)
+                    }
+                    if plan.includeThroughput, plan.batchedStream > 1, !strategy.spins, framing ?? .binary == .binary, let batched = session.batched {
+                        sessions.append(batched)
                     }
                     if plan.includeOnLoopHandler, plan.mainServing != .onLoop, !strategy.spins, framing ?? .binary == .binary {
                         sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: .onLoop, group: group).main)
@@ -400,8 +412,10 @@ public struct LatencyRunner: Sendable {
                         for size in plan.payloadSizes {
                             let blockSamples = max(1, plan.samples(forPayload: size) / repetitions)
                             // Warm up before each block: the connection may have been idle while others ran.
-                            try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
-                            try await measureBlock(session, size: size, samples: blockSamples, record: true)
+                            if session.batch == nil {
+                                try await measureBlock(session, size: size, samples: max(2, plan.warmup(forPayload: size) / repetitions), record: false)
+                                try await measureBlock(session, size: size, samples: blockSamples, record: true)
+                            }
                             if plan.includeThroughput, session.stream != nil {
                                 try await measureThroughput(session, size: size)
                             }
@@ -431,7 +445,7 @@ public struct LatencyRunner: Sendable {
     /// handler (``ConformancePeer/Configuration/Serving/task``).
     private func transportSession(
         _ name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy, serving: ConformancePeer.Serving = .task, group: GroupDirectory
-    ) throws -> (main: Session, global: Session?) {
+    ) throws -> (main: Session, global: Session?, batched: Session?) {
         let transport = try TransportCatalog.transport(named: name, framing: framing ?? .binary)
         let variant = [name, framing?.rawValue, waitStrategy.spins ? "spin" : nil, serving == .task ? nil : serving.rawValue].compactMap { $0 }.joined(separator: "-")
         let endpoint = try Endpoint(group: group, name: "\(group.identifier).bench-\(variant)-\(placement)")
@@ -456,14 +470,25 @@ public struct LatencyRunner: Sendable {
         // preempts the loop's thread more often), and one of 64 KiB faster (a full socket
         // suspends the sender without waking a pool thread when room comes). Both are measured;
         // docs/ENGINE.md, "Throughput", has the figures.
-        func stream(preferring executor: (any TaskExecutor)?) -> (Int, Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?) {
+        // `batch`: messages sent at a time with `send(contentsOf:)` (nil: one `send` a message).
+        func stream(preferring executor: (any TaskExecutor)?, batch: Int? = nil) -> (Int, Int) async throws -> (nanoseconds: UInt64, peerAllocations: UInt64?) {
             { size, count in
                 let payload = [UInt8](repeating: 0x5A, count: size)
                 let timeout = Duration.seconds(30)
+                let batchPayloads = [[UInt8]](repeating: payload, count: batch ?? 0)
                 return try await withTaskExecutorPreference(executor) {
                     let start = monotonicNanoseconds()
-                    for _ in 0..<count {
-                        try await connection.send(payload, msgid: ConformancePeer.Sink.message, timeout: timeout)
+                    if let batch {
+                        var sent = 0
+                        while sent < count {
+                            let now = min(batch, count - sent)
+                            try await connection.send(contentsOf: now == batch ? batchPayloads : Array(batchPayloads.prefix(now)), msgid: ConformancePeer.Sink.message, timeout: timeout)
+                            sent += now
+                        }
+                    } else {
+                        for _ in 0..<count {
+                            try await connection.send(payload, msgid: ConformancePeer.Sink.message, timeout: timeout)
+                        }
                     }
                     try await connection.send([], msgid: ConformancePeer.Sink.end, timeout: timeout)
                     let report = try await sinkReports.next(orInvalidate: connection, after: .seconds(60))
@@ -501,11 +526,22 @@ public struct LatencyRunner: Sendable {
                 peer.stop()
             }
         )
+        // The batched stream: same connection and peer, measured in blocks of its own.
+        let batched = executor.flatMap { _ -> Session? in
+            guard plan.batchedStream > 1 else { return nil }
+            let session = Session(
+                name: name, framing: framing, placement: placement, waitStrategy: waitStrategy,
+                executor: LatencyResult.preferredExecutor, handler: handler, peerPID: peer.pid,
+                roundTrips: { _, _ in [] }, stream: stream(preferring: executor, batch: plan.batchedStream), close: {}
+            )
+            session.batch = plan.batchedStream
+            return session
+        }
         main.loopStalls = {
             let reply = try? await connection.request([], msgid: ConformancePeer.Request.loopStalls, sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
             return reply.flatMap { try? JSONDecoder().decode(LoopStalls.self, from: Data($0)) }
         }
-        return (main, global)
+        return (main, global, batched)
     }
 
     private func measureBlock(_ session: Session, size: Int, samples: Int, record: Bool) async throws {

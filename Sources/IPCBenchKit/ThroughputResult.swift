@@ -36,6 +36,10 @@ public struct ThroughputResult: Codable, Sendable {
     public var executor: String? = nil
     /// How the receiving peer served, as ``LatencyResult/handler``.
     public var handler: String? = nil
+    /// For a batched stream: the messages sent at a time, with one
+    /// ``IPCCore/MessageConnection/send(contentsOf:msgid:timeout:)`` (one gathering write a batch
+    /// where the transport has one); absent for the per-message streams.
+    public var batch: Int? = nil
 
     /// Whether the messages were sent from the global executor although the transport offers its own.
     public var onGlobalExecutor: Bool { executor == LatencyResult.globalExecutor }
@@ -47,14 +51,15 @@ public struct ThroughputResult: Codable, Sendable {
     /// report's `wait` column.
     public var waitDescription: String {
         waitStrategy + (onGlobalExecutor ? ", global executor" : "") + (LatencyResult.handlerVariant(handler).map { ", \($0) handler" } ?? "")
+            + (batch.map { ", batched by \($0)" } ?? "")
     }
 
     /// A stable name:
-    /// `throughput/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/<handler>-handler]/<bytes>`.
+    /// `throughput/<transport>[/<framing>]/<placement>[/spin-then-block][/global-executor][/<handler>-handler][/batched-<n>]/<bytes>`.
     public var name: String {
         (["throughput", transport] + (framing.map { [$0.rawValue] } ?? []) + [placement.rawValue]
             + (waitStrategy == "blocking" ? [] : [waitStrategy]) + (onGlobalExecutor ? ["global-executor"] : [])
-            + (LatencyResult.handlerVariant(handler).map { ["\($0)-handler"] } ?? []) + [String(payloadBytes)]).joined(separator: "/")
+            + (LatencyResult.handlerVariant(handler).map { ["\($0)-handler"] } ?? []) + (batch.map { ["batched-\($0)"] } ?? []) + [String(payloadBytes)]).joined(separator: "/")
     }
 
     /// Both processes' context switches per message.

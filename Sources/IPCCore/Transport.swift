@@ -213,6 +213,16 @@ public protocol MessageConnection: AnyObject, Sendable {
     /// - Throws: what the synchronous send throws; `CancellationError`.
     func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws
 
+    /// Sends one-way messages, in order, each with `msgid`, suspending while the peer's buffer
+    /// is full: what a loop of ``send(_:msgid:timeout:)-async`` over `payloads` does, and the
+    /// default is that loop. A transport that can writes several at once, in one system call
+    /// (the engine's stream sockets: up to 64 messages or 256 KiB a call). Each message has the
+    /// whole `timeout`, from when its turn comes.
+    /// - Throws: what the asynchronous send throws, for the first message that failed: the
+    ///   messages before it were sent, it and those after it were not (a message begun and not
+    ///   finished invalidates the connection, as a send's does).
+    func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws
+
     /// The executor on which a task should run to have its replies delivered without a thread
     /// hand-over (the event loop that reads this connection), or `nil` if the transport has none.
     /// Use it with `withTaskExecutorPreference(_:operation:)`.
@@ -245,6 +255,12 @@ extension MessageConnection {
     }
 
     public var preferredTaskExecutor: (any TaskExecutor)? { nil }
+
+    public func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws {
+        for payload in payloads {
+            try await send(payload, msgid: msgid, timeout: timeout)
+        }
+    }
 }
 
 /// The listening side of an endpoint.

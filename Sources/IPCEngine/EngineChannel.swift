@@ -97,6 +97,17 @@ public protocol EngineChannel: AnyObject, Sendable {
     ///   ``IPCError/Code/transportFailure`` for any other failure.
     func write(_ frame: Frame, from offset: Int) throws -> Int
 
+    /// Writes as much of `frames`' encodings, one after another, from byte `offset` of the
+    /// first, as the kernel takes now, without blocking; returns how many bytes it took in all
+    /// (0 if none). A channel that can gathers them into one system call (a stream socket's
+    /// `sendmsg` of several frames); the engine calls it when more than one frame is ready to go
+    /// (at most 64 frames and 256 KiB a call), with frames whose ``encodedLength(of:)`` it
+    /// checked, called by one thread at a time as ``write(_:from:)`` is. The default writes the
+    /// first frame only (``write(_:from:)``): a channel that carries a frame a call, or
+    /// announces room with a doorbell or a timer, keeps its way and need not implement it.
+    /// - Throws: as ``write(_:from:)``; nothing of this call was written then.
+    func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int
+
     /// Wakes whatever waits on the descriptor (a reader sees the end of the stream, a writer an
     /// error), without closing it: the engine closes later, once nothing uses it.
     func shutdown()
@@ -187,6 +198,11 @@ extension EngineChannel {
     public func descriptorReported() {}
     public var writeWait: ChannelWriteWait { .descriptor }
     public func ending(_ reason: InvalidationReason) {}
+
+    public func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
+        guard let first = frames.first else { return 0 }
+        return try write(first, from: offset)
+    }
 
     public func startPollingWhileSpinning() -> Bool { false }
     public func pollWhileSpinning() -> Bool { false }

@@ -253,6 +253,72 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
 
     public var preferredTaskExecutor: (any TaskExecutor)? { eventLoop }
 
+    /// Sends one-way messages in order, as many in one gathering write as the kernel takes
+    /// (at most 64 or 256 KiB a write) while nothing else is queued; see
+    /// ``MessageConnection/send(contentsOf:msgid:timeout:)``. A message the kernel had no room
+    /// for waits as ``send(_:msgid:timeout:)-async``'s does, then the rest go on.
+    public func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws {
+        var next = payloads.startIndex
+        while next < payloads.endIndex {
+            if payloads.endIndex - next > 1, let (sent, rest) = try startSendingGathered(payloads[next...], msgid: msgid) {
+                next += sent
+                if let rest {
+                    try await finishSending(rest, timeout: timeout)
+                    next += 1
+                }
+                continue
+            }
+            if let rest = try startSending(Frame(kind: .message, msgid: msgid, payload: payloads[next])) {
+                try await finishSending(rest, timeout: timeout)
+            }
+            next += 1
+        }
+    }
+
+    /// Writes as many of `payloads`' messages as the kernel takes now in one gathering write,
+    /// if nobody else writes and nothing is queued (`nil` otherwise: nothing was written).
+    /// Returns how many went whole, and the one the kernel stopped in (perhaps at its first
+    /// byte), whose writer's right is kept for ``finishSending(_:timeout:)``; `nil` if all went.
+    /// - Throws: what ``checkWritable(_:)`` throws for the first message (one after it that
+    ///   would throw ends the batch before it), or what the write throws (nothing of it went).
+    private func startSendingGathered(_ payloads: ArraySlice<[UInt8]>, msgid: UInt32) throws -> (sent: Int, rest: UnfinishedWrite?)? {
+        var frames: [Frame] = []
+        var totals: [Int] = []
+        var bytes = 0
+        frames.reserveCapacity(min(payloads.count, Self.gatherFrameLimit))
+        totals.reserveCapacity(frames.capacity)
+        for payload in payloads {
+            let frame = Frame(kind: .message, msgid: msgid, payload: payload)
+            let total: Int
+            if frames.isEmpty {
+                total = try checkWritable(frame)
+            } else {
+                guard frames.count < Self.gatherFrameLimit, let checked = try? checkWritable(frame), bytes + checked <= Self.gatherByteLimit else { break }
+                total = checked
+            }
+            frames.append(frame)
+            totals.append(total)
+            bytes += total
+        }
+        guard try beginWriting() else { return nil }
+        var remaining: Int
+        do {
+            remaining = try frames.count == 1 ? writeNow(frames[0], from: 0) : writeNow(frames[...], from: 0)
+        } catch {
+            endWriting()
+            throw error
+        }
+        for (index, total) in totals.enumerated() {
+            guard remaining >= total else {
+                return (index, UnfinishedWrite(frame: frames[index], total: total, written: remaining))
+            }
+            remaining -= total
+        }
+        endWriting()
+        return (frames.count, nil)
+    }
+
+
     public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         let frame = try core.startRequest(payload, msgid: msgid)
         do {
@@ -589,6 +655,16 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
     }
 
+    /// Writes what the kernel takes now of several frames, one gathering write.
+    private func writeNow(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
+        do {
+            return try channel.write(frames, from: offset)
+        } catch let error as IPCError {
+            failedWrite(error, torn: offset > 0)
+            throw error
+        }
+    }
+
     private func failedWrite(_ error: IPCError, torn: Bool) {
         switch error.code {
         case .peerInvalidated:
@@ -894,47 +970,76 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
     }
 
+    /// The most frames, and bytes, one gathering write takes (``EngineChannel/write(_:from:)``
+    /// with several frames); a first frame above the bytes' bound goes alone.
+    static let gatherFrameLimit = 64
+    static let gatherByteLimit = 256 * 1024
+
     /// Writes the queue's frames in order while the kernel takes them, holding the right to
-    /// write (loop thread). Returns `true` if it found the queue empty, `false` if it stopped at
-    /// a frame the kernel had no room for (or a write failed, or a frame was cancelled).
+    /// write (loop thread): several waiting frames in one gathering write, the first from the
+    /// byte where it stopped. Returns `true` if it found the queue empty, `false` if it stopped
+    /// at a frame the kernel had no room for (or a write failed, or a frame was cancelled).
     private func writeQueued() -> Bool {
         while true {
-            guard let head = writeState.withLock({ state -> PendingWrite? in
-                let head = state.queue.first
-                head?.inFlight = true
-                return head
-            }) else { return true }
+            // The frames to write now, marked in flight: a cancellation meanwhile is recorded and
+            // settled below. In flight, they stay in the queue, in order, at its front.
+            let batch: [PendingWrite] = writeState.withLock { state in
+                guard let head = state.queue.first else { return [] }
+                head.inFlight = true
+                guard state.queue.count > 1 else { return [head] }
+                var batch = [head]
+                var bytes = head.total - head.written
+                for write in state.queue.dropFirst() {
+                    guard batch.count < Self.gatherFrameLimit, bytes + write.total <= Self.gatherByteLimit else { break }
+                    write.inFlight = true
+                    batch.append(write)
+                    bytes += write.total
+                }
+                return batch
+            }
+            guard let head = batch.first else { return true }
             let count: Int
             do {
-                count = try writeNow(head.frame, from: head.written)
+                if batch.count == 1 {
+                    count = try writeNow(head.frame, from: head.written)
+                } else {
+                    count = try writeNow(ArraySlice(batch.map(\.frame)), from: head.written)
+                }
             } catch {
-                writeState.withLock { _ in head.inFlight = false }
+                writeState.withLock { _ in for write in batch { write.inFlight = false } }
                 return false
             }
-            // The head stays the head while in flight: nothing else takes a frame out then.
-            enum Outcome { case finished, cancelled, more }
-            let outcome: Outcome = writeState.withLock { state in
-                head.inFlight = false
-                head.written += count
-                state.queuedBytes -= count
-                if head.written == 0, head.cancelRequested {
-                    // Cancelled while the kernel had no room for any of it: still not begun.
-                    state.queue.removeFirst()
-                    state.queuedBytes -= head.total
-                    head.done = true
-                    return .cancelled
+            // The bytes written are a prefix of the batch: whole frames, then perhaps part of one.
+            let (completed, cancelled, wroteAll): ([PendingWrite], [PendingWrite], Bool) = writeState.withLock { state in
+                var remaining = count
+                var completed: [PendingWrite] = []
+                var cancelled: [PendingWrite] = []
+                for write in batch {
+                    write.inFlight = false
+                    let taken = min(remaining, write.total - write.written)
+                    remaining -= taken
+                    write.written += taken
+                    state.queuedBytes -= taken
+                    if write.written == write.total {
+                        write.done = true
+                        completed.append(write)
+                    } else if write.written == 0, write.cancelRequested {
+                        // Cancelled while in flight and none of it went: still not begun.
+                        write.done = true
+                        state.queuedBytes -= write.total
+                        cancelled.append(write)
+                    }
                 }
-                guard head.written == head.total else { return .more }
-                state.queue.removeFirst()
-                head.done = true
-                return .finished
+                if completed.count == 1, cancelled.isEmpty {
+                    state.queue.removeFirst()
+                } else if !completed.isEmpty || !cancelled.isEmpty {
+                    state.queue.removeAll { $0.done }
+                }
+                return (completed, cancelled, completed.count == batch.count)
             }
-            switch outcome {
-            case .finished: head.complete(.success(()))
-            case .cancelled: head.complete(.failure(CancellationError()))
-            case .more: break
-            }
-            guard case .finished = outcome else { return false }
+            for write in completed { write.complete(.success(())) }
+            for write in cancelled { write.complete(.failure(CancellationError())) }
+            guard wroteAll else { return false }
         }
     }
 

@@ -207,6 +207,47 @@ public enum UnixSocket {
         }
     }
 
+    /// The most segments ``writeIfReady(_:segments:from:)`` takes in one call (`IOV_MAX` is 1024).
+    public static let maximumSegments = 1024
+
+    /// Writes as much of `segments`, one after another, from byte `offset` of them all together,
+    /// as the kernel takes now: one gathering `sendmsg` (never blocking, never raising SIGPIPE)
+    /// for at most ``maximumSegments`` segments. Returns the bytes written, 0 if the buffer is full.
+    /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer closed the connection.
+    public static func writeIfReady(_ socket: FileDescriptor, segments: UnsafeBufferPointer<UnsafeRawBufferPointer>, from offset: Int) throws -> Int {
+        precondition(segments.count <= maximumSegments, "at most \(maximumSegments) segments a write")
+        while true {
+            let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: max(1, segments.count)) { iov -> Int in
+                var count = 0
+                var skip = offset
+                for segment in segments where segment.count > 0 {
+                    if skip >= segment.count {
+                        skip -= segment.count
+                        continue
+                    }
+                    iov[count] = iovec(iov_base: UnsafeMutableRawPointer(mutating: segment.baseAddress! + skip), iov_len: segment.count - skip)
+                    skip = 0
+                    count += 1
+                }
+                guard count > 0 else { return 0 }
+                var message = msghdr()
+                message.msg_iov = iov.baseAddress
+                message.msg_iovlen = count
+                return sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
+            }
+            if result >= 0 { return result }
+            let error = Errno(rawValue: errno)
+            switch error {
+            case .interrupted: continue
+            case .wouldBlock: return 0
+            case .brokenPipe, .connectionReset, .socketNotConnected:
+                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
+            default:
+                throw IPCError.syscall("sendmsg", error)
+            }
+        }
+    }
+
     /// `recv` with `flags`: the byte count, 0 at end of stream (a reset by a dead peer too),
     /// `nil` when it would block.
     private static func receive(_ socket: FileDescriptor, into buffer: UnsafeMutableRawBufferPointer, flags: CInt) throws -> Int? {

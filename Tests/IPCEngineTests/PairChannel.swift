@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 import IPCCore
 import IPCEngine
+import Synchronization
 import SystemPackage
 
 /// An in-process ``EngineChannel`` over one end of a stream socketpair, with a framing of its
@@ -16,9 +17,24 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
 
     let descriptor: FileDescriptor
     private var buffer: [UInt8] = []
+    /// Whether several frames go in one `send` (``write(_:from:)-(ArraySlice<Frame>,_)``);
+    /// otherwise the channel keeps ``EngineChannel``'s default, a frame a call.
+    let gathers: Bool
+    /// What the gathering writes did, for the tests to look at.
+    struct Gathering {
+        /// Calls given more than one frame, and the most frames one was given.
+        var calls = 0
+        var mostFrames = 0
+        /// Calls that stopped inside a frame other than the first (a frame torn across calls).
+        var tornInside = 0
+        /// Calls that began inside their first frame (resuming a torn frame).
+        var resumed = 0
+    }
+    let gathering = Mutex(Gathering())
 
-    init(fd: CInt) {
+    init(fd: CInt, gathers: Bool = false) {
         descriptor = FileDescriptor(rawValue: fd)
+        self.gathers = gathers
     }
 
     func readAvailable() throws -> Int? {
@@ -89,6 +105,33 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
         throw IPCError(code: .transportFailure, message: "send failed: errno \(errno)")
     }
 
+    func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
+        guard gathers, frames.count > 1 else { return try write(frames.first!, from: offset) }
+        let encoded = frames.map(Self.encode)
+        let bytes = encoded.flatMap { $0 }
+        let count = bytes[offset...].withUnsafeBytes { send(descriptor.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+        if count < 0 {
+            if errno == EAGAIN || errno == EINTR { return 0 }
+            if errno == EPIPE || errno == ECONNRESET { throw IPCError(code: .peerInvalidated, message: "the peer closed") }
+            throw IPCError(code: .transportFailure, message: "send failed: errno \(errno)")
+        }
+        // Where the call stopped: inside a frame after the first, or not.
+        var end = offset + count
+        var index = 0
+        while index < encoded.count, end >= encoded[index].count {
+            end -= encoded[index].count
+            index += 1
+        }
+        let stoppedInside = index > 0 && index < encoded.count && end > 0
+        gathering.withLock {
+            $0.calls += 1
+            $0.mostFrames = max($0.mostFrames, frames.count)
+            if stoppedInside { $0.tornInside += 1 }
+            if offset > 0 { $0.resumed += 1 }
+        }
+        return count
+    }
+
     func shutdown() {
         _ = Glibc.shutdown(descriptor.rawValue, CInt(SHUT_RDWR))
     }
@@ -117,7 +160,7 @@ final class PairPeer: @unchecked Sendable {
     }
 
     /// A connected pair: the engine's end as a channel, and the peer's end.
-    static func make(sendBuffer: Int? = nil) throws -> (PairChannel, PairPeer) {
+    static func make(sendBuffer: Int? = nil, gathers: Bool = false) throws -> (PairChannel, PairPeer) {
         var fds: [CInt] = [0, 0]
         guard socketpair(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0, &fds) == 0 else {
             throw IPCError(code: .transportFailure, message: "socketpair failed: errno \(errno)")
@@ -128,7 +171,7 @@ final class PairPeer: @unchecked Sendable {
                 setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<CInt>.size))
             }
         }
-        return (PairChannel(fd: fds[0]), PairPeer(fd: fds[1]))
+        return (PairChannel(fd: fds[0], gathers: gathers), PairPeer(fd: fds[1]))
     }
 
     func send(_ frame: Frame) {

@@ -108,6 +108,62 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
         }
     }
 
+    /// The frames one after another in one gathering `sendmsg`: each frame's header and payload
+    /// are two of its segments, the headers encoded into one buffer first.
+    func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
+        guard frames.count > 1 else { return try frames.first.map { try write($0, from: offset) } ?? 0 }
+        let fd = descriptor
+        let count = frames.count
+        return try withUnsafeTemporaryAllocation(of: UnsafeRawBufferPointer.self, capacity: 2 * count) { segments in
+            switch encoding {
+            case .binary(let encoder):
+                let size = BinaryFrameHeaderBytes.count
+                return try withUnsafeTemporaryAllocation(byteCount: size * count, alignment: 8) { headers in
+                    for (index, frame) in frames.enumerated() {
+                        let header = try encoder.headerBytes(FrameHeader(frame))
+                        withUnsafeBytes(of: header.storage) { raw in
+                            UnsafeMutableRawBufferPointer(rebasing: headers[(index * size)...]).copyMemory(from: UnsafeRawBufferPointer(rebasing: raw[..<size]))
+                        }
+                        segments[2 * index] = UnsafeRawBufferPointer(rebasing: headers[(index * size)..<((index + 1) * size)])
+                    }
+                    return try withPayloads(frames, frames.startIndex, into: segments) {
+                        try UnixSocket.writeIfReady(fd, segments: UnsafeBufferPointer(segments), from: offset)
+                    }
+                }
+            case .http(let encoder):
+                headerBuffer.removeAll(keepingCapacity: true)
+                var ends: [Int] = []
+                ends.reserveCapacity(count)
+                for frame in frames {
+                    try encoder.encodeHeader(FrameHeader(frame), into: &headerBuffer)
+                    ends.append(headerBuffer.count)
+                }
+                return try headerBuffer.withUnsafeBytes { headers in
+                    var start = 0
+                    for (index, end) in ends.enumerated() {
+                        segments[2 * index] = UnsafeRawBufferPointer(rebasing: headers[start..<end])
+                        start = end
+                    }
+                    return try withPayloads(frames, frames.startIndex, into: segments) {
+                        try UnixSocket.writeIfReady(fd, segments: UnsafeBufferPointer(segments), from: offset)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Puts each frame's payload after its header in `segments`, valid while `body` runs (one
+    /// `withUnsafeBytes` a frame, nested).
+    private func withPayloads<R>(
+        _ frames: ArraySlice<Frame>, _ index: Int, into segments: UnsafeMutableBufferPointer<UnsafeRawBufferPointer>, _ body: () throws -> R
+    ) throws -> R {
+        guard index < frames.endIndex else { return try body() }
+        return try frames[index].payload.withUnsafeBytes { payload in
+            segments[2 * (index - frames.startIndex) + 1] = payload
+            return try withPayloads(frames, index + 1, into: segments, body)
+        }
+    }
+
     func shutdown() {
         UnixSocket.shutdown(descriptor)
     }
