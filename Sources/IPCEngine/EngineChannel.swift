@@ -97,15 +97,18 @@ public protocol EngineChannel: AnyObject, Sendable {
     ///   ``IPCError/Code/transportFailure`` for any other failure.
     func write(_ frame: Frame, from offset: Int) throws -> Int
 
+    /// Whether ``write(_:from:)-(ArraySlice<Frame>,_)`` gathers several frames into one system
+    /// call: the engine then hands it every frame that is ready to go (at most 64 frames and
+    /// 256 KiB a call), and a frame a call otherwise. `false` unless the channel says otherwise.
+    var gathersWrites: Bool { get }
+
     /// Writes as much of `frames`' encodings, one after another, from byte `offset` of the
     /// first, as the kernel takes now, without blocking; returns how many bytes it took in all
-    /// (0 if none). A channel that can gathers them into one system call (a stream socket's
-    /// `sendmsg` of several frames); the engine calls it when more than one frame is ready to go
-    /// (at most 64 frames and 256 KiB a call), with frames whose ``encodedLength(of:)`` it
-    /// checked, called by one thread at a time as ``write(_:from:)`` is. The default writes the
-    /// first frame only (``write(_:from:)``): a channel that carries a frame a call, or
-    /// announces room with a doorbell or a timer, keeps its way and need not implement it.
-    /// - Throws: as ``write(_:from:)``; nothing of this call was written then.
+    /// (0 if none). Called, for a channel that ``gathersWrites``, with frames whose
+    /// ``encodedLength(of:)`` the engine checked, by one thread at a time as
+    /// ``write(_:from:)`` is. The default writes them with ``write(_:from:)``, one after
+    /// another, while each is taken whole.
+    /// - Throws: as ``write(_:from:)``, when nothing of this call was written.
     func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int
 
     /// Wakes whatever waits on the descriptor (a reader sees the end of the stream, a writer an
@@ -199,9 +202,25 @@ extension EngineChannel {
     public var writeWait: ChannelWriteWait { .descriptor }
     public func ending(_ reason: InvalidationReason) {}
 
+    public var gathersWrites: Bool { false }
+
     public func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
-        guard let first = frames.first else { return 0 }
-        return try write(first, from: offset)
+        var written = 0
+        var offset = offset
+        for frame in frames {
+            do {
+                let length = try encodedLength(of: frame)
+                let count = try write(frame, from: offset)
+                written += count
+                guard offset + count == length else { return written }
+                offset = 0
+            } catch {
+                // What went before the failure counts; the next write meets the failure again.
+                if written > 0 { return written }
+                throw error
+            }
+        }
+        return written
     }
 
     public func startPollingWhileSpinning() -> Bool { false }

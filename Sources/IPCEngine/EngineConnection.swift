@@ -74,6 +74,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// The channel's descriptor is a doorbell (``ChannelReadiness/doorbell``): one edge per
     /// ring, meaning read and write alike.
     private let doorbell: Bool
+    /// The channel writes several frames in one call (``EngineChannel/gathersWrites``).
+    private let gathers: Bool
 
     private struct WriteState {
         /// The descriptor is closed, or is closed as soon as the active writer stops.
@@ -144,6 +146,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         self.onInvalidated = onInvalidated
         self.outboundLimit = options.messageBufferLimit.bytes
         self.doorbell = channel.readiness == .doorbell
+        self.gathers = channel.gathersWrites
         let readsDescriptor = channel.inbound == .descriptor
         let separateWriter = channel.writeDescriptor != channel.descriptor
         self.readsDescriptor = readsDescriptor
@@ -254,13 +257,14 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     public var preferredTaskExecutor: (any TaskExecutor)? { eventLoop }
 
     /// Sends one-way messages in order, as many in one gathering write as the kernel takes
-    /// (at most 64 or 256 KiB a write) while nothing else is queued; see
+    /// (at most 64 or 256 KiB a write) while nothing else is queued, over a channel that
+    /// ``EngineChannel/gathersWrites`` (a send each otherwise); see
     /// ``MessageConnection/send(contentsOf:msgid:timeout:)``. A message the kernel had no room
     /// for waits as ``send(_:msgid:timeout:)-async``'s does, then the rest go on.
     public func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws {
         var next = payloads.startIndex
         while next < payloads.endIndex {
-            if payloads.endIndex - next > 1, let (sent, rest) = try startSendingGathered(payloads[next...], msgid: msgid) {
+            if gathers, payloads.endIndex - next > 1, let (sent, rest) = try startSendingGathered(payloads[next...], msgid: msgid) {
                 next += sent
                 if let rest {
                     try await finishSending(rest, timeout: timeout)
@@ -982,35 +986,36 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     private func writeQueued() -> Bool {
         while true {
             // The frames to write now, marked in flight: a cancellation meanwhile is recorded and
-            // settled below. In flight, they stay in the queue, in order, at its front.
-            let batch: [PendingWrite] = writeState.withLock { state in
-                guard let head = state.queue.first else { return [] }
+            // settled below. In flight, they stay in the queue, in order, at its front. The
+            // frames after the head only when there are any (most drains find one frame).
+            guard let (head, rest) = writeState.withLock({ state -> (PendingWrite, [PendingWrite]?)? in
+                guard let head = state.queue.first else { return nil }
                 head.inFlight = true
-                guard state.queue.count > 1 else { return [head] }
-                var batch = [head]
+                guard gathers, state.queue.count > 1 else { return (head, nil) }
+                var rest: [PendingWrite] = []
                 var bytes = head.total - head.written
                 for write in state.queue.dropFirst() {
-                    guard batch.count < Self.gatherFrameLimit, bytes + write.total <= Self.gatherByteLimit else { break }
+                    guard rest.count + 1 < Self.gatherFrameLimit, bytes + write.total <= Self.gatherByteLimit else { break }
                     write.inFlight = true
-                    batch.append(write)
+                    rest.append(write)
                     bytes += write.total
                 }
-                return batch
+                return (head, rest.isEmpty ? nil : rest)
+            }) else { return true }
+            guard let rest else {
+                guard writeSingle(head) else { return false }
+                continue
             }
-            guard let head = batch.first else { return true }
+            let batch = [head] + rest
             let count: Int
             do {
-                if batch.count == 1 {
-                    count = try writeNow(head.frame, from: head.written)
-                } else {
-                    count = try writeNow(ArraySlice(batch.map(\.frame)), from: head.written)
-                }
+                count = try writeNow(ArraySlice(batch.map(\.frame)), from: head.written)
             } catch {
                 writeState.withLock { _ in for write in batch { write.inFlight = false } }
                 return false
             }
             // The bytes written are a prefix of the batch: whole frames, then perhaps part of one.
-            let (completed, cancelled, wroteAll): ([PendingWrite], [PendingWrite], Bool) = writeState.withLock { state in
+            let (completed, cancelled): ([PendingWrite], [PendingWrite]) = writeState.withLock { state in
                 var remaining = count
                 var completed: [PendingWrite] = []
                 var cancelled: [PendingWrite] = []
@@ -1030,17 +1035,49 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                         cancelled.append(write)
                     }
                 }
-                if completed.count == 1, cancelled.isEmpty {
-                    state.queue.removeFirst()
-                } else if !completed.isEmpty || !cancelled.isEmpty {
-                    state.queue.removeAll { $0.done }
-                }
-                return (completed, cancelled, completed.count == batch.count)
+                if !completed.isEmpty || !cancelled.isEmpty { state.queue.removeAll { $0.done } }
+                return (completed, cancelled)
             }
             for write in completed { write.complete(.success(())) }
             for write in cancelled { write.complete(.failure(CancellationError())) }
-            guard wroteAll else { return false }
+            guard completed.count == batch.count else { return false }
         }
+    }
+
+    /// Writes what the kernel takes of the queue's head alone (``writeQueued()``); returns
+    /// whether it was finished.
+    private func writeSingle(_ head: PendingWrite) -> Bool {
+        let count: Int
+        do {
+            count = try writeNow(head.frame, from: head.written)
+        } catch {
+            writeState.withLock { _ in head.inFlight = false }
+            return false
+        }
+        // The head stays the head while in flight: nothing else takes a frame out then.
+        enum Outcome { case finished, cancelled, more }
+        let outcome: Outcome = writeState.withLock { state in
+            head.inFlight = false
+            head.written += count
+            state.queuedBytes -= count
+            if head.written == 0, head.cancelRequested {
+                // Cancelled while the kernel had no room for any of it: still not begun.
+                state.queue.removeFirst()
+                state.queuedBytes -= head.total
+                head.done = true
+                return .cancelled
+            }
+            guard head.written == head.total else { return .more }
+            state.queue.removeFirst()
+            head.done = true
+            return .finished
+        }
+        switch outcome {
+        case .finished: head.complete(.success(()))
+        case .cancelled: head.complete(.failure(CancellationError()))
+        case .more: break
+        }
+        return outcome == .finished
     }
 
     private func updateInterest(_ change: (inout WriteState) -> Void) {

@@ -105,8 +105,10 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
         throw IPCError(code: .transportFailure, message: "send failed: errno \(errno)")
     }
 
+    var gathersWrites: Bool { gathers }
+
     func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
-        guard gathers, frames.count > 1 else { return try write(frames.first!, from: offset) }
+        guard frames.count > 1 else { return try write(frames.first!, from: offset) }
         let encoded = frames.map(Self.encode)
         let bytes = encoded.flatMap { $0 }
         let count = bytes[offset...].withUnsafeBytes { send(descriptor.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }

@@ -138,4 +138,23 @@ struct WriteGatheringTests {
         let reason = try #require(await iterator.next())
         #expect(reason.kind == .peerClosed)
     }
+
+    @Test("a channel that does not gather gets a frame a call; EngineChannel's default frames write writes them one after another")
+    func nonGatheringChannel() async throws {
+        let (channel, peer) = try PairPeer.make(sendBuffer: 4096, gathers: false)
+        let connection = try EngineConnection(channel: channel, peer: nil, options: .defaults)
+        defer { connection.invalidate(); peer.close() }
+        let payloads = (0..<200).map(Self.payload)
+        let sender = Task.detached { try await connection.send(contentsOf: payloads, msgid: 3, timeout: .seconds(120)) }
+        let frames = await blocking { (0..<payloads.count).compactMap { _ in peer.readFrame() } }
+        try await sender.value
+        #expect(frames.map(\.payload) == payloads)
+        #expect(channel.gathering.withLock { $0.calls } == 0)
+        // The default: each frame by write(_:from:), the first from its offset, while each goes whole.
+        let sink = try SinkDoorbellChannel()
+        defer { sink.close() }
+        let three = [Frame(kind: .message, msgid: 1, payload: [1, 2]), Frame(kind: .message, msgid: 2, payload: [3]), Frame(kind: .message, msgid: 3, payload: [])]
+        #expect(try sink.write(three[...], from: 1) == 2 + 2 + 1)
+        #expect(sink.framesWritten == 3)
+    }
 }

@@ -108,6 +108,8 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
         }
     }
 
+    var gathersWrites: Bool { true }
+
     /// The frames one after another in one gathering `sendmsg`: each frame's header and payload
     /// are two of its segments, the headers encoded into one buffer first.
     func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
