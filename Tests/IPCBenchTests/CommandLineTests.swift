@@ -65,12 +65,15 @@ struct CommandLineTests {
         #expect(results.latency.allSatisfy { $0.samples > 0 && $0.repetitionMedians.count == LatencyResult.repetitions })
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
         #expect(results.inProcess.isEmpty)
-        // One-way throughput for the transport sent from both executors and to the on-loop
-        // peer, its floor and its event-driven floor; with one core, nothing spins.
+        // One-way throughput for the transport sent from both executors, batched, and to the
+        // on-loop peer, its floor and its event-driven floor; with one core, nothing spins.
+        // The batched stream (8 messages a send(contentsOf:)) comes after the global executor's.
         let throughput = try #require(results.throughput)
-        #expect(throughput.map(\.transport) == transports)
-        #expect(throughput.map(\.executor) == executors)
-        #expect(throughput.map(\.handler) == handlers)
+        #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket"] + transports)
+        #expect(throughput.map(\.executor) == Array(executors[..<4]) + ["preferred", "preferred"] + executors[4...])
+        #expect(throughput.map(\.handler) == Array(handlers[..<4]) + ["task", "task"] + handlers[4...])
+        #expect(throughput.map(\.batch) == [nil, nil, nil, nil, 8, 8] + Array(repeating: nil, count: transports.count - 4))
+        #expect(throughput.filter { $0.batch != nil }.allSatisfy { $0.name.contains("/batched-8/") && $0.waitDescription == "blocking, batched by 8" })
         #expect(Set(throughput.map(\.name)).count == throughput.count)
         #expect(throughput.filter(\.onGlobalExecutor).allSatisfy { $0.name.contains("/global-executor/") && $0.waitDescription == "blocking, global executor" })
         let streamRow = try #require(throughput.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
@@ -80,7 +83,7 @@ struct CommandLineTests {
         #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
         #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
         // A benchmark entry per latency and throughput row and per repetition of each.
-        #expect(results.benchmarks.count == (22 + 2 * uring.count) * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.count == (24 + 2 * uring.count) * (LatencyResult.repetitions + 1))
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
