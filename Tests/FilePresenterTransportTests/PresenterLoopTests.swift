@@ -16,12 +16,14 @@ import Testing
 struct PresenterLoopTests {
     private func makeItem(_ group: borrowing TestGroup, _ name: String) throws -> String {
         let path = group.directory.path + "/" + name
-        try write("start", to: path)
+        // Nobody presents it yet: nothing to wait for.
+        try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(10)) { try $0.replaceContents(with: Array("start".utf8)) }
         return path
     }
 
-    private func write(_ text: String, to path: String, timeout: Duration = .seconds(30)) throws {
-        try FileCoordinator().coordinate(writingItemAt: path, timeout: timeout) { try $0.replaceContents(with: Array(text.utf8)) }
+    /// A coordinated write, on a thread of its own (`runBlocking`): it waits for presenters.
+    private func write(_ text: String, to path: String, timeout: Duration = .seconds(30)) async throws {
+        try await runBlocking { try FileCoordinator().coordinate(writingItemAt: path, timeout: timeout) { try $0.replaceContents(with: Array(text.utf8)) } }
     }
 
     /// The inotify instances this process has open.
@@ -65,7 +67,7 @@ struct PresenterLoopTests {
         #expect(instancesDuring == instancesBefore, "inotify instances \(instancesBefore) with one presenter, \(instancesDuring) with \(count)")
         // Still each told of a write by another coordinator, and asked before it.
         for index in stride(from: 0, to: count, by: 20) + [count - 2, count - 1] {
-            try write("changed", to: paths[index])
+            try await write("changed", to: paths[index])
             #expect(await changes[index].wait(for: 1, seconds: 60), "presenter \(index) was not told")
             if index > 0, index.isMultiple(of: 2) { #expect(asked[index].count == 1, "presenter \(index) was not asked") }
         }
@@ -83,10 +85,10 @@ struct PresenterLoopTests {
         let changeWatcher = try FilePresenter(presenting: path) { changes.record() }
         defer { changeWatcher.remove() }
         let deletionWatcher = try FilePresenter(presenting: path, callbacks: FilePresenterCallbacks(accommodateDeletion: { deletions.record() }))
-        try write("one", to: path)
+        try await write("one", to: path)
         #expect(await changes.wait(for: 1, seconds: 60))
         deletionWatcher.remove()
-        try write("two", to: path)
+        try await write("two", to: path)
         #expect(await changes.wait(for: 2, seconds: 60))
         #expect(deletions.count == 0)
 
@@ -127,13 +129,13 @@ struct PresenterLoopTests {
         ))
         defer { other.remove() }
 
-        try write("one", to: blockedPath)
+        try await write("one", to: blockedPath)
         #expect(await entered.wait(for: 1, seconds: 60))
         // Another write while the call blocks: told after it, not beside it.
-        try write("two", to: blockedPath)
+        try await write("two", to: blockedPath)
 
         // The other presenter is asked (the write waits for its answer) and told meanwhile.
-        try write("other", to: otherPath)
+        try await write("other", to: otherPath)
         #expect(otherAsked.count == 1)
         #expect(await otherChanges.wait(for: 1, seconds: 60))
         // An unrelated user of the event loop: a job, and a descriptor watched for reading.
@@ -194,20 +196,20 @@ struct PresenterLoopTests {
         }
         // One silent conversation: the presenter still answers a real coordinator.
         silent.append(try UnixSocket.connect(path: socket, nonBlocking: true))
-        try write("answered", to: path)
+        try await write("answered", to: path)
         #expect(asked.count == 1)
 
         // Every conversation taken by silent askers: a coordinator waits in the backlog and
         // times out with a typed error (never blocking the loop), ...
         while silent.count < 64 { silent.append(try UnixSocket.connect(path: socket, nonBlocking: true)) }
-        await expectIPCError(.coordinationTimeout) { try write("waits", to: path, timeout: .seconds(1)) }
+        await expectIPCError(.coordinationTimeout) { try await write("waits", to: path, timeout: .seconds(1)) }
         #expect(asked.count == 1)
         // ...and once they go, the presenter accepts again. (It may first answer the request the
         // coordinator that timed out left in the backlog: asked, it cannot tell.)
         silent.forEach { try? $0.close() }
         silent = []
         let before = asked.count
-        try write("answered again", to: path, timeout: .seconds(60))
+        try await write("answered again", to: path, timeout: .seconds(60))
         #expect(asked.count > before)
     }
 }
