@@ -80,7 +80,7 @@ enum FileCoordinationCases {
         let path = try context.coordinatedFile("slow", contents: "old")
         let seenAfterPause = Mutex<String?>(nil)
         let presenter = try system.present(path, FilePresenterCallbacks(relinquishToWriter: {
-            // blocking-call-check: allowed (the presenter's own thread runs this callback, not the case's task)
+            // blocking-call-check: allowed (the presenter's dispatch queue runs this callback, not the case's task)
             Thread.sleep(forTimeInterval: 0.3)
             seenAfterPause.withLock { $0 = contents(of: path) }
             return nil

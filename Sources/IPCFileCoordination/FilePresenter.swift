@@ -12,8 +12,13 @@ import SystemPackage
 ///
 /// A presenter watches the file with inotify for `IN_MODIFY`, which the kernel reports for writes
 /// and truncations only: attribute changes (a `touch`, a `chmod`) are `IN_ATTRIB` and are not
-/// reported. `didChange` runs on the presenter's own thread once a changing write is complete:
-/// on seeing a change the presenter waits for the file's shared lock (so a coordinated write has
+/// reported. No presenter has a thread of its own: the process's event loop
+/// (``EventLoop/shared()``) reads one inotify instance that watches the files of all the
+/// process's presenters, and the answering sockets below, and only hands work on. Each
+/// presenter's callbacks run on a serial dispatch queue of its own, off the loop, one at a time
+/// and in order: a callback that blocks holds up its own presenter, not other presenters nor
+/// the loop's connections. `didChange` runs there once a changing write is complete: on seeing a
+/// change the presenter's queue waits for the file's shared lock (so a coordinated write has
 /// finished), takes the events that write made meanwhile, and then calls once. Writes that
 /// follow each other closely may be reported by one call.
 ///
@@ -24,7 +29,8 @@ import SystemPackage
 /// they happened, and no other coordinated write can fall inside a bracket, so the presenter
 /// skips exactly the changes between a start and its end. Writes by other coordinators (other
 /// processes, or other coordinators in this one) are reported. If the kernel's event queue
-/// overflows, a change is reported, since one may have been lost.
+/// overflows, a change is reported (to every presenter of the process), since one may have been
+/// lost.
 ///
 /// After ``remove()`` returns, `didChange` does not start again (a call already running on
 /// another thread is waited for; a call to `remove()` from inside `didChange` is allowed).
@@ -35,22 +41,23 @@ import SystemPackage
 /// beside the new path (so coordinated accesses at the new path ask it, and those at the old
 /// one no longer do), and then `didMove` (`presentedItemDidMove(to:)`) runs with the new path.
 /// `accommodateDeletion` (`accommodatePresentedItemDeletion`) runs once, after the file's last
-/// name is removed. Both run on the presenter's thread, like `didChange`, and not after
-/// ``remove()``. Between a rename and the presenter's thread seeing it (its next inotify read)
-/// a coordinated access at the new path does not find the presenter yet.
+/// name is removed. Both run on the presenter's queue, like `didChange`, and not after
+/// ``remove()``. Between a rename and the presenter's queue seeing it (after the loop reads its
+/// inotify event) a coordinated access at the new path does not find the presenter yet.
 ///
 /// A presenter with a save or relinquish callback answers coordinated accesses made in any
 /// process by coordinators other than its own (see ``FileCoordinator``): it binds a socket in
-/// the file's presenters directory (``PresenterDirectory``), and its thread runs the callback
-/// asked for, answers, and runs the reacquirer when the access is over, or when the process
-/// that made it dies. All callbacks run on the presenter's one thread, one at a time.
+/// the file's presenters directory (``PresenterDirectory``), which the event loop watches, with
+/// each coordinator's conversation; the presenter's queue runs the callback asked for and
+/// answers, and runs the reacquirer when the access is over, or when the process that made it
+/// dies. All callbacks of one presenter run on its queue, one at a time.
 public final class FilePresenter: FilePresentation {
     /// Where the presented file is: the path it was presented at, then the path of each rename
-    /// as the presenter's thread sees it (before `didMove` runs).
-    public var path: String { watch.path }
+    /// as the presenter's queue sees it (before `didMove` runs).
+    public var path: String { core.path }
     /// The socket through which coordinators ask this presenter; `nil` if it answers none.
-    var answeringSocket: String? { watch.answeringPath }
-    private let watch: PresenterWatch
+    var answeringSocket: String? { core.answeringPath }
+    private let core: PresenterCore
 
     /// Starts presenting the existing file at `path`.
     /// - Throws: ``IPCError/Code/transportFailure`` if the file does not exist or cannot be
@@ -58,8 +65,7 @@ public final class FilePresenter: FilePresentation {
     ///   presenters directory cannot be used; ``IPCError/Code/accessDenied`` if that directory
     ///   belongs to another user or is open to others.
     public init(presenting path: String, callbacks: FilePresenterCallbacks) throws {
-        watch = try PresenterWatch(path: path, callbacks: callbacks)
-        try PosixThread.detach(name: "ipc-presenter") { [watch] in watch.run() }
+        core = try PresenterCore(path: path, callbacks: callbacks)
     }
 
     /// Starts presenting the existing file at `path`, told of changes, renames and deletion.
@@ -74,20 +80,20 @@ public final class FilePresenter: FilePresentation {
     deinit {
         // Nobody can see a call that is still running finish: no need to wait for it (waiting
         // could block whoever dropped the last reference on what that call waits for).
-        watch.remove(waiting: false)
+        core.remove(waiting: false)
     }
 
     /// Stops reporting changes. Idempotent.
     public func remove() {
-        watch.remove()
+        core.remove()
     }
 
     func beginOwnWrite() {
-        watch.mark(MarkerEvent.begin)
+        core.mark(.begin)
     }
 
     func endOwnWrite() {
-        watch.mark(MarkerEvent.end)
+        core.mark(.end)
     }
 }
 
@@ -95,11 +101,20 @@ public final class FilePresenter: FilePresentation {
 private enum MarkerEvent {
     /// `IN_ACCESS`, made by reading the marker's one byte.
     case begin
-    /// `IN_MODIFY`, made by writing it (also used to wake the presenter's thread).
+    /// `IN_MODIFY`, made by writing it.
     case end
 }
 
-/// A presenter's listening socket in the file's presenters directory.
+/// What the presenter's queue made of a coordinator's request.
+private enum PresenterOutcome {
+    case done(FilePresenterCallbacks.Reacquirer?)
+    case failed
+    /// The presenter was removed: the conversation ends unanswered, as if it had died.
+    case gone
+}
+
+/// A presenter's listening socket in the file's presenters directory. Its name is removed by
+/// whoever stops using it (``PresenterCore``), off the event loop; the socket closes with it.
 private final class AnsweringSocket: Sendable {
     let listener: FileDescriptor
     let path: String
@@ -108,73 +123,83 @@ private final class AnsweringSocket: Sendable {
         (listener, path) = try PresenterDirectory(presenting: file).register()
     }
 
-    /// Removes the name, so that no coordinator finds it any more.
-    func unlinkName() {
-        unlink(path)
-    }
-
     deinit {
-        unlink(path)
         try? listener.close()
     }
 }
 
-/// The inotify instance and thread behind a ``FilePresenter``. The thread keeps it alive while
-/// it runs; the descriptors close when both the thread and the presenter are done with it.
-private final class PresenterWatch: Sendable {
-    private let inotify: CInt
+/// Everything behind one ``FilePresenter``. The event loop hands it the events of its watches
+/// (``PresenterInotify``) and the requests of its conversations (``Conversations``); its
+/// serial queue does the rest: waits for writers, follows renames, runs every callback.
+private final class PresenterCore: @unchecked Sendable {
+    // @unchecked: `knownPath` and `deletionReported` are touched on `queue` only (and by the
+    // initializer before anything can run there); everything else is immutable, a Mutex or an
+    // Atomic.
+
     /// The presented file, locked (shared) to wait until a write to it is complete.
     private let file: CoordinatedFile
     private let marker: CInt
-    private let fileWatch: CInt
-    private let markerWatch: CInt
     private let callbacks: FilePresenterCallbacks
-    /// Where coordinators ask this presenter, for a presenter that answers them; replaced when
-    /// the file is renamed (presenter thread).
-    private let answering: Mutex<AnsweringSocket?>
-    /// The presented file's path, as of the last rename the thread saw.
+    private let inotify: PresenterInotify
+    /// Runs the callbacks, one at a time and in order, and everything that may wait: a serial
+    /// queue on Dispatch's threads, which start another thread when those running block, so a
+    /// blocked presenter holds up neither the event loop nor the other presenters.
+    private let queue = DispatchQueue(label: "ipc-presenter")
+    /// What the loop saw and the queue has not looked at yet.
+    private let events: Mutex<EventState>
+    /// The conversations with coordinators, for a presenter that answers them.
+    private let conversations: Conversations?
+    /// The answering socket's name: replaced when the file is renamed (the queue), `nil` once
+    /// the presenter is removed (or if it answers nobody).
+    private let socketName: Mutex<String?>
+    /// The presented file's path, as of the last rename the queue saw.
     private let currentPath: Mutex<String>
     private let removed = Atomic<Bool>(false)
-    /// The presenter thread's `pthread_t`, so that `remove()` knows when it is called from `didChange`.
-    private let thread = Atomic<UInt>(0)
-    /// Held while `didChange` runs, so that `remove()` can wait for a call in progress.
+    /// The `pthread_t` running a callback now, so that `remove()` knows when it is called from one.
+    private let runningOn = Atomic<UInt>(0)
+    /// Held while a callback runs, so that `remove()` can wait for a call in progress.
     private let gate = Mutex(())
+    private var knownPath: String?
+    private var deletionReported = false
+
     init(path: String, callbacks: FilePresenterCallbacks) throws {
         self.callbacks = callbacks
+        let loop = try EventLoop.shared()
+        inotify = try PresenterInotify.shared(loop)
         file = try CoordinatedFile(path: path, create: false)
-        answering = Mutex(callbacks.answersCoordinators ? try AnsweringSocket(presenting: path) : nil)
-        currentPath = Mutex(path)
-        inotify = inotify_init1(CInt(IN_CLOEXEC))
-        guard inotify >= 0 else { throw IPCError.syscall("inotify_init1", Errno(rawValue: errno)) }
         let directory = path.lastIndex(of: "/").map { String(path[..<$0]) }.flatMap { $0.isEmpty ? "/" : $0 } ?? "."
         marker = ipc_open_unnamed_file(directory)
-        guard marker >= 0 else {
-            let error = Errno(rawValue: errno)
-            try? FileDescriptor(rawValue: inotify).close()
-            throw IPCError.syscall("open(O_TMPFILE)", error, context: directory)
-        }
+        guard marker >= 0 else { throw IPCError.syscall("open(O_TMPFILE)", Errno(rawValue: errno), context: directory) }
         var byte: UInt8 = 0
         _ = pwrite(marker, &byte, 1, 0)
-        // IN_MOVE_SELF for renames, which the presenter follows; only for a presenter that asks,
-        // IN_ATTRIB for unlinks, which change the link count (the file is kept open, so
-        // IN_DELETE_SELF would come only once it is closed).
-        let mask = UInt32(IN_MODIFY) | UInt32(IN_MOVE_SELF) | (callbacks.accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
-        fileWatch = inotify_add_watch(inotify, path, mask)
-        markerWatch = inotify_add_watch(inotify, "/proc/self/fd/\(marker)", UInt32(IN_ACCESS) | UInt32(IN_MODIFY))
-        guard fileWatch >= 0, markerWatch >= 0 else {
-            let error = Errno(rawValue: errno)
-            try? FileDescriptor(rawValue: inotify).close()
+        let answering: AnsweringSocket?
+        do {
+            answering = callbacks.answersCoordinators ? try AnsweringSocket(presenting: path) : nil
+        } catch {
             try? FileDescriptor(rawValue: marker).close()
-            throw IPCError.syscall("inotify_add_watch", error, context: path)
+            throw error
+        }
+        socketName = Mutex(answering?.path)
+        currentPath = Mutex(path)
+        events = Mutex(EventState(reportsChanges: callbacks.didChange != nil, reportsAttributes: callbacks.accommodateDeletion != nil))
+        conversations = answering.map { Conversations(listener: $0, loop: loop) }
+        knownPath = namedPath()
+        do {
+            // IN_MOVE_SELF for renames, which the presenter follows; only for a presenter that
+            // asks, IN_MODIFY for changes and IN_ATTRIB for unlinks, which change the link count
+            // (the file is kept open, so IN_DELETE_SELF would come only once it is closed).
+            let mask = UInt32(IN_MOVE_SELF) | (callbacks.didChange == nil ? 0 : UInt32(IN_MODIFY))
+                | (callbacks.accommodateDeletion == nil ? 0 : UInt32(IN_ATTRIB))
+            try inotify.watch(self, file: file.descriptor, marker: marker, mask: mask)
+            try conversations?.start(presenter: self)
+        } catch {
+            removed.store(true, ordering: .releasing)
+            retire()
+            throw error
         }
     }
 
     deinit {
-        // Closing an inotify instance waits for the kernel's fsnotify mark reaper (an SRCU grace
-        // period: 10-25 ms at times on this VM kind), so it is closed off the releasing thread,
-        // which may be ending a connection whose invalidation handler waits behind it.
-        let inotify = inotify
-        DispatchQueue.global(qos: .utility).async { try? FileDescriptor(rawValue: inotify).close() }
         try? FileDescriptor(rawValue: marker).close()
     }
 
@@ -188,85 +213,104 @@ private final class PresenterWatch: Sendable {
 
     var path: String { currentPath.withLock { $0 } }
 
-    var answeringPath: String? { answering.withLock { $0?.path } }
+    var answeringPath: String? { socketName.withLock { $0 } }
 
     func remove(waiting: Bool = true) {
-        removed.store(true, ordering: .releasing)
-        answering.withLock { $0?.unlinkName() }
-        // From inside didChange the gate is ours already; from elsewhere, taking it waits for a
+        if !removed.exchange(true, ordering: .acquiringAndReleasing) { retire() }
+        // From inside a callback the gate is ours already; from elsewhere, taking it waits for a
         // call in progress (no call starts once the flag is set: it is checked under the gate).
-        if waiting, thread.load(ordering: .acquiring) != UInt(pthread_self()) {
+        if waiting, runningOn.load(ordering: .acquiring) != UInt(pthread_self()) {
             gate.withLock { _ in }
         }
-        mark(.end)
     }
 
-    func run() {
-        thread.store(UInt(pthread_self()), ordering: .releasing)
-        // Room for many events; each is 16 bytes (watches on files carry no name).
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8)
-        defer { buffer.deallocate() }
-        var events = EventState(fileWatch: fileWatch, markerWatch: markerWatch)
-        var conversations = Conversations()
-        defer { conversations.closeAll(listener: answering.withLock { $0?.listener }) }
-        var knownPath = namedPath()
-        var deletionReported = false
-        while !removed.load(ordering: .acquiring), !events.watchEnded {
-            if let answering = answering.withLock({ $0 }) {
-                // Wait for inotify, the answering socket and the open conversations together.
-                guard conversations.wait(inotify: inotify, listener: answering.listener) else { continue }
-                conversations.serve(listener: answering.listener) { request in
-                    gate.withLock { _ in removed.load(ordering: .acquiring) ? .gone : answer(request) }
-                } reacquire: { reacquirer in
-                    gate.withLock { _ in if !removed.load(ordering: .acquiring) { reacquirer() } }
-                }
-                var pending: CInt = 0
-                guard ioctl(inotify, UInt(FIONREAD), &pending) == 0, pending > 0 else { continue }
+    /// Stops everything once `removed` is set: the socket's name goes, so that no coordinator
+    /// finds it any more, the watches go, and every conversation ends unanswered, also those
+    /// still waiting to be accepted: their coordinators see the end at once, as for a presenter
+    /// that died, instead of waiting for their timeouts.
+    private func retire() {
+        socketName.withLock { name in
+            if let name { unlink(name) }
+            name = nil
+        }
+        inotify.unwatch(self)
+        conversations?.closeAll()
+    }
+
+    // MARK: Events (handed over by whoever reads the inotify instance)
+
+    /// An event of the file's watch (or, `onMarker`, of the marker's), in the order of the queue.
+    func take(_ mask: UInt32, onMarker: Bool) {
+        if events.withLock({ $0.take(mask, onMarker: onMarker) }) { scheduleLook() }
+    }
+
+    /// The kernel's event queue overflowed: events were lost, markers perhaps among them.
+    func overflowed() {
+        if events.withLock({ $0.overflowed() }) { scheduleLook() }
+    }
+
+    private func scheduleLook() {
+        queue.async { [self] in look() }
+    }
+
+    /// Looks at what the loop saw (the queue): follows a rename, tells a deletion, and reports a
+    /// change once the write that made it is complete.
+    private func look() {
+        let seen = events.withLock { $0.takeAll() }
+        guard !removed.load(ordering: .acquiring) else { return }
+        if seen.moved, let now = namedPath(), now != knownPath {
+            knownPath = now
+            follow(to: now)
+            if let didMove = callbacks.didMove { call { didMove(now) } }
+        }
+        if seen.attributesChanged, let accommodateDeletion = callbacks.accommodateDeletion, !deletionReported {
+            var status = stat()
+            if fstat(file.descriptor, &status) == 0, status.st_nlink == 0 {
+                deletionReported = true
+                call(accommodateDeletion)
             }
-            guard let count = try? syscallRetryingInterrupts({ read(inotify, buffer.baseAddress, buffer.count) }) else { return }
-            var changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-            if events.moved {
-                events.moved = false
-                if let now = namedPath(), now != knownPath {
-                    knownPath = now
-                    follow(to: now, conversations: &conversations)
-                    if let didMove = callbacks.didMove {
-                        gate.withLock { _ in
-                            if !removed.load(ordering: .acquiring) { didMove(now) }
-                        }
-                    }
-                }
-            }
-            if events.attributesChanged {
-                events.attributesChanged = false
-                var status = stat()
-                if let accommodateDeletion = callbacks.accommodateDeletion, !deletionReported, fstat(file.descriptor, &status) == 0, status.st_nlink == 0 {
-                    deletionReported = true
-                    gate.withLock { _ in
-                        if !removed.load(ordering: .acquiring) { accommodateDeletion() }
-                    }
-                }
-            }
-            // A few rounds at most, so that a stream of writes cannot postpone the call forever.
-            var rounds = 0
-            while changed, rounds < 8, waitForWriters() {
-                rounds += 1
-                var pending: CInt = 0
-                guard ioctl(inotify, UInt(FIONREAD), &pending) == 0, pending > 0,
-                    let more = try? syscallRetryingInterrupts({ read(inotify, buffer.baseAddress, buffer.count) })
-                else { break }
-                changed = events.take(UnsafeRawBufferPointer(rebasing: buffer[..<more])) || changed
-            }
-            if changed, let didChange = callbacks.didChange {
-                gate.withLock { _ in
-                    if !removed.load(ordering: .acquiring) { didChange() }
-                }
-            }
+        }
+        // A few rounds at most, so that a stream of writes cannot postpone the call forever.
+        var rounds = 0
+        while seen.changed, rounds < 8, waitForWriters() {
+            rounds += 1
+            // The write is complete: take the events it made meanwhile (the loop may not have
+            // read them yet), so that one call reports them, and own writes are told apart.
+            inotify.readAll()
+            guard events.withLock({ $0.takeChange() }) else { break }
+        }
+        if seen.changed, let didChange = callbacks.didChange { call(didChange) }
+        if seen.watchEnded, !removed.exchange(true, ordering: .acquiringAndReleasing) {
+            // The kernel ended the watch (the file system went away): nothing more will come.
+            retire()
         }
     }
 
-    /// Runs the callback a coordinator asked for; called under the gate.
-    private func answer(_ request: PresenterRequest) -> Conversations.Outcome {
+    /// Runs `callback` under the gate, unless the presenter was removed (the queue).
+    @discardableResult
+    private func call<T: Sendable>(_ callback: () -> T) -> T? {
+        gate.withLock { _ -> T? in
+            guard !removed.load(ordering: .acquiring) else { return nil }
+            runningOn.store(UInt(pthread_self()), ordering: .releasing)
+            defer { runningOn.store(0, ordering: .releasing) }
+            return callback()
+        }
+    }
+
+    // MARK: Coordinators' requests (handed over by the loop)
+
+    /// Runs the callback a coordinator asked for on the queue, then gives `reply` the outcome
+    /// (on the queue).
+    func answer(_ request: PresenterRequest, reply: @escaping @Sendable (PresenterOutcome) -> Void) {
+        queue.async { [self] in reply(call { respond(to: request) } ?? .gone) }
+    }
+
+    /// Runs a reacquirer on the queue, after what is queued, unless the presenter was removed.
+    func reacquire(_ reacquirer: @escaping FilePresenterCallbacks.Reacquirer) {
+        queue.async { [self] in call(reacquirer) }
+    }
+
+    private func respond(to request: PresenterRequest) -> PresenterOutcome {
         switch request {
         case .save:
             guard let save = callbacks.savePresentedItemChanges else { return .done(nil) }
@@ -283,23 +327,28 @@ private final class PresenterWatch: Sendable {
         }
     }
 
-    /// The file was renamed to `now` (presenter thread): the path follows, and the answering
-    /// socket moves to the presenters directory beside the new name. Coordinators still
-    /// connecting to the old socket are closed, as for a presenter gone from there. If the new
-    /// directory cannot be used (it is another user's, or open to others), the presenter answers
-    /// nobody from then on rather than trust it.
-    private func follow(to now: String, conversations: inout Conversations) {
+    /// The file was renamed to `now` (the queue): the path follows, and the answering socket
+    /// moves to the presenters directory beside the new name. Coordinators still connecting to
+    /// the old socket are closed, as for a presenter gone from there. If the new directory
+    /// cannot be used (it is another user's, or open to others), the presenter answers nobody
+    /// from then on rather than trust it.
+    private func follow(to now: String) {
         currentPath.withLock { $0 = now }
-        guard callbacks.answersCoordinators, !removed.load(ordering: .acquiring) else { return }
+        guard let conversations, !removed.load(ordering: .acquiring) else { return }
         let moved = try? AnsweringSocket(presenting: now)
-        let old = answering.withLock { answering in
-            defer { answering = moved }
-            return answering
+        // Under the name's lock, which `retire()` takes after setting `removed`: a socket made
+        // while the presenter was being removed is not left behind.
+        let kept = socketName.withLock { name -> Bool in
+            guard !removed.load(ordering: .acquiring) else { return false }
+            if let name { unlink(name) }
+            name = moved?.path
+            return true
         }
-        if let old {
-            old.unlinkName()
-            conversations.refuseWaiting(on: old.listener)
+        guard kept else {
+            if let moved { unlink(moved.path) }
+            return
         }
+        conversations.move(to: moved)
     }
 
     /// Where the presented file is now, as the kernel names its open descriptor; `nil` once it has
@@ -330,153 +379,415 @@ private final class PresenterWatch: Sendable {
     }
 }
 
-/// The coordinators' conversations with one presenter, on the presenter's thread: each asks
-/// one thing; a relinquish stays open until its access is over (the coordinator closes it, or
-/// its process dies), and then the reacquirer runs.
-private struct Conversations {
-    enum Outcome {
-        case done(FilePresenterCallbacks.Reacquirer?)
-        case failed
-        /// The presenter was removed: the conversation ends unanswered, as if it had died.
-        case gone
+/// The process's one inotify instance for presenters, read by the event loop: it watches each
+/// presenter's file and marker (a user has 128 instances by default,
+/// `fs.inotify.max_user_instances`; watches are many more). The loop reads it when it is
+/// readable; a presenter's queue reads it too, after a write is complete. Whoever reads hands
+/// each event to the presenters of its watch, in order, under one lock.
+///
+/// Two presenters of one file share the kernel's watch (one per inode and instance): its mask
+/// is the union of theirs, and it is removed with the last of them.
+private final class PresenterInotify: Sendable {
+    private enum Role {
+        case file
+        case marker
+    }
+
+    private struct Watcher {
+        let presenter: PresenterCore
+        let role: Role
+    }
+
+    private let descriptor: CInt
+    /// Where events are read to, for the life of the process; its lock keeps one reader at a
+    /// time, so that each presenter takes its events in the order they happened.
+    private let reader = Mutex(UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8))
+    /// The presenters of each watch descriptor.
+    private let watchers = Mutex<[CInt: [Watcher]]>([:])
+
+    private static let instance = Mutex<PresenterInotify?>(nil)
+
+    /// The instance, made (and registered with `loop`) the first time.
+    /// - Throws: ``IPCError/Code/transportFailure`` (naming `fs.inotify.max_user_instances` when
+    ///   this user's ran out); the next call tries again.
+    static func shared(_ loop: EventLoop) throws -> PresenterInotify {
+        try instance.withLock { instance in
+            if let instance { return instance }
+            let made = try PresenterInotify(loop: loop)
+            instance = made
+            return made
+        }
+    }
+
+    private init(loop: EventLoop) throws {
+        let descriptor = try Inotify.instance(watching: "presented files")
+        self.descriptor = descriptor
+        do {
+            // For the life of the process, as the loop's. One read a wake: the loop is
+            // level-triggered, so what is left is reported again.
+            _ = try loop.watchReadable(FileDescriptor(rawValue: descriptor), label: "the file presenters' inotify reads") { [self] in
+                read(atMost: 1)
+            }
+        } catch {
+            try? FileDescriptor(rawValue: descriptor).close()
+            throw error
+        }
+    }
+
+    /// Starts handing `presenter` the events of `file` (for `mask`) and of `marker`.
+    /// - Throws: ``IPCError/Code/transportFailure`` (naming `fs.inotify.max_user_watches` when
+    ///   this user's ran out).
+    func watch(_ presenter: PresenterCore, file: CInt, marker: CInt, mask: UInt32) throws {
+        // Under the lock, so that no other presenter of the same file removes the shared watch
+        // between its making and its entry, nor an event is looked up before the entry.
+        try watchers.withLock { table in
+            // The open descriptors, not paths: the very files the presenter holds.
+            let fileWatch = try Inotify.watch(descriptor, "/proc/self/fd/\(file)", mask: mask | UInt32(IN_MASK_ADD), naming: "a presented file")
+            let markerWatch: CInt
+            do {
+                markerWatch = try Inotify.watch(descriptor, "/proc/self/fd/\(marker)", mask: UInt32(IN_ACCESS) | UInt32(IN_MODIFY), naming: "a presenter's marker file")
+            } catch {
+                if table[fileWatch] == nil { _ = inotify_rm_watch(descriptor, fileWatch) }
+                throw error
+            }
+            table[fileWatch, default: []].append(Watcher(presenter: presenter, role: .file))
+            table[markerWatch, default: []].append(Watcher(presenter: presenter, role: .marker))
+        }
+    }
+
+    /// Stops handing `presenter` events; a watch nobody else uses is removed.
+    func unwatch(_ presenter: PresenterCore) {
+        watchers.withLock { table in
+            for (watch, list) in table where list.contains(where: { $0.presenter === presenter }) {
+                let rest = list.filter { $0.presenter !== presenter }
+                if rest.isEmpty {
+                    table[watch] = nil
+                    _ = inotify_rm_watch(descriptor, watch)
+                } else {
+                    table[watch] = rest
+                }
+            }
+        }
+    }
+
+    /// Reads until nothing is queued (a presenter's queue, after a write is complete), or as
+    /// much as the kernel queues by default (`fs.inotify.max_queued_events`, 16384 events of 16
+    /// bytes: 16 buffers).
+    func readAll() {
+        read(atMost: 16)
+    }
+
+    /// Reads what is queued, at most `reads` times, and hands each event to the presenters of
+    /// its watch, in order. Never waits for the kernel.
+    private func read(atMost reads: Int) {
+        reader.withLock { buffer in
+            for _ in 0..<reads {
+                let count = Glibc.read(descriptor, buffer.baseAddress, buffer.count)
+                guard count > 0 else { return }
+                deliver(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+            }
+        }
+    }
+
+    private func deliver(_ bytes: UnsafeRawBufferPointer) {
+        // Looked up after the read: a watch made before the read has its entry by now.
+        let table = watchers.withLock { $0 }
+        var ended: [CInt] = []
+        var offset = 0
+        while offset + MemoryLayout<inotify_event>.size <= bytes.count {
+            let event = bytes.loadUnaligned(fromByteOffset: offset, as: inotify_event.self)
+            offset += MemoryLayout<inotify_event>.size + Int(event.len)
+            if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
+                for list in table.values {
+                    for watcher in list where watcher.role == .file { watcher.presenter.overflowed() }
+                }
+                continue
+            }
+            guard let list = table[event.wd] else { continue }
+            for watcher in list { watcher.presenter.take(event.mask, onMarker: watcher.role == .marker) }
+            // The kernel removed the watch (nobody here did, or it would have no entry).
+            if event.mask & UInt32(IN_IGNORED) != 0 { ended.append(event.wd) }
+        }
+        if !ended.isEmpty {
+            watchers.withLock { table in ended.forEach { table[$0] = nil } }
+        }
+    }
+}
+
+/// The coordinators' conversations with one presenter that answers them. The event loop accepts
+/// on the listening socket and reads each conversation, one byte at a time and never waiting;
+/// the presenter's queue runs the callback a request asks for, and sends the answer from there.
+/// Each conversation asks one thing; a relinquish stays open until its access is over (the
+/// coordinator closes it, or its process dies), and then the reacquirer runs. At most
+/// ``PresenterDirectory/maximumConversations`` are open; more connections wait in the
+/// listener's backlog.
+///
+/// Every use of these descriptors is made under `state`'s lock, and a conversation is looked up
+/// by a number never reused: one that ends on another thread (``closeAll()``, a move) is never
+/// read or written after its descriptor closes.
+private final class Conversations: Sendable {
+    private enum Phase {
+        case asking
+        /// The presenter's queue has the request; the conversation is not watched meanwhile.
+        case answering
+        /// The presenter relinquished: waiting for the end of the access.
+        case relinquished(FilePresenterCallbacks.Reacquirer?)
     }
 
     private struct Conversation {
         let descriptor: FileDescriptor
-        /// Set once the presenter relinquished: waiting for the end of the access.
-        var relinquished = false
-        var reacquirer: FilePresenterCallbacks.Reacquirer?
+        var watch: EventLoop.ReadinessWatch?
+        var phase: Phase
     }
 
-    private var open: [Conversation] = []
-    private var readable: [Bool] = []
-    private var listenerReadable = false
-
-    /// Waits until inotify, the listener or a conversation is readable; `false` if interrupted.
-    mutating func wait(inotify: CInt, listener: FileDescriptor) -> Bool {
-        // At the limit, new connections wait in the listener's backlog.
-        let listening = open.count < PresenterDirectory.maximumConversations
-        var polled = [pollfd(fd: inotify, events: Int16(POLLIN), revents: 0), pollfd(fd: listening ? listener.rawValue : -1, events: Int16(POLLIN), revents: 0)]
-        polled += open.map { pollfd(fd: $0.descriptor.rawValue, events: Int16(POLLIN), revents: 0) }
-        guard poll(&polled, nfds_t(polled.count), -1) > 0 else { return false }
-        listenerReadable = polled[1].revents != 0
-        readable = polled.dropFirst(2).map { $0.revents != 0 }
-        return true
+    private struct State {
+        /// `nil` before ``start(presenter:)`` and after ``closeAll()``.
+        var presenter: PresenterCore?
+        var listener: AnsweringSocket?
+        /// `nil` while the listener is not watched (at the limit of conversations).
+        var listenerWatch: EventLoop.ReadinessWatch?
+        var open: [UInt64: Conversation] = [:]
+        var serial: UInt64 = 0
     }
 
-    /// Accepts new conversations, reads the requests that came, answers them, and runs the
-    /// reacquirers of accesses that are over.
-    mutating func serve(listener: FileDescriptor, answer: (PresenterRequest) -> Outcome, reacquire: (FilePresenterCallbacks.Reacquirer) -> Void) {
-        var still: [Conversation] = []
-        for (conversation, isReadable) in zip(open, readable) {
-            guard isReadable else {
-                still.append(conversation)
-                continue
+    private let loop: EventLoop
+    private let state: Mutex<State>
+
+    init(listener: AnsweringSocket, loop: EventLoop) {
+        self.loop = loop
+        state = Mutex(State(listener: listener))
+    }
+
+    /// Starts accepting, for `presenter` (which this holds until ``closeAll()``).
+    /// - Throws: ``IPCError/Code/transportFailure`` if the loop cannot watch the socket.
+    func start(presenter: PresenterCore) throws {
+        try state.withLock { state in
+            state.presenter = presenter
+            try watchListener(&state)
+        }
+    }
+
+    /// Moves to the socket `moved`, or to none (the queue, after a rename): connections waiting
+    /// in the old one's backlog are closed; the open conversations go on.
+    func move(to moved: AnsweringSocket?) {
+        state.withLock { state in
+            guard state.presenter != nil else { return }
+            if let old = state.listener {
+                stopWatchingListener(&state)
+                Self.refuseWaiting(on: old.listener)
             }
+            state.listener = moved
+            try? watchListener(&state)
+        }
+    }
+
+    /// Ends every conversation without answering or reacquiring, and those waiting to be
+    /// accepted; closes the listener. Idempotent.
+    func closeAll() {
+        state.withLock { state in
+            state.presenter = nil
+            stopWatchingListener(&state)
+            let listener = state.listener.take()
+            for id in Array(state.open.keys) { end(id, &state) }
+            if let listener { Self.refuseWaiting(on: listener.listener) }
+        }
+    }
+
+    private func watchListener(_ state: inout State) throws {
+        guard state.presenter != nil, state.listenerWatch == nil, let listener = state.listener,
+            state.open.count < PresenterDirectory.maximumConversations
+        else { return }
+        state.listenerWatch = try loop.watchReadable(listener.listener, label: "a file presenter's answering socket") { [self] in
+            accept()
+        }
+    }
+
+    private func stopWatchingListener(_ state: inout State) {
+        if let watch = state.listenerWatch.take() { loop.cancel(watch) }
+    }
+
+    /// Accepts the connections waiting (the loop).
+    private func accept() {
+        state.withLock { state in
+            guard let listener = state.listener, let listenerWatch = state.listenerWatch else { return }
+            while state.open.count < PresenterDirectory.maximumConversations {
+                let outcome: UnixSocket.AcceptOutcome
+                do {
+                    outcome = try UnixSocket.acceptIfReady(listener.listener)
+                } catch {
+                    // A shortage (the descriptor table full): the connections stay queued; look
+                    // again later rather than spin the loop on a socket that stays readable.
+                    loop.pause(listenerWatch, for: .milliseconds(100))
+                    return
+                }
+                guard case .accepted(let descriptor) = outcome else { return }
+                guard let peer = try? UnixSocket.peerCredentials(descriptor), peer.uid == geteuid() else {
+                    try? descriptor.close()
+                    continue
+                }
+                state.serial += 1
+                guard let conversationWatch = try? watch(descriptor, as: state.serial) else {
+                    try? descriptor.close()
+                    continue
+                }
+                state.open[state.serial] = Conversation(descriptor: descriptor, watch: conversationWatch, phase: .asking)
+            }
+            // At the limit: until a conversation ends, new connections wait in the backlog.
+            stopWatchingListener(&state)
+        }
+    }
+
+    private func watch(_ descriptor: FileDescriptor, as id: UInt64) throws -> EventLoop.ReadinessWatch {
+        try loop.watchReadable(descriptor, label: "a coordinator asking a file presenter") { [self] in
+            readable(id)
+        }
+    }
+
+    /// Conversation `id` has something to read (the loop).
+    private func readable(_ id: UInt64) {
+        state.withLock { state in
+            guard var conversation = state.open[id], let presenter = state.presenter else { return }
             let received = receiveByte(conversation.descriptor)
-            if received == .notYet {
-                still.append(conversation)
-                continue
-            }
-            if conversation.relinquished {
+            if received == .notYet { return }
+            switch conversation.phase {
+            case .relinquished(let reacquirer):
                 // The end of the access (a close, or a death), or bytes the protocol has none of.
-                try? conversation.descriptor.close()
-                conversation.reacquirer.map(reacquire)
-                continue
+                end(id, &state)
+                reacquirer.map(presenter.reacquire)
+            case .asking:
+                guard case .byte(let byte) = received, let request = PresenterRequest(rawValue: byte) else {
+                    end(id, &state)
+                    return
+                }
+                if let watch = conversation.watch.take() { loop.cancel(watch) }
+                conversation.phase = .answering
+                state.open[id] = conversation
+                presenter.answer(request) { [self] outcome in answered(id, request, outcome) }
+            case .answering:
+                break
             }
-            guard case .byte(let byte) = received, let request = PresenterRequest(rawValue: byte) else {
-                try? conversation.descriptor.close()
-                continue
-            }
+        }
+    }
+
+    /// The presenter's queue answered conversation `id` (on the queue).
+    private func answered(_ id: UInt64, _ request: PresenterRequest, _ outcome: PresenterOutcome) {
+        state.withLock { state in
+            // Ended meanwhile: the presenter was removed, and reacquires nothing.
+            guard var conversation = state.open[id], let presenter = state.presenter else { return }
             var reply: UInt8
-            var next = conversation
-            switch answer(request) {
-            case .done(let reacquirer):
+            var reacquirer: FilePresenterCallbacks.Reacquirer?
+            switch outcome {
+            case .done(let returned):
                 reply = PresenterAnswer.done.rawValue
-                next.relinquished = request != .save
-                next.reacquirer = reacquirer
+                reacquirer = returned
             case .failed:
                 reply = PresenterAnswer.failed.rawValue
             case .gone:
-                try? conversation.descriptor.close()
-                continue
+                end(id, &state)
+                return
             }
-            if send(conversation.descriptor.rawValue, &reply, 1, CInt(MSG_NOSIGNAL | MSG_DONTWAIT)) == 1, next.relinquished {
-                still.append(next)
-            } else {
-                try? conversation.descriptor.close()
-                // A coordinator gone before the answer: its access is over already.
-                if next.relinquished { next.reacquirer.map(reacquire) }
+            let relinquished = request != .save && reply == PresenterAnswer.done.rawValue
+            if send(conversation.descriptor.rawValue, &reply, 1, CInt(MSG_NOSIGNAL | MSG_DONTWAIT)) == 1, relinquished,
+                let watch = try? watch(conversation.descriptor, as: id)
+            {
+                conversation.watch = watch
+                conversation.phase = .relinquished(reacquirer)
+                state.open[id] = conversation
+                return
             }
+            end(id, &state)
+            // A coordinator gone before the answer: its access is over already. (Also one whose
+            // end cannot be watched, the loop refusing: better reacquire early than never.)
+            if relinquished { reacquirer.map(presenter.reacquire) }
         }
-        open = still
-        readable = []
-        guard listenerReadable else { return }
-        listenerReadable = false
-        while open.count < PresenterDirectory.maximumConversations, case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
-            guard let peer = try? UnixSocket.peerCredentials(descriptor), peer.uid == geteuid() else {
-                try? descriptor.close()
-                continue
-            }
-            open.append(Conversation(descriptor: descriptor))
-        }
+    }
+
+    /// Closes conversation `id`; below the limit again, the listener is watched again.
+    private func end(_ id: UInt64, _ state: inout State) {
+        guard let conversation = state.open.removeValue(forKey: id) else { return }
+        if let watch = conversation.watch { loop.cancel(watch) }
+        try? conversation.descriptor.close()
+        try? watchListener(&state)
     }
 
     /// Closes the connections waiting in `listener`'s backlog unanswered (a listener the
-    /// presenter leaves); the open conversations go on.
-    mutating func refuseWaiting(on listener: FileDescriptor) {
-        listenerReadable = false
-        while case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
-            try? descriptor.close()
-        }
-    }
-
-    /// Ends every conversation without answering or reacquiring (the presenter is removed),
-    /// also those still waiting to be accepted: their coordinators see the end at once, as for
-    /// a presenter that died, instead of waiting for their timeouts.
-    mutating func closeAll(listener: FileDescriptor?) {
-        open.forEach { try? $0.descriptor.close() }
-        open = []
-        guard let listener else { return }
+    /// presenter leaves).
+    private static func refuseWaiting(on listener: FileDescriptor) {
         while case .accepted(let descriptor) = (try? UnixSocket.acceptIfReady(listener)) ?? .none {
             try? descriptor.close()
         }
     }
 }
 
-/// Reads inotify events in order, telling the presenter's own writes (between a begin and an end
-/// marker) from everyone else's.
+/// What the loop saw of one presenter's watches and its queue has not looked at yet; the
+/// marker's events tell the presenter's own writes (between a begin and an end) from everyone
+/// else's.
 private struct EventState {
-    let fileWatch: CInt
-    let markerWatch: CInt
+    /// Whether changes count (a presenter told of them: no other waits for writers).
+    let reportsChanges: Bool
+    /// Whether attribute changes count (a presenter told of deletions).
+    let reportsAttributes: Bool
     var insideOwnWrite = false
-    var watchEnded = false
-    /// The file was renamed (IN_MOVE_SELF) since the caller last looked.
+    /// A write by someone else (or an overflow).
+    var changed = false
+    /// The file was renamed (IN_MOVE_SELF).
     var moved = false
     /// The file's attributes, its link count among them, changed (IN_ATTRIB).
     var attributesChanged = false
+    /// The kernel removed the file's watch (IN_IGNORED).
+    var watchEnded = false
+    /// A look is queued that has not taken the flags yet.
+    var lookQueued = false
 
-    /// Takes a batch of events; returns whether it holds a change to report.
-    mutating func take(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        var changed = false
-        var offset = 0
-        while offset + 16 <= bytes.count {
-            let watch = bytes.loadUnaligned(fromByteOffset: offset, as: Int32.self)
-            let mask = bytes.loadUnaligned(fromByteOffset: offset + 4, as: UInt32.self)
-            offset += 16 + Int(bytes.loadUnaligned(fromByteOffset: offset + 12, as: UInt32.self))
-            if mask & UInt32(IN_Q_OVERFLOW) != 0 {
-                // Events were lost, markers perhaps among them.
-                changed = true
-                insideOwnWrite = false
-            } else if watch == markerWatch {
-                insideOwnWrite = mask & UInt32(IN_ACCESS) != 0
-            } else if watch == fileWatch {
-                if mask & UInt32(IN_MODIFY) != 0, !insideOwnWrite { changed = true }
-                if mask & UInt32(IN_IGNORED) != 0 { watchEnded = true }
-                if mask & UInt32(IN_MOVE_SELF) != 0 { moved = true }
-                if mask & UInt32(IN_ATTRIB) != 0 { attributesChanged = true }
-            }
+    init(reportsChanges: Bool, reportsAttributes: Bool) {
+        self.reportsChanges = reportsChanges
+        self.reportsAttributes = reportsAttributes
+    }
+
+    /// Takes one event; returns whether a look must be queued.
+    mutating func take(_ mask: UInt32, onMarker: Bool) -> Bool {
+        if onMarker {
+            insideOwnWrite = mask & UInt32(IN_ACCESS) != 0
+            return false
         }
+        if mask & UInt32(IN_MODIFY) != 0, !insideOwnWrite, reportsChanges { changed = true }
+        if mask & UInt32(IN_IGNORED) != 0 { watchEnded = true }
+        if mask & UInt32(IN_MOVE_SELF) != 0 { moved = true }
+        if mask & UInt32(IN_ATTRIB) != 0, reportsAttributes { attributesChanged = true }
+        return queueLook()
+    }
+
+    /// Events were lost, markers perhaps among them: a change is reported.
+    mutating func overflowed() -> Bool {
+        if reportsChanges { changed = true }
+        insideOwnWrite = false
+        return queueLook()
+    }
+
+    private mutating func queueLook() -> Bool {
+        guard changed || moved || attributesChanged || watchEnded, !lookQueued else { return false }
+        lookQueued = true
+        return true
+    }
+
+    /// What a look takes (the presenter's queue).
+    struct Seen {
+        var changed: Bool
+        var moved: Bool
+        var attributesChanged: Bool
+        var watchEnded: Bool
+    }
+
+    mutating func takeAll() -> Seen {
+        defer {
+            (changed, moved, attributesChanged, lookQueued) = (false, false, false, false)
+        }
+        return Seen(changed: changed, moved: moved, attributesChanged: attributesChanged, watchEnded: watchEnded)
+    }
+
+    /// Takes a change seen since the look began.
+    mutating func takeChange() -> Bool {
+        defer { changed = false }
         return changed
     }
 }

@@ -10,6 +10,18 @@ import Synchronization
 typealias CoordinationPeer = CoordinationPeerProcess
 
 extension CoordinationPeerProcess {
+    // From a test's task, the blocking calls run on a thread of their own (`runBlocking`): a
+    // test that waited for its peer on one of the cooperative pool's two threads held up every
+    // other test of the process, and in the full target a listener's request waited 0.3-1 s.
+    @discardableResult
+    func run(_ command: String, seconds: Double = 30) async throws -> String {
+        try await runBlocking { try self.run(command, seconds: seconds) }
+    }
+
+    func answer(seconds: Double = 30) async throws -> String {
+        try await runBlocking { try self.answer(seconds: seconds) }
+    }
+
     convenience init(group: GroupDirectory) throws {
         try self.init(
             executable: try PeerProcess.executableURL(),

@@ -10,47 +10,49 @@ import IPCConformance
 /// Coordinated reads and writes between this process and a second one (`CoordinationPeer`).
 @Suite("File presenter: coordination")
 struct FileCoordinationTests {
-    private func write(_ text: String, to path: String) throws {
-        try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(10)) { try $0.replaceContents(with: Array(text.utf8)) }
+    // Coordinated accesses wait for locks: on a thread of their own (`runBlocking`), not on
+    // one of the cooperative pool's two threads, which every other test of the process needs.
+    private func write(_ text: String, to path: String) async throws {
+        try await runBlocking { try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(10)) { try $0.replaceContents(with: Array(text.utf8)) } }
     }
 
-    private func read(_ path: String, timeout: Duration = .seconds(10)) throws -> String {
-        try FileCoordinator().coordinate(readingItemAt: path, timeout: timeout) { String(decoding: try $0.read(), as: UTF8.self) }
+    private func read(_ path: String, timeout: Duration = .seconds(10)) async throws -> String {
+        try await runBlocking { try FileCoordinator().coordinate(readingItemAt: path, timeout: timeout) { String(decoding: try $0.read(), as: UTF8.self) } }
     }
 
     @Test("a writer in another process excludes reads and writes; readers share; the timeout is a typed error")
     func exclusionAcrossProcesses() async throws {
         let group = try TestGroup()
         let path = group.directory.path + "/item"
-        try write("first", to: path)
+        try await write("first", to: path)
         let peer = try CoordinationPeer(group: group.directory)
         defer { peer.stop() }
 
-        try peer.run("hold-write item")
-        await expectIPCError(.coordinationTimeout) { try read(path, timeout: .milliseconds(200)) }
+        try await peer.run("hold-write item")
+        await expectIPCError(.coordinationTimeout) { try await read(path, timeout: .milliseconds(200)) }
         await expectIPCError(.coordinationTimeout) {
             try FileCoordinator().coordinate(writingItemAt: path, timeout: .milliseconds(200)) { try $0.replaceContents(with: [1]) }
         }
-        try peer.run("release")
-        #expect(try read(path) == "first")
+        try await peer.run("release")
+        #expect(try await read(path) == "first")
 
-        try peer.run("hold-read item")
-        #expect(try read(path, timeout: .milliseconds(200)) == "first")
+        try await peer.run("hold-read item")
+        #expect(try await read(path, timeout: .milliseconds(200)) == "first")
         await expectIPCError(.coordinationTimeout) {
             try FileCoordinator().coordinate(writingItemAt: path, timeout: .milliseconds(200)) { try $0.replaceContents(with: [1]) }
         }
-        try peer.run("release")
-        try write("second", to: path)
-        #expect(try peer.run("read item") == "second")
-        try peer.run("write item third")
-        #expect(try read(path) == "third")
+        try await peer.run("release")
+        try await write("second", to: path)
+        #expect(try await peer.run("read item") == "second")
+        try await peer.run("write item third")
+        #expect(try await read(path) == "third")
     }
 
     @Test("coordinated reads never see a write half done, while plain reads do")
     func readsSeeWholeWrites() async throws {
         let group = try TestGroup()
         let path = group.directory.path + "/item"
-        try write(String(repeating: "z", count: 4096), to: path)
+        try await write(String(repeating: "z", count: 4096), to: path)
         let peer = try CoordinationPeer(group: group.directory)
         defer { peer.stop() }
 
@@ -78,7 +80,7 @@ struct FileCoordinationTests {
                 coordinatedReads += 1
                 if bytes.count != 4096 || Set(bytes).count != 1 { torn.append("\(bytes.count) bytes of \(Set(bytes).sorted())") }
             }
-            #expect(try peer.answer() == "OK")
+            #expect(try await peer.answer() == "OK")
         }
         #expect(coordinatedReads > 0)
         #expect(torn.isEmpty, "coordinated reads saw: \(torn.prefix(3))")
@@ -90,9 +92,9 @@ struct FileCoordinationTests {
     func killedWriterReleasesTheLock() async throws {
         let group = try TestGroup()
         let path = group.directory.path + "/item"
-        try write("before", to: path)
+        try await write("before", to: path)
         let peer = try CoordinationPeer(group: group.directory)
-        try peer.run("hold-write item")
+        try await peer.run("hold-write item")
         // Already waiting when the writer dies, on a thread of its own: a blocking wait on the
         // cooperative pool (two threads here) could keep this test from going on to kill the
         // writer until the wait had timed out, as it once did in a full run.
@@ -111,7 +113,7 @@ struct FileCoordinationTests {
         try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(1)) { try $0.replaceContents(with: Array("after".utf8)) }
         let seen = try await withDeadline(seconds: 10, "the waiting reader") { try await waiting.value }
         #expect(seen == "before" || seen == "after")
-        #expect(try read(path, timeout: .seconds(1)) == "after")
+        #expect(try await read(path, timeout: .seconds(1)) == "after")
     }
 
     @Test("two coordinated files in one process exclude each other, and one file serializes its threads")
@@ -140,11 +142,11 @@ struct FileCoordinationTests {
     func readsCannotWrite() async throws {
         let group = try TestGroup()
         let path = group.directory.path + "/item"
-        try write("x", to: path)
+        try await write("x", to: path)
         await expectIPCError(.accessDenied) {
             try FileCoordinator().coordinate(readingItemAt: path, timeout: .seconds(1)) { try $0.write([1], at: 0) }
         }
-        await expectIPCError(.transportFailure) { try read(group.directory.path + "/missing") }
+        await expectIPCError(.transportFailure) { try await read(group.directory.path + "/missing") }
     }
 }
 

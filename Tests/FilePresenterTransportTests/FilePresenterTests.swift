@@ -84,14 +84,14 @@ struct FilePresenterTests {
         #expect(changes.count == 0)
 
         // Another process writes: reported.
-        try peer.run("write item theirs")
+        try await peer.run("write item theirs")
         #expect(await changes.wait(for: 1))
         // Another coordinator in this process is someone else too.
         try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(10)) { try $0.replaceContents(with: Array("ours".utf8)) }
         #expect(await changes.wait(for: 2))
         // Own writes right after foreign ones are still told apart.
         try own.coordinate(writingItemAt: path, timeout: .seconds(10)) { try $0.replaceContents(with: Array("mine again".utf8)) }
-        try peer.run("write item theirs-again")
+        try await peer.run("write item theirs-again")
         #expect(await changes.wait(for: 3))
         try await Task.sleep(for: .milliseconds(500))
         #expect(changes.count == 3)
@@ -109,12 +109,12 @@ struct FilePresenterTests {
         let peer = try CoordinationPeer(group: group.directory)
         defer { peer.stop() }
 
-        try peer.run("write item one")
+        try await peer.run("write item one")
         #expect(await removedChanges.wait(for: 1))
         #expect(await witnessChanges.wait(for: 1))
         removed.remove()
         removed.remove()
-        try peer.run("write item two")
+        try await peer.run("write item two")
         #expect(await witnessChanges.wait(for: 2))
         try await Task.sleep(for: .milliseconds(300))
         #expect(removedChanges.count == 1)
@@ -138,7 +138,7 @@ struct FilePresenterTests {
         defer { peer.stop() }
 
         for (index, text) in ["one", "two", "three"].enumerated() {
-            try peer.run("write item \(text)")
+            try await peer.run("write item \(text)")
             #expect(await witnessChanges.wait(for: index + 1))
         }
         try await Task.sleep(for: .milliseconds(300))
@@ -165,12 +165,12 @@ struct FilePresenterTests {
         let peer = try CoordinationPeer(group: group.directory)
         defer { peer.stop() }
 
-        try peer.run("write item one")
+        try await peer.run("write item one")
         #expect(await entered.wait(for: 1))
         presenter.remove()
         let callbackFinished = finished.load(ordering: .relaxed)
         #expect(callbackFinished)
-        try peer.run("write item two")
+        try await peer.run("write item two")
         #expect(await witnessChanges.wait(for: 2))
         try await Task.sleep(for: .milliseconds(300))
         let callCount = calls.load(ordering: .relaxed)

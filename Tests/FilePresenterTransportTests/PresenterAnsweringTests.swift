@@ -16,12 +16,14 @@ import IPCConformance
 struct PresenterAnsweringTests {
     private func makeItem(_ group: borrowing TestGroup) throws -> (path: String, presenters: String) {
         let path = group.directory.path + "/item"
-        try write("start", to: path)
+        // Nobody presents it yet: nothing to wait for.
+        try FileCoordinator().coordinate(writingItemAt: path, timeout: .seconds(10)) { try $0.replaceContents(with: Array("start".utf8)) }
         return (path, group.directory.path + "/.item.presenters")
     }
 
-    private func write(_ text: String, to path: String, timeout: Duration = .seconds(10), coordinator: FileCoordinator = FileCoordinator()) throws {
-        try coordinator.coordinate(writingItemAt: path, timeout: timeout) { try $0.replaceContents(with: Array(text.utf8)) }
+    /// A coordinated write, on a thread of its own (`runBlocking`): it waits for presenters.
+    private func write(_ text: String, to path: String, timeout: Duration = .seconds(10), coordinator: FileCoordinator = FileCoordinator()) async throws {
+        try await runBlocking { try coordinator.coordinate(writingItemAt: path, timeout: timeout) { try $0.replaceContents(with: Array(text.utf8)) } }
     }
 
     @Test("a presenters directory that is a link, another user's, or open to others refuses the access with accessDenied")
@@ -31,20 +33,20 @@ struct PresenterAnsweringTests {
         let elsewhere = group.directory.path + "/elsewhere"
         try FileManager.default.createDirectory(atPath: elsewhere, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
         #expect(symlink(elsewhere, presenters) == 0)
-        await expectIPCError(.accessDenied) { try write("linked", to: path) }
+        await expectIPCError(.accessDenied) { try await write("linked", to: path) }
         await expectIPCError(.accessDenied) { try FilePresenter(presenting: path, callbacks: FilePresenterCallbacks(relinquishToWriter: { nil })) }
         unlink(presenters)
 
         try FileManager.default.createDirectory(atPath: presenters, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o777])
         chmod(presenters, 0o777)
-        await expectIPCError(.accessDenied) { try write("open", to: path) }
+        await expectIPCError(.accessDenied) { try await write("open", to: path) }
         chmod(presenters, 0o700)
         if geteuid() == 0 {
             #expect(chown(presenters, 65534, 65534) == 0)
-            await expectIPCError(.accessDenied) { try write("foreign", to: path) }
+            await expectIPCError(.accessDenied) { try await write("foreign", to: path) }
             #expect(chown(presenters, 0, 0) == 0)
         }
-        try write("trusted", to: path)
+        try await write("trusted", to: path)
         #expect(String(decoding: FileManager.default.contents(atPath: path)!, as: UTF8.self) == "trusted")
     }
 
@@ -73,7 +75,7 @@ struct PresenterAnsweringTests {
         }
         hangUps.start()
         defer { over.store(true, ordering: .relaxed) }
-        try write("through", to: path)
+        try await write("through", to: path)
         #expect(!FileManager.default.fileExists(atPath: presenters + "/999999.1"), "the dead presenter's socket was not removed")
         for name in ["1.2", "3.4", "notes", "999999.2"] {
             #expect(FileManager.default.fileExists(atPath: presenters + "/" + name), "\(name) was removed")
@@ -104,7 +106,7 @@ struct PresenterAnsweringTests {
             }
         }
         answering.start()
-        await expectIPCError(.presenterFailed) { try write("refused", to: path) }
+        await expectIPCError(.presenterFailed) { try await write("refused", to: path) }
         #expect(String(decoding: FileManager.default.contents(atPath: path)!, as: UTF8.self) == "start")
     }
 
@@ -120,7 +122,7 @@ struct PresenterAnsweringTests {
         defer { fillers.forEach { try? $0.close() } }
         while fillers.count < 16, let filler = try? UnixSocket.connect(path: socketPath, nonBlocking: true) { fillers.append(filler) }
         #expect(fillers.count < 16, "the backlog never filled")
-        await expectIPCError(.coordinationTimeout) { try write("blocked", to: path, timeout: .seconds(60)) }
+        await expectIPCError(.coordinationTimeout) { try await write("blocked", to: path, timeout: .seconds(60)) }
         #expect(String(decoding: FileManager.default.contents(atPath: path)!, as: UTF8.self) == "start")
     }
 
@@ -130,11 +132,11 @@ struct PresenterAnsweringTests {
         let (path, presenters) = try makeItem(group)
         let peer = try CoordinationPeer(group: group.directory)
         defer { peer.kill() }
-        try peer.run("present item hang")
+        try await peer.run("present item hang")
         let coordinator = FileCoordinator()
         let outcome = Mutex<Result<Void, any Error>?>(nil)
         Thread.detachNewThread {
-            let result = Result { try write("never", to: path, timeout: .seconds(120), coordinator: coordinator) }
+            let result = Result { try coordinator.coordinate(writingItemAt: path, timeout: .seconds(120)) { try $0.replaceContents(with: Array("never".utf8)) } }
             outcome.withLock { $0 = result }
         }
         try await Task.sleep(for: .milliseconds(300))

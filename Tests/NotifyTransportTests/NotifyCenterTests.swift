@@ -7,6 +7,7 @@ import IPCTestSupport
 import NotifyTransport
 import Synchronization
 import Testing
+import SystemPackage
 
 /// The notification center against a second process (`ipcbench notifyutil`).
 @Suite("Notify center")
@@ -241,7 +242,7 @@ struct NotifyCenterTests {
         let center = try NotifyCenter(group: group.directory)
         let registration = try center.registerFileDescriptor("test.fd")
         func readable(within milliseconds: Int32) -> Bool {
-            var entry = pollfd(fd: registration.descriptor, events: Int16(POLLIN), revents: 0)
+            var entry = pollfd(fd: registration.descriptor.rawValue, events: Int16(POLLIN), revents: 0)
             return poll(&entry, 1, milliseconds) == 1 && entry.revents & Int16(POLLIN) != 0
         }
         #expect(!readable(within: 0))
@@ -255,7 +256,7 @@ struct NotifyCenterTests {
         #expect(!registration.acknowledge())
         let descriptor = registration.descriptor
         registration.cancel()
-        #expect(fcntl(descriptor, F_GETFD) == -1 && errno == EBADF)
+        #expect(fcntl(descriptor.rawValue, F_GETFD) == -1 && errno == EBADF)
         registration.cancel()
     }
 

@@ -64,14 +64,7 @@ final class JournalInotify: @unchecked Sendable {
     }
 
     private init(loop: EventLoop) throws {
-        let inotify = inotify_init1(CInt(IN_NONBLOCK | IN_CLOEXEC))
-        guard inotify >= 0 else {
-            let error = Errno(rawValue: errno)
-            if error == .tooManyOpenFiles {
-                throw IPCError(code: .transportFailure, message: "cannot watch journals: this user's inotify instances (fs.inotify.max_user_instances) are used up", cause: error)
-            }
-            throw IPCError.syscall("inotify_init1", error, context: "journals")
-        }
+        let inotify = try Inotify.instance(watching: "journals")
         self.inotify = inotify
         do {
             // For the life of the process, as the loop's.
@@ -86,14 +79,7 @@ final class JournalInotify: @unchecked Sendable {
 
     /// Watches `path`; `handler` runs on the loop's thread after it changed.
     func watch(_ path: String, _ handler: @escaping @Sendable () -> Void) throws -> CInt {
-        let descriptor = inotify_add_watch(inotify, path, UInt32(IN_MODIFY))
-        guard descriptor >= 0 else {
-            let error = Errno(rawValue: errno)
-            if error == .noSpace {
-                throw IPCError(code: .transportFailure, message: "cannot watch \(path): this user's inotify watches (fs.inotify.max_user_watches) are used up", cause: error)
-            }
-            throw IPCError.syscall("inotify_add_watch", error, context: path)
-        }
+        let descriptor = try Inotify.watch(inotify, path, mask: UInt32(IN_MODIFY), naming: path)
         handlers.withLock { $0[descriptor] = Handler(handler) }
         return descriptor
     }

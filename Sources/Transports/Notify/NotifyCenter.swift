@@ -4,6 +4,7 @@ public import IPCCore
 import IPCEngine
 import IPCSystem
 import Synchronization
+public import SystemPackage
 
 /// Named, payload-less notifications shared by every process of a group: the notify(3) model.
 ///
@@ -263,7 +264,8 @@ public struct NotifyNotifications: AsyncSequence, Sendable {
 public final class NotifyDescriptorRegistration: Sendable {
     public let name: String
     /// The descriptor to poll for reading. Valid until ``cancel()`` or release.
-    public let descriptor: CInt
+    public var descriptor: FileDescriptor { FileDescriptor(rawValue: fd) }
+    private let fd: CInt
     private let registration: NotifyRegistration
     private let closed = Mutex(false)
 
@@ -283,7 +285,7 @@ public final class NotifyDescriptorRegistration: Sendable {
             throw error
         }
         self.name = name
-        self.descriptor = descriptor
+        self.fd = descriptor
     }
 
     deinit {
@@ -296,7 +298,7 @@ public final class NotifyDescriptorRegistration: Sendable {
         closed.withLock { closed in
             guard !closed else { return false }
             var count: UInt64 = 0
-            return read(descriptor, &count, 8) == 8 && count > 0
+            return read(fd, &count, 8) == 8 && count > 0
         }
     }
 
@@ -313,7 +315,7 @@ public final class NotifyDescriptorRegistration: Sendable {
         closed.withLock { closed in
             guard !closed else { return }
             closed = true
-            close(descriptor)
+            close(fd)
         }
     }
 }
