@@ -174,36 +174,21 @@ public enum UnixSocket {
     /// Returns the bytes written, 0 if the buffer is full.
     /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer closed the connection.
     public static func writeIfReady(_ socket: FileDescriptor, header: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer, from offset: Int) throws -> Int {
-        while true {
-            let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
-                var count = 0
-                if offset < header.count {
-                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: header.baseAddress! + offset), iov_len: header.count - offset)
-                    count = 1
-                    if payload.count > 0 {
-                        iov[1] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress!), iov_len: payload.count)
-                        count = 2
-                    }
-                } else {
-                    let start = offset - header.count
-                    iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress! + start), iov_len: payload.count - start)
-                    count = 1
+        try withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { iov -> Int in
+            var count = 0
+            if offset < header.count {
+                iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: header.baseAddress! + offset), iov_len: header.count - offset)
+                count = 1
+                if payload.count > 0 {
+                    iov[1] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress!), iov_len: payload.count)
+                    count = 2
                 }
-                var message = msghdr()
-                message.msg_iov = iov.baseAddress
-                message.msg_iovlen = count
-                return sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
+            } else {
+                let start = offset - header.count
+                iov[0] = iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress! + start), iov_len: payload.count - start)
+                count = 1
             }
-            if result >= 0 { return result }
-            let error = Errno(rawValue: errno)
-            switch error {
-            case .interrupted: continue
-            case .wouldBlock: return 0
-            case .brokenPipe, .connectionReset, .socketNotConnected:
-                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
-            default:
-                throw IPCError.syscall("sendmsg", error)
-            }
+            return try sendNow(socket, iov.baseAddress!, count: count)
         }
     }
 
@@ -216,25 +201,31 @@ public enum UnixSocket {
     /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer closed the connection.
     public static func writeIfReady(_ socket: FileDescriptor, segments: UnsafeBufferPointer<UnsafeRawBufferPointer>, from offset: Int) throws -> Int {
         precondition(segments.count <= maximumSegments, "at most \(maximumSegments) segments a write")
-        while true {
-            let result = withUnsafeTemporaryAllocation(of: iovec.self, capacity: max(1, segments.count)) { iov -> Int in
-                var count = 0
-                var skip = offset
-                for segment in segments where segment.count > 0 {
-                    if skip >= segment.count {
-                        skip -= segment.count
-                        continue
-                    }
-                    iov[count] = iovec(iov_base: UnsafeMutableRawPointer(mutating: segment.baseAddress! + skip), iov_len: segment.count - skip)
-                    skip = 0
-                    count += 1
+        return try withUnsafeTemporaryAllocation(of: iovec.self, capacity: max(1, segments.count)) { iov -> Int in
+            var count = 0
+            var skip = offset
+            for segment in segments where segment.count > 0 {
+                if skip >= segment.count {
+                    skip -= segment.count
+                    continue
                 }
-                guard count > 0 else { return 0 }
-                var message = msghdr()
-                message.msg_iov = iov.baseAddress
-                message.msg_iovlen = count
-                return sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
+                iov[count] = iovec(iov_base: UnsafeMutableRawPointer(mutating: segment.baseAddress! + skip), iov_len: segment.count - skip)
+                skip = 0
+                count += 1
             }
+            guard count > 0 else { return 0 }
+            return try sendNow(socket, iov.baseAddress!, count: count)
+        }
+    }
+
+    /// One non-blocking `sendmsg` of `count` vectors, retried when interrupted: the bytes
+    /// written, 0 if the buffer is full.
+    private static func sendNow(_ socket: FileDescriptor, _ vectors: UnsafeMutablePointer<iovec>, count: Int) throws -> Int {
+        var message = msghdr()
+        message.msg_iov = vectors
+        message.msg_iovlen = count
+        while true {
+            let result = sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
             if result >= 0 { return result }
             let error = Errno(rawValue: errno)
             switch error {
