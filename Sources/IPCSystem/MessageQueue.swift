@@ -21,18 +21,21 @@ public struct MessageQueue: Sendable {
         }
 
         /// `timeout` from now; a timeout of zero or less has passed already, so a call returns
-        /// at once instead of waiting.
+        /// at once instead of waiting. A timeout beyond what a `timespec` holds waits for good.
         public static func after(_ timeout: Duration) -> Deadline {
+            guard timeout > .zero else { return .passed }
             var now = timespec()
             clock_gettime(CLOCK_REALTIME, &now)
-            let (seconds, attoseconds) = max(.zero, timeout).components
+            let (seconds, attoseconds) = timeout.components
             var nanoseconds = Int(now.tv_nsec) + Int(attoseconds / 1_000_000_000)
-            var wholeSeconds = Int(now.tv_sec) + Int(clamping: seconds)
+            var carry = 0
             if nanoseconds >= 1_000_000_000 {
                 nanoseconds -= 1_000_000_000
-                wholeSeconds += 1
+                carry = 1
             }
-            return Deadline(time: timespec(tv_sec: wholeSeconds, tv_nsec: nanoseconds))
+            let (sum, overflow) = Int(now.tv_sec).addingReportingOverflow(Int(clamping: seconds) &+ carry)
+            if overflow || sum < 0 { return Deadline(time: timespec(tv_sec: .max, tv_nsec: 999_999_999)) }
+            return Deadline(time: timespec(tv_sec: sum, tv_nsec: nanoseconds))
         }
 
         /// Long past: a call that would wait returns at once.

@@ -75,6 +75,16 @@ struct SystemLayerTests {
         #expect(counter.wait(whileEqualTo: 0) == 1)
     }
 
+    @Test("a Duration becomes whole nanoseconds clamped at zero and at about 285 years, never wrapped to a short wait")
+    func wholeNanoseconds() {
+        #expect(Duration.milliseconds(1500).wholeNanoseconds == 1_500_000_000)
+        #expect(Duration.seconds(-5).wholeNanoseconds == 0)
+        let longest = Duration.seconds(Int64.max).wholeNanoseconds
+        #expect(longest >= Duration.seconds(8_000_000_000).wholeNanoseconds)
+        // Room for a deadline: the monotonic clock's now plus the longest does not wrap.
+        #expect(longest <= UInt64.max / 2)
+    }
+
     @Test("a queue's deadline is made from a Duration: a receive gives up at it, a send into a full queue throws sendTimeout", .usesMessageQueues)
     func queueDeadline() throws {
         let name = "/ipcb.typed-deadline-\(getpid())"
@@ -100,5 +110,8 @@ struct SystemLayerTests {
         }
         #expect(try buffer.withUnsafeMutableBytes { try reader.receive(into: $0, deadline: .after(.seconds(5))) } == 1)
         #expect(buffer[0] == 7)
+        // A timeout past what a timespec holds is a deadline that never comes, not an overflow.
+        try message.withUnsafeBytes { try writer.send($0, deadline: .after(.seconds(Int64.max))) }
+        #expect(try buffer.withUnsafeMutableBytes { try reader.receive(into: $0, deadline: .after(.seconds(Int64.max))) } == 1)
     }
 }
