@@ -286,27 +286,29 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// - Throws: what ``checkWritable(_:)`` throws for the first message (one after it that
     ///   would throw ends the batch before it), or what the write throws (nothing of it went).
     private func startSendingGathered(_ payloads: ArraySlice<[UInt8]>, msgid: UInt32) throws -> (sent: Int, rest: UnfinishedWrite?)? {
+        // The right to write first: when another writer has it, or frames wait, nothing of
+        // the batch is built (the caller then sends its next message alone, queued).
+        guard try beginWriting() else { return nil }
         var frames: [Frame] = []
         var totals: [Int] = []
-        var bytes = 0
-        frames.reserveCapacity(min(payloads.count, Self.gatherFrameLimit))
-        totals.reserveCapacity(frames.capacity)
-        for payload in payloads {
-            let frame = Frame(kind: .message, msgid: msgid, payload: payload)
-            let total: Int
-            if frames.isEmpty {
-                total = try checkWritable(frame)
-            } else {
-                guard frames.count < Self.gatherFrameLimit, let checked = try? checkWritable(frame), bytes + checked <= Self.gatherByteLimit else { break }
-                total = checked
-            }
-            frames.append(frame)
-            totals.append(total)
-            bytes += total
-        }
-        guard try beginWriting() else { return nil }
         var remaining: Int
         do {
+            var bytes = 0
+            frames.reserveCapacity(min(payloads.count, Self.gatherFrameLimit))
+            totals.reserveCapacity(frames.capacity)
+            for payload in payloads {
+                let frame = Frame(kind: .message, msgid: msgid, payload: payload)
+                let total: Int
+                if frames.isEmpty {
+                    total = try checkWritable(frame)
+                } else {
+                    guard frames.count < Self.gatherFrameLimit, let checked = try? checkWritable(frame), bytes + checked <= Self.gatherByteLimit else { break }
+                    total = checked
+                }
+                frames.append(frame)
+                totals.append(total)
+                bytes += total
+            }
             remaining = try frames.count == 1 ? writeNow(frames[0], from: 0) : writeNow(frames[...], from: 0)
         } catch {
             endWriting()
