@@ -16,8 +16,9 @@ import SystemPackage
 /// (``EventLoop/shared()``) reads one inotify instance that watches the files of all the
 /// process's presenters, and the answering sockets below, and only hands work on. Each
 /// presenter's callbacks run on a serial dispatch queue of its own, off the loop, one at a time
-/// and in order: a callback that blocks holds up its own presenter, not other presenters nor
-/// the loop's connections. `didChange` runs there once a changing write is complete: on seeing a
+/// and in order: a callback that blocks holds up its own presenter and one of Dispatch's
+/// threads, never the loop's connections (other presenters go on while Dispatch has threads to
+/// give them, which it adds slowly and up to a limit). `didChange` runs there once a changing write is complete: on seeing a
 /// change the presenter's queue waits for the file's shared lock (so a coordinated write has
 /// finished), takes the events that write made meanwhile, and then calls once. Writes that
 /// follow each other closely may be reported by one call.
@@ -142,8 +143,8 @@ private final class PresenterCore: @unchecked Sendable {
     private let callbacks: FilePresenterCallbacks
     private let inotify: PresenterInotify
     /// Runs the callbacks, one at a time and in order, and everything that may wait: a serial
-    /// queue on Dispatch's threads, which start another thread when those running block, so a
-    /// blocked presenter holds up neither the event loop nor the other presenters.
+    /// queue on Dispatch's threads, so a blocked presenter never holds up the event loop (see
+    /// the type's comment for the other presenters).
     private let queue = DispatchQueue(label: "ipc-presenter")
     /// What the loop saw and the queue has not looked at yet.
     private let events: Mutex<EventState>
@@ -423,10 +424,11 @@ private final class PresenterInotify: Sendable {
         let descriptor = try Inotify.instance(watching: "presented files")
         self.descriptor = descriptor
         do {
-            // For the life of the process, as the loop's. One read a wake: the loop is
+            // For the life of the process, as the loop's. One read a wake, and none while a
+            // presenter's queue is reading (the loop never waits for that lock): the loop is
             // level-triggered, so what is left is reported again.
             _ = try loop.watchReadable(FileDescriptor(rawValue: descriptor), label: "the file presenters' inotify reads") { [self] in
-                read(atMost: 1)
+                readIfFree()
             }
         } catch {
             try? FileDescriptor(rawValue: descriptor).close()
@@ -477,15 +479,22 @@ private final class PresenterInotify: Sendable {
         read(atMost: 16)
     }
 
-    /// Reads what is queued, at most `reads` times, and hands each event to the presenters of
-    /// its watch, in order. Never waits for the kernel.
+    /// One read, if no presenter's queue is reading now (the loop).
+    private func readIfFree() {
+        _ = reader.withLockIfAvailable { buffer in read(atMost: 1, into: buffer) }
+    }
+
     private func read(atMost reads: Int) {
-        reader.withLock { buffer in
-            for _ in 0..<reads {
-                let count = Glibc.read(descriptor, buffer.baseAddress, buffer.count)
-                guard count > 0 else { return }
-                deliver(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-            }
+        reader.withLock { buffer in read(atMost: reads, into: buffer) }
+    }
+
+    /// Reads what is queued, at most `reads` times, and hands each event to the presenters of
+    /// its watch, in order. Never waits for the kernel. Under `reader`'s lock.
+    private func read(atMost reads: Int, into buffer: UnsafeMutableRawBufferPointer) {
+        for _ in 0..<reads {
+            let count = Glibc.read(descriptor, buffer.baseAddress, buffer.count)
+            guard count > 0 else { return }
+            deliver(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
         }
     }
 
@@ -532,6 +541,11 @@ private final class Conversations: Sendable {
         case answering
         /// The presenter relinquished: waiting for the end of the access.
         case relinquished(FilePresenterCallbacks.Reacquirer?)
+
+        var isAnswering: Bool {
+            if case .answering = self { return true }
+            return false
+        }
     }
 
     private struct Conversation {
@@ -646,7 +660,8 @@ private final class Conversations: Sendable {
     /// Conversation `id` has something to read (the loop).
     private func readable(_ id: UInt64) {
         state.withLock { state in
-            guard var conversation = state.open[id], let presenter = state.presenter else { return }
+            // Answering, it is not watched: nothing is read from it until the answer is sent.
+            guard var conversation = state.open[id], let presenter = state.presenter, !conversation.phase.isAnswering else { return }
             let received = receiveByte(conversation.descriptor)
             if received == .notYet { return }
             switch conversation.phase {
@@ -664,7 +679,7 @@ private final class Conversations: Sendable {
                 state.open[id] = conversation
                 presenter.answer(request) { [self] outcome in answered(id, request, outcome) }
             case .answering:
-                break
+                return
             }
         }
     }
@@ -780,7 +795,7 @@ private struct EventState {
 
     mutating func takeAll() -> Seen {
         defer {
-            (changed, moved, attributesChanged, lookQueued) = (false, false, false, false)
+            (changed, moved, attributesChanged, watchEnded, lookQueued) = (false, false, false, false, false)
         }
         return Seen(changed: changed, moved: moved, attributesChanged: attributesChanged, watchEnded: watchEnded)
     }
