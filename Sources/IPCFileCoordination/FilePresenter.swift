@@ -405,6 +405,9 @@ private final class PresenterInotify: Sendable {
     private let reader = Mutex(UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8))
     /// The presenters of each watch descriptor.
     private let watchers = Mutex<[CInt: [Watcher]]>([:])
+    private let loop: EventLoop
+    /// The loop's registration of ``descriptor``, paused while a presenter's queue reads.
+    private let readWatch = Mutex<EventLoop.ReadinessWatch?>(nil)
 
     private static let instance = Mutex<PresenterInotify?>(nil)
 
@@ -423,13 +426,17 @@ private final class PresenterInotify: Sendable {
     private init(loop: EventLoop) throws {
         let descriptor = try Inotify.instance(watching: "presented files")
         self.descriptor = descriptor
+        self.loop = loop
         do {
-            // For the life of the process, as the loop's. One read a wake, and none while a
-            // presenter's queue is reading (the loop never waits for that lock): the loop is
-            // level-triggered, so what is left is reported again.
-            _ = try loop.watchReadable(FileDescriptor(rawValue: descriptor), label: "the file presenters' inotify reads") { [self] in
-                readIfFree()
+            // For the life of the process, as the loop's. One read a wake: the loop is
+            // level-triggered, so what is left is reported again. None while a presenter's
+            // queue is reading (the loop never waits for that lock): the queue takes what is
+            // queued, and the loop looks again shortly, rather than at once and again.
+            let watch = try loop.watchReadable(FileDescriptor(rawValue: descriptor), label: "the file presenters' inotify reads") { [self] in
+                guard !readIfFree(), let watch = readWatch.withLock({ $0 }) else { return }
+                self.loop.pause(watch, for: .microseconds(200))
             }
+            readWatch.withLock { $0 = watch }
         } catch {
             try? FileDescriptor(rawValue: descriptor).close()
             throw error
@@ -479,9 +486,9 @@ private final class PresenterInotify: Sendable {
         read(atMost: 16)
     }
 
-    /// One read, if no presenter's queue is reading now (the loop).
-    private func readIfFree() {
-        _ = reader.withLockIfAvailable { buffer in read(atMost: 1, into: buffer) }
+    /// One read, if no presenter's queue is reading now (the loop); returns whether it read.
+    private func readIfFree() -> Bool {
+        reader.withLockIfAvailable { buffer in read(atMost: 1, into: buffer) } != nil
     }
 
     private func read(atMost reads: Int) {
