@@ -438,6 +438,29 @@ public struct LatencyRunner: Sendable {
         }
     }
 
+    /// The endpoint of a measured session: unique in the run's group for each transport,
+    /// framing, wait, handler and placement, and within ``Endpoint``'s 64-character limit for
+    /// every one of them (the handler and placement are abbreviated: `task-on-loop` with
+    /// `split-cores` spelled out made a name of 66 characters, which `--handler task-on-loop`
+    /// failed on).
+    package static func sessionEndpointName(
+        group: GroupDirectory, transport: String, framing: Framing?, spins: Bool, serving: ConformancePeer.Serving, placement: Placement
+    ) -> String {
+        let handler: String? = switch serving {
+        case .task: nil
+        case .taskOnLoop: "tl"
+        case .onLoop: "ol"
+        case .blockingOnLoop: "bl"
+        }
+        let core = switch placement {
+        case .sameCore: "same"
+        case .splitCores: "split"
+        case .unpinned: "free"
+        }
+        let parts = [transport, framing?.rawValue, spins ? "spin" : nil, handler, core].compactMap { $0 }
+        return "\(group.identifier).b-" + parts.joined(separator: "-")
+    }
+
     /// A session over a new peer and connection; for a connection with a preferred executor,
     /// also a second session over the same connection whose requests run on the global
     /// executor (measured in blocks of its own, so the two never overlap).
@@ -447,8 +470,9 @@ public struct LatencyRunner: Sendable {
         _ name: String, framing: Framing?, placement: Placement, waitStrategy: WaitStrategy, serving: ConformancePeer.Serving = .task, group: GroupDirectory
     ) throws -> (main: Session, global: Session?, batched: Session?) {
         let transport = try TransportCatalog.transport(named: name, framing: framing ?? .binary)
-        let variant = [name, framing?.rawValue, waitStrategy.spins ? "spin" : nil, serving == .task ? nil : serving.rawValue].compactMap { $0 }.joined(separator: "-")
-        let endpoint = try Endpoint(group: group, name: "\(group.identifier).bench-\(variant)-\(placement)")
+        let endpoint = try Endpoint(
+            group: group, name: Self.sessionEndpointName(group: group, transport: name, framing: framing, spins: waitStrategy.spins, serving: serving, placement: placement)
+        )
         let handler = serving.rawValue
         let peer = try PeerProcess(
             transport: name, framing: framing ?? .binary, endpoint: endpoint, role: .server, cpu: placement.cpus?.peer, waitStrategy: waitStrategy, serving: serving
