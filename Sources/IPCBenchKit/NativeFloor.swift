@@ -38,7 +38,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     case journal
     /// ``unixStreamEpoll`` with the responder's echo written by a second thread, handed each
     /// request by the thread that waits and reads: the kernel work of a server whose request
-    /// handler runs off its event loop (unix-socket's async handler on the global executor).
+    /// handler runs off its event loop (unix-socket's async handler on the serving threads).
     case unixStreamEpollHandoff = "unix-stream+epoll+handoff"
     /// ``unixStream`` waited on with io_uring: one `io_uring_enter` per half round trip submits
     /// the send and waits for the receive (the kernel work of an event loop on io_uring).
@@ -90,7 +90,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     }
 
     /// The floor that does the kernel work of the transport's round trip when its server's
-    /// request handler runs off the event loop (the async handler on the global executor): the
+    /// request handler runs off the event loop (the async handler on the serving threads): the
     /// same-work floor plus one thread hand-over per request. Only unix-socket's has one.
     public var handOff: FloorMechanism? {
         self == .unixStream ? .unixStreamEpollHandoff : nil

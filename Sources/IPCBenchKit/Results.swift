@@ -299,7 +299,7 @@ public struct LatencyResult: Codable, Sendable {
     /// Whether the peer served with the on-loop fast path.
     public var onLoopHandler: Bool { handler == Self.onLoopHandler }
 
-    /// The handler, when it is not the default async one on the global executor (`on-loop`,
+    /// The handler, when it is not the default async one on the serving threads (`on-loop`,
     /// `task-on-loop`): what the report's `wait` column and the row's name add.
     var handlerVariant: String? { Self.handlerVariant(handler) }
 

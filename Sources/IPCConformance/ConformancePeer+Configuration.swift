@@ -25,7 +25,8 @@ extension ConformancePeer {
 
     /// How a peer answers requests.
     public enum Serving: String, Sendable, Hashable, CaseIterable {
-        /// ``ConnectionOptions/requestHandler`` on Swift's global executor: the way to serve.
+        /// ``ConnectionOptions/requestHandler`` on the engine's serving threads (the default
+        /// ``RequestHandlerExecutor/servingThreads``): the way to serve.
         case task
         /// ``ConnectionOptions/requestHandler`` started on the loop's executor
         /// (``RequestHandlerExecutor/eventLoop``).

@@ -239,7 +239,7 @@ public struct ConformancePeer: Sendable {
                 $0.requestHandler = { msgid, payload in
                     msgid == Request.loopStalls ? stalls?() ?? [] : try await Self.requestHandler(msgid, payload)
                 }
-                $0.requestHandlerExecutor = configuration.serving == .task ? .global : .eventLoop
+                $0.requestHandlerExecutor = configuration.serving == .task ? .servingThreads : .eventLoop
                 $0.maximumConcurrentRequests = configuration.maximumConcurrentRequests
             case .onLoop, .blockingOnLoop:
                 let handler = configuration.serving == .onLoop ? Self.onLoopRequestHandler : Self.blockingOnLoopRequestHandler

@@ -97,9 +97,15 @@ public struct ReceivedMessage: Sendable {
 
 /// Where a ``RequestHandler``'s tasks run.
 public enum RequestHandlerExecutor: Sendable {
-    /// Swift's global concurrent executor (the default): the handler never runs on the loop's
-    /// thread, whatever it does. The reply is written from the handler's thread; reading the
-    /// request and running the handler are one thread hand-over apart.
+    /// The serving threads of the transport's engine (the default; IPCEngine's
+    /// `ServingExecutor`): the handler never runs on the loop's thread, whatever it does. The
+    /// loop queues its job and wakes one sleeping serving thread directly; the reply is written
+    /// from that thread, one thread hand-over after the loop read the request. A handler that
+    /// blocks its thread holds one of them (there is one per CPU, at least two) as it would
+    /// hold one of Swift's global pool. A transport without them uses ``global``.
+    case servingThreads
+    /// Swift's global concurrent executor: off the loop as ``servingThreads`` is, the job
+    /// handed to the pool's own scheduling (measured: more context switches per request).
     case global
     /// The executor of the event loop that read the request: no thread hand-over to start the handler,
     /// and a reply computed at once goes out before the loop reads on. The handler's code
@@ -127,7 +133,7 @@ public struct ConnectionOptions: Sendable {
     /// whose waiting requests reach it stops being read, as for ``MessageConnection/messages``.
     public var maximumConcurrentRequests = 1
     /// Where ``requestHandler``'s tasks run. See ``RequestHandlerExecutor``.
-    public var requestHandlerExecutor: RequestHandlerExecutor = .global
+    public var requestHandlerExecutor: RequestHandlerExecutor = .servingThreads
     /// The fast path (``OnLoopRequestHandler``): answers requests synchronously on the receive
     /// path. Runs on the loop: must not block. Takes precedence over ``requestHandler``.
     public var onLoopRequestHandler: OnLoopRequestHandler?

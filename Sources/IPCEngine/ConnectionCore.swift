@@ -31,6 +31,7 @@ package final class ConnectionCore: Sendable {
         borrowingHandler = options.makeOnLoopBorrowingMessageHandler?()
         if options.onLoopRequestHandler == nil, let handler = options.requestHandler {
             let executor: (any TaskExecutor)? = switch options.requestHandlerExecutor {
+            case .servingThreads: ServingExecutor.shared
             case .global: nil
             case .eventLoop: loopExecutor
             case .custom(let executor): executor

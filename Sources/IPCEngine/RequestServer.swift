@@ -19,8 +19,9 @@ final class RequestServer: Sendable {
     private struct State {
         var waiting = Deque<Frame>()
         var waitingBytes = 0
-        /// Tasks serving this connection now, by serial.
-        var running: [UInt64: Task<Void, Never>] = [:]
+        /// Tasks serving this connection now, by serial (`nil` while ``accept(_:send:)``
+        /// starts it).
+        var running: [UInt64: Task<Void, Never>?] = [:]
         var nextSerial: UInt64 = 0
         var closed = false
         /// Runs once a waiting request is taken (the receive path stopped reading).
@@ -47,26 +48,49 @@ final class RequestServer: Sendable {
         self.executor = executor
     }
 
+    /// What ``accept(_:send:)`` does with a request.
+    private enum Admission {
+        case closed
+        /// It waits; whether the queue is full now.
+        case queued(full: Bool)
+        /// A task starts for it, with this serial.
+        case start(UInt64)
+    }
+
     private var isFull: Bool { state.waiting.count >= limit.messages || state.waitingBytes >= limit.bytes }
 
     /// Takes a request from the receive path: starts a task for it if fewer than the bound run,
     /// else queues it. `send` makes the reply sender (called once per connection). Returns
     /// whether the queue is full now (the caller should stop reading).
     func accept(_ request: Frame, send: () -> ReplySender) -> Bool {
-        lock.lock()
-        defer { lock.unlock() }
-        guard !state.closed else { return false }
-        if state.send == nil { state.send = send() }
-        guard state.running.count < concurrency else {
-            state.waiting.append(request)
-            state.waitingBytes += request.payload.count
-            return isFull
+        let admission: Admission = lock.withLock {
+            guard !state.closed else { return .closed }
+            if state.send == nil { state.send = send() }
+            guard state.running.count < concurrency else {
+                state.waiting.append(request)
+                state.waitingBytes += request.payload.count
+                return .queued(full: isFull)
+            }
+            let serial = state.nextSerial
+            state.nextSerial &+= 1
+            state.running[serial] = .some(nil)
+            return .start(serial)
         }
-        // Made under the lock: a task only queues a job here, it does not run, and its own
-        // first look at the state (to take the next request) waits for this to be recorded.
-        let serial = state.nextSerial
-        state.nextSerial &+= 1
-        state.running[serial] = Task(executorPreference: executor) { [self] in await serve(request, serial: serial) }
+        guard case .start(let serial) = admission else {
+            if case .queued(full: true) = admission { return true }
+            return false
+        }
+        // Started with the lock released: the thread that runs it may run at once (on one
+        // core, the woken thread preempts this one) and would otherwise find the lock held,
+        // and wait, at the cost of two more context switches. Its slot is taken already.
+        let task = Task(executorPreference: executor) { [self] in await serve(request, serial: serial) }
+        let cancel: Bool = lock.withLock {
+            // A task that finished already has given its slot back.
+            guard state.running[serial] != nil else { return false }
+            state.running[serial] = task
+            return state.closed
+        }
+        if cancel { task.cancel() }
         return false
     }
 
@@ -89,7 +113,7 @@ final class RequestServer: Sendable {
             state.waitingBytes = 0
             state.roomHandler = nil
             state.send = nil
-            return Array(state.running.values)
+            return state.running.values.compactMap { $0 }
         }
         for task in running { task.cancel() }
     }

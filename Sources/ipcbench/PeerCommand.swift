@@ -26,7 +26,7 @@ struct PeerCommand: AsyncParsableCommand {
         0xFFFFFF01 answered with a report).
 
         --serve chooses how requests are answered: 'task' (the default: the async request \
-        handler, as tasks on Swift's global executor), 'task-on-loop' (the async handler \
+        handler, as tasks on the engine's serving threads), 'task-on-loop' (the async handler \
         started on the event loop's executor) or 'on-loop' (the synchronous fast path on the \
         loop, which answers echo and fail only).
 

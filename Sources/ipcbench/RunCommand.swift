@@ -76,7 +76,7 @@ struct RunCommand: AsyncParsableCommand {
 
     @Option(help: ArgumentHelp(
         "How the main rows' peer serves: task or task-on-loop.",
-        discussion: "task (the default): the async request handler as tasks on Swift's global executor, off the peer's loop. task-on-loop: the same handler with its tasks started on the loop's executor (no thread hand-over; the handler runs on the loop until it suspends)."
+        discussion: "task (the default): the async request handler as tasks on the engine's serving threads, off the peer's loop. task-on-loop: the same handler with its tasks started on the loop's executor (no thread hand-over; the handler runs on the loop until it suspends)."
     ))
     var handler: ConformancePeer.Serving = .task
 
