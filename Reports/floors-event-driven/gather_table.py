@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The write-gathering comparison (issue 32, throughput): for each run's results.json, the
 unix-socket binary streams as a share of the best event-driven C stream of the same run
-(the faster of floor:unix-stream+epoll and floor:unix-stream+io_uring), and that stream's share
-of the blocking floor:unix-stream. Prints the median and the range over the runs given.
+(the faster of floor:unix-stream+epoll and floor:unix-stream+io_uring, one message a write),
+and that stream's share of the blocking floor:unix-stream; where the run has it, the batched
+row as a share of its same-work floor, floor:unix-stream+epoll batched by 8 (key
+"floor:unix-stream+epoll/batched-8"). Prints the median and the range over the runs given.
 
     python3 gather_table.py label=PATH [label=PATH ...]   (runs with the same label are pooled;
     PATH a results.json, or a run's output directory)
@@ -21,6 +23,9 @@ def rows(path):
         name = row["transport"]
         if name == "unix-socket":
             name = "batched-%d" % row["batch"] if row.get("batch") else ("on-loop" if row.get("handler") == "on-loop" else "task")
+        elif row.get("batch"):
+            # A floor's batched stream: not the floor's per-message row.
+            name += "/batched-%d" % row["batch"]
         out[(name, row["placement"], row["payloadBytes"])] = row["messagesPerSecond"]
     return out
 
@@ -63,11 +68,22 @@ for placement in ["same-core", "split-cores"]:
                     values.append(100 * best / blocking)
             cells.append(span(values))
         print("| %s: best event-driven ÷ blocking floor | " % label + " | ".join(cells) + " |")
+        cells = []
+        for size in sizes:
+            values = []
+            for run in results:
+                batched = run.get(("batched-8", placement, size))
+                floor = run.get(("floor:unix-stream+epoll/batched-8", placement, size))
+                if batched and floor:
+                    values.append(100 * batched / floor)
+            cells.append(span(values))
+        if any(c != "-" for c in cells):
+            print("| %s: batched by 8 ÷ epoll floor batched by 8 (its same work) | " % label + " | ".join(cells) + " |")
     print("\n%s: messages/s, median (range)\n" % placement)
     print("| row | " + " | ".join("%d B" % s for s in sizes) + " |")
     print("|---|" + "---|" * len(sizes))
     for label, results in runs.items():
-        for key in ["task", "on-loop", "batched-8", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+io_uring"]:
+        for key in ["task", "on-loop", "batched-8", "floor:unix-stream", "floor:unix-stream+epoll", "floor:unix-stream+io_uring", "floor:unix-stream+epoll/batched-8"]:
             cells = []
             for size in sizes:
                 values = [run[(key, placement, size)] / 1e3 for run in results if (key, placement, size) in run]

@@ -387,28 +387,46 @@ static uint64_t monotonic_nanoseconds(void) {
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
-int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds) {
-    const struct nf_operations *operations = operations_for(channel->mechanism);
-    // A stream through epoll: the socket's (written and drained as an event loop does); the
-    // queue's sender would block, so it has none; a one-way stream has nothing to hand over.
-    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && channel->mechanism != NF_MQUEUE_POLL && channel->mechanism != NF_UNIX_STREAM_EPOLL_HANDOFF
-        && !waits_by_polling(channel->mechanism);
-    if (channel->responder || !buffered || length > channel->max_payload || count > UINT32_MAX) {
-        errno = channel->responder ? EINVAL : !buffered ? ENOTSUP : EMSGSIZE;
-        return -1;
-    }
-    uint32_t parameters[2] = {(uint32_t)count, (uint32_t)length};
+/// A stream after the handshake, timed: its parameters, its messages (one send each, or with
+/// `vector`, 2 × `batch` entries, `batch` at a time in one gathering write) and the
+/// acknowledgement.
+static int timed_stream(nf_channel *channel, const struct nf_operations *operations, const void *payload, uint32_t length, size_t count, size_t batch, struct iovec *vector, uint64_t *nanoseconds) {
+    uint32_t parameters[2] = {(uint32_t)count, length};
     if (operations->send(channel, NF_STREAM, NULL) != 0 || receive_acknowledgement(channel, operations) != 0) return -1;
     uint64_t start = monotonic_nanoseconds();
     channel->streaming = true;
     if (operations->send(channel, sizeof(parameters), parameters) != 0) return -1;
-    for (size_t index = 0; index < count; index++) {
-        if (operations->send(channel, (uint32_t)length, payload) != 0) return -1;
+    for (size_t sent = 0; sent < count;) {
+        size_t messages = vector == NULL ? 1 : count - sent < batch ? count - sent : batch;
+        if ((vector == NULL ? operations->send(channel, length, payload) : nf_stream_send_batch(channel, length, payload, messages, vector)) != 0) return -1;
+        sent += messages;
     }
     channel->streaming = false;
     if (receive_acknowledgement(channel, operations) != 0) return -1;
     *nanoseconds = monotonic_nanoseconds() - start;
     return 0;
+}
+
+int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, size_t batch, uint64_t *nanoseconds) {
+    const struct nf_operations *operations = operations_for(channel->mechanism);
+    // A stream through epoll: the socket's (written and drained as an event loop does); the
+    // queue's sender would block, so it has none; a one-way stream has nothing to hand over.
+    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && channel->mechanism != NF_MQUEUE_POLL && channel->mechanism != NF_UNIX_STREAM_EPOLL_HANDOFF
+        && !waits_by_polling(channel->mechanism);
+    // Batches are the event loop's gathering write, on the socket it writes without blocking.
+    bool batches = batch <= 1 || channel->mechanism == NF_UNIX_STREAM_EPOLL;
+    bool invalid = channel->responder || batch == 0 || batch > NF_STREAM_BATCH_MAX;
+    if (invalid || !buffered || !batches || length > channel->max_payload || count > UINT32_MAX) {
+        errno = invalid ? EINVAL : !buffered || !batches ? ENOTSUP : EMSGSIZE;
+        return -1;
+    }
+    struct iovec *vector = NULL;
+    if (batch > 1 && (vector = malloc(2 * batch * sizeof(*vector))) == NULL) return -1;
+    int status = timed_stream(channel, operations, payload, (uint32_t)length, count, batch, vector, nanoseconds);
+    int saved = errno;
+    free(vector);
+    errno = saved;
+    return status;
 }
 
 void nf_remove_names(const nf_channel *channel) {

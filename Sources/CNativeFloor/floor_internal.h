@@ -127,6 +127,10 @@ extern const struct nf_operations nf_journal_operations;
 int nf_uring_stream_send(nf_channel *channel, uint32_t length, const void *payload);
 int nf_uring_stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity);
 int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length);
+/// unix-stream+epoll's batched stream (stream.c): `messages` messages of `length` bytes from
+/// `payload` in one gathering write, each its header and payload (the first 2 × `messages`
+/// entries of `vector`, which it fills), without blocking, waiting for room with epoll.
+int nf_stream_send_batch(nf_channel *channel, uint32_t length, const void *payload, size_t messages, struct iovec *vector);
 /// eventfd+io_uring (uring.c): a wait for this end's doorbell (its count read through the ring;
 /// the other end's is rung with write(2), see eventfd_send).
 int nf_uring_wait_bell(nf_channel *channel);

@@ -22,6 +22,16 @@ static int stream_send(nf_channel *channel, uint32_t length, const void *payload
     return nf_write_all(channel->out_fd, vector, 2, socket, channel->mechanism == NF_UNIX_STREAM_EPOLL ? channel : NULL);
 }
 
+int nf_stream_send_batch(nf_channel *channel, uint32_t length, const void *payload, size_t messages, struct iovec *vector) {
+    // Every header is the same length; the kernel only reads it.
+    uint32_t header = length;
+    for (size_t index = 0; index < messages; index++) {
+        vector[2 * index] = (struct iovec){&header, NF_HEADER_LENGTH};
+        vector[2 * index + 1] = (struct iovec){(void *)payload, length};
+    }
+    return nf_write_all(channel->out_fd, vector, (int)(2 * messages), true, channel);
+}
+
 static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
     if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_receive(channel, length, payload, capacity);
     return nf_read_message(channel->in_fd, false, length, payload, capacity);

@@ -274,6 +274,8 @@ public struct LatencyRunner: Sendable {
         _ strategy: WaitStrategy, transports: [String], placements: [Placement], floors: Bool, references: Bool, group: GroupDirectory,
         into sessions: inout [Session], skipped: inout [SkippedReference]
     ) throws {
+        // The placements of each transport whose batched stream this phase measures.
+        var batchedPlacements: [String: [Placement]] = [:]
         for name in transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
             for framing in TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil] {
                 for placement in placements where !strategy.spins || placement.spreadsProcesses {
@@ -284,6 +286,7 @@ public struct LatencyRunner: Sendable {
                     }
                     if plan.includeThroughput, plan.batchedStream > 1, !strategy.spins, framing ?? .binary == .binary, let batched = session.batched {
                         sessions.append(batched)
+                        batchedPlacements[name, default: []].append(placement)
                     }
                     if plan.includeOnLoopHandler, plan.mainServing != .onLoop, !strategy.spins, framing ?? .binary == .binary {
                         sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: .onLoop, group: group).main)
@@ -325,15 +328,33 @@ public struct LatencyRunner: Sendable {
         let mechanisms = (strategy.spins ? base.compactMap(\.spinning) : base + sameWork + handingOff).filter(\.isAvailable)
         for mechanism in orderedUnique(mechanisms) {
             for placement in placements where !mechanism.spins || placement.spreadsProcesses {
-                let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))
-                sessions.append(Session(
-                    name: mechanism.resultName, framing: nil, placement: placement, waitStrategy: mechanism.spins ? strategy : .blocking, peerPID: floor.peerPID,
-                    roundTrips: { size, count in try await floor.roundTripTimes(payloadSize: size, count: count) },
-                    stream: mechanism.streams ? { size, count in (try await floor.streamTime(payloadSize: size, count: count), nil) } : nil,
-                    close: { floor.close() }
-                ))
+                sessions.append(try floorSession(mechanism, placement: placement, waitStrategy: mechanism.spins ? strategy : .blocking, group: group))
             }
         }
+        // The batched streams' same work (unix-socket's: one gathering write a batch), where a
+        // transport's batched stream is measured: a floor peer of its own whose stream only is
+        // measured, batched as the transport's.
+        for name in transports {
+            guard let placements = batchedPlacements[name], let mechanism = FloorMechanism(transport: name)?.batchedSameWork, mechanism.isAvailable else { continue }
+            for placement in placements {
+                sessions.append(try floorSession(mechanism, placement: placement, waitStrategy: .blocking, group: group, batch: plan.batchedStream))
+            }
+        }
+    }
+
+    /// A session over a new floor peer. With `batch`, it measures the floor's stream only, sent
+    /// `batch` messages a write (``ThroughputResult/batch``); without, round trips and, where
+    /// the mechanism buffers, the stream one message a write.
+    private func floorSession(_ mechanism: FloorMechanism, placement: Placement, waitStrategy: WaitStrategy, group: GroupDirectory, batch: Int? = nil) throws -> Session {
+        let floor = try FloorSession(mechanism: mechanism, placement: placement, group: group, maximumPayload: max(1, plan.payloadSizes.max() ?? 1))
+        let session = Session(
+            name: mechanism.resultName, framing: nil, placement: placement, waitStrategy: waitStrategy, peerPID: floor.peerPID,
+            roundTrips: { size, count in batch == nil ? try await floor.roundTripTimes(payloadSize: size, count: count) : [] },
+            stream: mechanism.streams ? { size, count in (try await floor.streamTime(payloadSize: size, count: count, batch: batch ?? 1), nil) } : nil,
+            close: { floor.close() }
+        )
+        session.batch = batch
+        return session
     }
 
     /// One phase of a run: the sessions whose peers live at the same time, measured interleaved.

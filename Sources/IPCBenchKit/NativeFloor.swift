@@ -89,6 +89,15 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         }
     }
 
+    /// The floor whose stream, written ``ThroughputResult/batch`` messages at a time
+    /// (``FloorMechanism/streamsInBatches``: one gathering `sendmsg` a batch, each message its
+    /// header and payload, without blocking), does the kernel work of the transport's batched
+    /// stream (`send(contentsOf:)`, one gathering write a batch): ``unixStreamEpoll`` for
+    /// unix-socket, `nil` for the others.
+    public var batchedSameWork: FloorMechanism? {
+        self == .unixStream ? .unixStreamEpoll : nil
+    }
+
     /// The floor that does the kernel work of the transport's round trip when its server's
     /// request handler runs off the event loop (the async handler on the serving threads): the
     /// same-work floor plus one thread hand-over per request. Only unix-socket's has one.
@@ -222,14 +231,18 @@ public final class FloorSession: Sendable {
 
     /// Sends `count` one-way messages of `payloadSize` bytes back to back and returns how long it
     /// took until the peer had read them all, in nanoseconds: the one-way throughput floor.
+    /// `batch` messages go in one gathering write (``FloorMechanism/streamsInBatches``; the last
+    /// write carries the rest when `count` is not a multiple); 1, one write a message.
     /// - Throws: ``IPCError/Code/unsupportedOperation`` for a mechanism that does not buffer
-    ///   (``FloorMechanism/streams``); otherwise as ``roundTripTimes(payloadSize:count:)``.
-    public func streamTime(payloadSize: Int, count: Int) async throws -> UInt64 {
+    ///   (``FloorMechanism/streams``), or a batch above 1 of one that does not batch;
+    ///   ``IPCError/Code/transportFailure`` for a batch below 1 or above 512; otherwise as
+    ///   ``roundTripTimes(payloadSize:count:)``.
+    public func streamTime(payloadSize: Int, count: Int, batch: Int = 1) async throws -> UInt64 {
         try checkPayloadSize(payloadSize)
         return try await onMeasuringThread {
             let payload = [UInt8](repeating: 0x5A, count: payloadSize)
             return try self.withInitiator { initiator in
-                try payload.withUnsafeBytes { try initiator.stream($0, count: count) }
+                try payload.withUnsafeBytes { try initiator.stream($0, count: count, batch: batch) }
             }
         }
     }

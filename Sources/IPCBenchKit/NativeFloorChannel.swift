@@ -83,13 +83,15 @@ final class FloorInitiator: @unchecked Sendable {
         guard nf_round_trip(channel, request.baseAddress, reply.baseAddress, request.count) == 0 else { throw IPCError.floor("a round trip", mechanism: mechanism, errno: errno) }
     }
 
-    /// Sends `count` one-way messages carrying `payload` and returns once the responder has
-    /// read them all: the nanoseconds from the first send until then.
+    /// Sends `count` one-way messages carrying `payload`, `batch` to a write, and returns once
+    /// the responder has read them all: the nanoseconds from the first send until then.
     /// - Throws: ``IPCError/Code/unsupportedOperation`` for a mechanism that cannot stream
-    ///   (``FloorMechanism/streams``); otherwise as ``roundTrip(_:reply:)``.
-    func stream(_ payload: UnsafeRawBufferPointer, count: Int) throws -> UInt64 {
+    ///   (``FloorMechanism/streams``) or batch (``FloorMechanism/streamsInBatches``);
+    ///   ``IPCError/Code/transportFailure`` for a batch outside 1...512; otherwise as
+    ///   ``roundTrip(_:reply:)``.
+    func stream(_ payload: UnsafeRawBufferPointer, count: Int, batch: Int) throws -> UInt64 {
         var nanoseconds: UInt64 = 0
-        guard nf_stream(channel, payload.baseAddress, payload.count, count, &nanoseconds) == 0 else { throw IPCError.floor("a stream", mechanism: mechanism, errno: errno) }
+        guard nf_stream(channel, payload.baseAddress, payload.count, count, batch, &nanoseconds) == 0 else { throw IPCError.floor("a stream", mechanism: mechanism, errno: errno) }
         return nanoseconds
     }
 }
@@ -105,6 +107,12 @@ extension FloorMechanism {
         case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring, .mqueuePoll: false
         }
     }
+
+    /// Whether this floor's stream can write several messages in one gathering `sendmsg`
+    /// (``FloorSession/streamTime(payloadSize:count:batch:)``): `unix-stream+epoll`'s, written
+    /// as an event loop writes a batch (without blocking; after a partial write the rest from
+    /// the byte where it stopped, once `epoll_wait` says there is room).
+    public var streamsInBatches: Bool { self == .unixStreamEpoll }
 
     var cValue: nf_mechanism {
         switch self {

@@ -27,7 +27,7 @@ public enum ReportRenderer {
         fixedWidth([latencyColumns] + latencyRows(results), leftAligned: 5)
     }
 
-    static let throughputColumns = ["transport", "framing", "placement", "wait", "payload", "messages/s", "MB/s", "÷ floor", "÷ same-work floor", "CPU/msg", "cs/msg", "allocs/msg"]
+    static let throughputColumns = ["transport", "framing", "placement", "wait", "payload", "messages/s", "MB/s", "÷ floor", "÷ same-work floor", "÷ best event-driven", "CPU/msg", "cs/msg", "allocs/msg"]
 
     static func throughputRows(_ results: [ThroughputResult]) -> [[String]] {
         results.map { result in
@@ -38,7 +38,7 @@ public enum ReportRenderer {
             return [
                 result.transport, result.framing?.rawValue ?? "-", result.placement.rawValue, result.waitDescription, formatBytes(result.payloadBytes),
                 String(format: "%.0f", result.messagesPerSecond), String(format: "%.1f", result.bytesPerSecond / 1e6),
-                share(result.floor(in: results)), share(result.sameWorkFloor(in: results)),
+                share(result.floor(in: results)), share(result.sameWorkFloor(in: results)), share(result.bestEventDrivenFloor(in: results)),
                 cpu.map(formatMicroseconds) ?? "-",
                 result.contextSwitchesPerMessage.map { String(format: "%.2f", $0) } ?? "-",
                 result.peerAllocationsPerMessage.map { String(format: "%.2f", $0) } ?? "-",
@@ -171,7 +171,7 @@ public enum ReportRenderer {
         """
         text += markdownTable(latencyColumns, latencyRows(results.latency), leftAligned: 5)
         if let throughput = results.throughput, !throughput.isEmpty {
-            text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). As the round trips are, they are sent from a task on the connection's executor, and with `--full`, for comparison (binary framing), from a task on Swift's global executor (`blocking, global executor`). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. `÷ same-work floor` is the share of the rate of a C floor that streams as an event loop does (`unix-stream+epoll`: writes that do not block, a full socket waited on with `epoll_wait` with EPOLLOUT added for the wait, and an `epoll_wait` before each read): what the transport's own code costs, apart from the event-driven design's kernel work (those floors are measured with `--full`; a default run leaves the column empty for unix-socket). CPU/msg is both processes' CPU time per message; cs/msg their context switches per message (voluntary and involuntary, all threads). allocs/msg is the heap allocations per message on the receiver's receive path (`ipcbench peer` counts them on the thread that runs its handler, which takes each payload in place where the transport lends it; `-` for a floor).\n\n"
+            text += "\n## One-way throughput\n\nMessages sent back to back, timed from the first send until the receiving process reports that its consumer has taken them all (median of the repetitions). As the round trips are, they are sent from a task on the connection's executor, and with `--full`, for comparison (binary framing), from a task on Swift's global executor (`blocking, global executor`). `÷ floor` is the share of the native floor's rate (same mechanism, placement and payload, a C sender and a receiver that only drains the kernel's buffer); floors exist for the mechanisms whose kernel buffers messages. `÷ same-work floor` is the share of the rate of a C floor that does the stream's kernel work: what the transport's own code costs, apart from the event-driven design's. For a row sent one message a `send`, the faster of the C streams that stream as an event loop does (`unix-stream+epoll`: writes that do not block, a full socket waited on with `epoll_wait` with EPOLLOUT added for the wait, and an `epoll_wait` before each read; `unix-stream+io_uring`: the same through io_uring); those floors are measured with `--full`, so a default run leaves the column empty for unix-socket's per-message rows. For a `batched by 8` row, `unix-stream+epoll`'s stream batched the same (its own `batched by 8` row: eight messages, each its header and payload, in one gathering `sendmsg` that does not block, the rest of a partial write sent from the byte where it stopped once `epoll_wait` says there is room), measured wherever the batched row is. `÷ best event-driven` is, for every row, batched or not, the share of the faster per-message event-driven C stream (for a per-message row the same as `÷ same-work floor`). CPU/msg is both processes' CPU time per message; cs/msg their context switches per message (voluntary and involuntary, all threads). allocs/msg is the heap allocations per message on the receiver's receive path (`ipcbench peer` counts them on the thread that runs its handler, which takes each payload in place where the transport lends it; `-` for a floor).\n\n"
             text += markdownTable(throughputColumns, throughputRows(throughput), leftAligned: 5)
         }
         if !results.inProcess.isEmpty {

@@ -68,21 +68,34 @@ public struct ThroughputResult: Codable, Sendable {
     }
 
     /// The native floor's stream this measurement is compared with (same mechanism, placement
-    /// and payload, blocking), from one run's rows; `nil` where the mechanism has none.
+    /// and payload, blocking, one message a write), from one run's rows; `nil` where the
+    /// mechanism has none.
     public func floor(in results: [ThroughputResult]) -> ThroughputResult? {
         guard let mechanism = FloorMechanism(transport: transport) else { return nil }
-        return results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes && $0.waitStrategy == "blocking" }
+        return results.first { $0.transport == mechanism.resultName && $0.batch == nil && $0.placement == placement && $0.payloadBytes == payloadBytes && $0.waitStrategy == "blocking" }
+    }
+
+    /// The fastest event-driven C stream of this blocking measurement's mechanism in the run,
+    /// same placement and payload: of its ``FloorMechanism/sameWorkFloors``, the streams sent one
+    /// message a write (for unix-socket, writes that do not block and an `epoll_wait` before
+    /// each read, or the same through io_uring); `nil` where there is none. The report's
+    /// `÷ best event-driven`, for every row, batched or not.
+    public func bestEventDrivenFloor(in results: [ThroughputResult]) -> ThroughputResult? {
+        guard waitStrategy == "blocking", let mechanisms = FloorMechanism(transport: transport)?.sameWorkFloors else { return nil }
+        return mechanisms.compactMap { mechanism in
+            results.first { $0.transport == mechanism.resultName && $0.batch == nil && $0.placement == placement && $0.payloadBytes == payloadBytes }
+        }.max { $0.messagesPerSecond < $1.messagesPerSecond }
     }
 
     /// The floor stream that does the kernel work this blocking measurement does, same placement
-    /// and payload: the fastest of its mechanism's ``FloorMechanism/sameWorkFloors`` in the run
-    /// (for unix-socket, writes that do not block and an `epoll_wait` before each read, or the
-    /// same through io_uring); `nil` where there is none.
+    /// and payload: for a batched row of a mechanism that has a batched floor
+    /// (``FloorMechanism/batchedSameWork``), that floor's stream with the same ``batch`` (for
+    /// unix-socket, `floor:unix-stream+epoll` writing `batch` messages in one `sendmsg`), else
+    /// ``bestEventDrivenFloor(in:)``; `nil` where the run has none (a batched row's is never a
+    /// per-message floor).
     public func sameWorkFloor(in results: [ThroughputResult]) -> ThroughputResult? {
-        guard waitStrategy == "blocking", let mechanisms = FloorMechanism(transport: transport)?.sameWorkFloors else { return nil }
-        return mechanisms.compactMap { mechanism in
-            results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
-        }.max { $0.messagesPerSecond < $1.messagesPerSecond }
+        guard let batch, waitStrategy == "blocking", let mechanism = FloorMechanism(transport: transport)?.batchedSameWork else { return bestEventDrivenFloor(in: results) }
+        return results.first { $0.transport == mechanism.resultName && $0.batch == batch && $0.placement == placement && $0.payloadBytes == payloadBytes }
     }
 }
 

@@ -66,24 +66,38 @@ struct CommandLineTests {
         #expect(results.invalidation.map(\.transport) == ["unix-socket"])
         #expect(results.inProcess.isEmpty)
         // One-way throughput for the transport sent from both executors, batched, and to the
-        // on-loop peer, its floor and its event-driven floor; with one core, nothing spins.
-        // The batched stream (8 messages a send(contentsOf:)) comes after the global executor's.
+        // on-loop peer, its floor and its event-driven floor, then the event-driven floor's
+        // stream batched as the transport's (its same work; no round trips, so no latency row);
+        // with one core, nothing spins. The batched stream (8 messages a send(contentsOf:))
+        // comes after the global executor's.
         let throughput = try #require(results.throughput)
-        #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket"] + transports)
-        #expect(throughput.map(\.executor) == Array(executors[..<4]) + ["preferred", "preferred"] + executors[4...])
-        #expect(throughput.map(\.handler) == Array(handlers[..<4]) + ["task", "task"] + handlers[4...])
-        #expect(throughput.map(\.batch) == [nil, nil, nil, nil, 8, 8] + Array(repeating: nil, count: transports.count - 4))
+        let batchedFloor = ["floor:unix-stream+epoll", "floor:unix-stream+epoll"]
+        #expect(throughput.map(\.transport) == ["unix-socket", "unix-socket"] + transports + batchedFloor)
+        let streamExecutors: [String?] = Array(executors[..<4]) + ["preferred", "preferred"] + executors[4...] + [nil, nil]
+        let streamHandlers: [String?] = Array(handlers[..<4]) + ["task", "task"] + handlers[4...] + [nil, nil]
+        let batches: [Int?] = [nil, nil, nil, nil, 8, 8] + Array(repeating: nil, count: transports.count - 4) + [8, 8]
+        #expect(throughput.map(\.executor) == streamExecutors)
+        #expect(throughput.map(\.handler) == streamHandlers)
+        #expect(throughput.map(\.batch) == batches)
         #expect(throughput.filter { $0.batch != nil }.allSatisfy { $0.name.contains("/batched-8/") && $0.waitDescription == "blocking, batched by 8" })
+        #expect(throughput.contains { $0.name == "throughput/floor:unix-stream+epoll/same-core/batched-8/64" })
         #expect(Set(throughput.map(\.name)).count == throughput.count)
         #expect(throughput.filter(\.onGlobalExecutor).allSatisfy { $0.name.contains("/global-executor/") && $0.waitDescription == "blocking, global executor" })
         let streamRow = try #require(throughput.first { $0.transport == "unix-socket" && $0.payloadBytes == 64 })
         #expect(streamRow.floor(in: throughput)?.transport == "floor:unix-stream")
-        let eventDrivenStreams = throughput.filter { ["floor:unix-stream+epoll", "floor:unix-stream+io_uring"].contains($0.transport) && $0.payloadBytes == 64 }
-        #expect(streamRow.sameWorkFloor(in: throughput)?.transport == eventDrivenStreams.max { $0.messagesPerSecond < $1.messagesPerSecond }?.transport)
+        let eventDrivenStreams = throughput.filter { ["floor:unix-stream+epoll", "floor:unix-stream+io_uring"].contains($0.transport) && $0.batch == nil && $0.payloadBytes == 64 }
+        let bestEventDriven = try #require(eventDrivenStreams.max { $0.messagesPerSecond < $1.messagesPerSecond })
+        #expect(streamRow.sameWorkFloor(in: throughput)?.name == bestEventDriven.name)
+        #expect(streamRow.bestEventDrivenFloor(in: throughput)?.name == bestEventDriven.name)
+        // The batched row: its same work is the batched floor; the best event-driven stream is
+        // the per-message one, as for every row.
+        let batchedRow = try #require(throughput.first { $0.transport == "unix-socket" && $0.batch == 8 && $0.payloadBytes == 64 })
+        #expect(batchedRow.sameWorkFloor(in: throughput)?.name == "throughput/floor:unix-stream+epoll/same-core/batched-8/64")
+        #expect(batchedRow.bestEventDrivenFloor(in: throughput)?.name == bestEventDriven.name)
         #expect(throughput.allSatisfy { $0.messagesPerSecond > 0 && $0.repetitionMessagesPerSecond.count == LatencyResult.repetitions })
         #expect(results.latency.allSatisfy { $0.waitStrategy == "blocking" } && throughput.allSatisfy { $0.waitStrategy == "blocking" })
         // A benchmark entry per latency and throughput row and per repetition of each.
-        #expect(results.benchmarks.count == (24 + 2 * uring.count) * (LatencyResult.repetitions + 1))
+        #expect(results.benchmarks.count == (26 + 2 * uring.count) * (LatencyResult.repetitions + 1))
         #expect(results.benchmarks.filter { $0.name.hasPrefix("throughput/") }.allSatisfy { ($0.itemsPerSecond ?? 0) > 0 })
         #expect(FileManager.default.fileExists(atPath: output + "/report.md"))
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))

@@ -81,16 +81,54 @@ struct NativeFloorTests {
         #expect(try await session.echo([9, 8, 7]) == [9, 8, 7])
     }
 
+    /// unix-stream+epoll's batched stream, 8 messages a `sendmsg`, in every placement this
+    /// machine has: counts that are not a multiple of 8 (the last write shorter) and one below
+    /// it, sizes from empty to 1 MiB (8 MiB a write: partial writes, and waits for room). The
+    /// peer's sink reads exactly count × (4 + size) bytes before it acknowledges, so a byte
+    /// short hangs the stream (the deadline fails it), and a byte too many is read as the next
+    /// request, which fails the echo after it.
+    @Test("a batched stream delivers every byte, the last batch shorter, in every placement",
+          arguments: Placement.allCases.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount })
+    func batchedStream(placement: Placement) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: .unixStreamEpoll, placement: placement, group: group.directory)
+        defer { session.close() }
+        for (size, count) in [(0, 203), (64, 203), (64, 3), (8189, 203), (1 << 20, 11)] {
+            let nanoseconds = try await withDeadline(seconds: 30, "batched stream of \(count) × \(size) bytes, \(placement)") {
+                try await session.streamTime(payloadSize: size, count: count, batch: 8)
+            }
+            #expect(nanoseconds > 0)
+            #expect(try await withDeadline(seconds: 30, "echo after \(count) × \(size) bytes, \(placement)") { try await session.echo([9, 8, 7]) } == [9, 8, 7])
+        }
+    }
+
+    /// Only unix-stream+epoll's stream is written in batches; the refusal comes before anything
+    /// is sent, so the channel stays in step.
+    @Test("refuses a batched stream where the floor does not batch, and a batch out of range", arguments: FloorMechanism.allCases.filter { $0.streams && $0.isAvailable })
+    func batchRefused(mechanism: FloorMechanism) async throws {
+        let group = try TestGroup()
+        let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
+        defer { session.close() }
+        let batches = mechanism.streamsInBatches ? [0, -1, 513] : [8]
+        for batch in batches {
+            let error = await #expect(throws: IPCError.self) { _ = try await session.streamTime(payloadSize: 64, count: 10, batch: batch) }
+            #expect(error?.code == (mechanism.streamsInBatches ? .transportFailure : .unsupportedOperation), "\(mechanism), batch \(batch): \(String(describing: error))")
+        }
+        #expect(try await session.echo([4, 5, 6]) == [4, 5, 6])
+        #expect(FloorMechanism.allCases.filter(\.streamsInBatches) == [.unixStreamEpoll])
+    }
+
     /// The sender of a stream spends most of it waiting for room in the socket (blocked in the
     /// write, or in epoll_wait for EPOLLOUT): the peer killed then is an error at once, not a hang.
-    @Test("a stream to a peer killed mid-stream fails", arguments: [FloorMechanism.unixStream, .unixStreamEpoll, .unixStreamIoUring])
-    func peerDeathMidStream(mechanism: FloorMechanism) async throws {
+    /// `batch`: messages a write (unix-stream+epoll's batched stream, 8 MiB a `sendmsg`).
+    @Test("a stream to a peer killed mid-stream fails", arguments: [(FloorMechanism.unixStream, 1), (.unixStreamEpoll, 1), (.unixStreamEpoll, 8), (.unixStreamIoUring, 1)])
+    func peerDeathMidStream(mechanism: FloorMechanism, batch: Int) async throws {
         let group = try TestGroup()
         let session = try FloorSession(mechanism: mechanism, placement: .unpinned, group: group.directory)
         defer { session.close() }
         _ = try await session.echo([1])
         // 100 GiB: far more than the 300 ms before the kill can carry.
-        let streaming = Task { try await session.streamTime(payloadSize: 1 << 20, count: 100_000) }
+        let streaming = Task { try await session.streamTime(payloadSize: 1 << 20, count: 100_000, batch: batch) }
         try await Task.sleep(for: .milliseconds(300))
         kill(session.peerPID, SIGKILL)
         let error = await #expect(throws: IPCError.self) {
@@ -140,5 +178,8 @@ struct NativeFloorTests {
         #expect(FloorMechanism(transport: "file-presenter") == .inotify)
         #expect(FloorMechanism(transport: "carrier-pigeon") == nil)
         #expect(FloorMechanism.unixStream.resultName == "floor:unix-stream")
+        // unix-socket's batched stream has unix-stream+epoll's, batched, as its same work.
+        #expect(FloorMechanism.allCases.compactMap(\.batchedSameWork) == [.unixStreamEpoll])
+        #expect(FloorMechanism.unixStream.batchedSameWork?.streamsInBatches == true)
     }
 }

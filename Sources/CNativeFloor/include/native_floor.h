@@ -129,14 +129,25 @@ nf_channel *nf_initiator_open(nf_mechanism mechanism, const char *directory, siz
 /// block or ignore SIGPIPE in that thread to get EPIPE instead.
 int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t length);
 
+/// The most messages nf_stream writes at a time: two iovecs each, within the kernel's IOV_MAX (1024).
+#define NF_STREAM_BATCH_MAX 512
+
 /// Initiator: sends `count` one-way messages of `length` bytes from `payload` back to back and
 /// returns once the responder has read them all (it acknowledges the last): one-way throughput.
 /// `*nanoseconds` gets the time from the first send to the acknowledgement (CLOCK_MONOTONIC),
 /// after a handshake that is not timed.
+/// `batch` is how many messages go in one write: 1, one send a message; more (NF_UNIX_STREAM_EPOLL
+/// only), one gathering sendmsg of `batch` messages, each its header and payload as two iovecs
+/// (the last write carries what is left when `count` is not a multiple of `batch`), written as an
+/// event loop writes: without blocking, and after a partial write the rest from the byte where
+/// it stopped, once epoll says there is room. The responder drains the stream the same way
+/// whatever the batch (its reads do not see the writes' boundaries).
 /// Only for mechanisms whose kernel buffers messages and that do not spin (unix-stream,
 /// unix-stream+epoll, mqueue, pipe; mqueue+epoll's sender would block, so it has none);
-/// ENOTSUP for the others, EMSGSIZE above max_payload, ECONNRESET if the responder went away.
-int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, uint64_t *nanoseconds);
+/// ENOTSUP for the others and for a batch above 1 of another mechanism than NF_UNIX_STREAM_EPOLL,
+/// EINVAL for a batch of 0 or above NF_STREAM_BATCH_MAX, EMSGSIZE above max_payload, ECONNRESET
+/// if the responder went away.
+int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t count, size_t batch, uint64_t *nanoseconds);
 
 /// Unlinks the channel's names. Safe to call while another thread is in nf_responder_serve
 /// (a peer process that is told to stop does this before it exits).
