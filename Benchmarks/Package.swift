@@ -31,6 +31,13 @@ let package = Package(
         suite("SecureCodingBenchmarks", measuring: ["IPCCore", "IPCSecureCoding"]),
         // Request/reply through the connection engine, both ends in one process.
         suite("EngineBenchmarks", measuring: ["IPCCore", "UnixSocketTransport", "NotifyTransport"]),
+        // Instructions per round trip between two processes, counted by callgrind
+        // (Scripts/benchmarks.sh): not a package-benchmark suite (valgrind cannot run an async main).
+        .executableTarget(
+            name: "round-trip-instructions",
+            dependencies: [.product(name: "IPCCore", package: "ipcbench"), .product(name: "UnixSocketTransport", package: "ipcbench")],
+            path: "RoundTripInstructions"
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

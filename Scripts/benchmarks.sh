@@ -5,11 +5,13 @@
 #   package-benchmark.jmh.json    the same as JMH JSON, without the raw samples (figures per
 #                                 outer iteration: 1000 operations where a benchmark scales)
 #   thresholds-check.txt          malloc counts checked against Benchmarks/Thresholds/<Swift x.y>
+#   instructions.json, .md        instructions per round trip between two processes (callgrind),
+#                                 checked against Benchmarks/Thresholds/instructions-<Swift x.y>.json
 #   floor-crosscheck-N.json       the native floor timed by Google Benchmark, round N (its
 #                                 compare.py reads these)
 #   ipcbench-floor-N/results.json the same floor timed by ipcbench (`ipcbench floor`), round N
 #   summary.md                    p50 and mallocs per operation; the two floors side by side
-# Exits non-zero if an allocation count regressed past its threshold.
+# Exits non-zero if an allocation count or an instruction count regressed past its threshold.
 #
 # Options: --quick        one round of the floor, with a tenth of ipcbench's samples
 #          --floor-only   skip the package-benchmark suites
@@ -17,6 +19,8 @@
 # Refresh the thresholds after an intended change (from Benchmarks/):
 #   swift package --allow-writing-to-package-directory benchmark thresholds update \
 #       --path Thresholds/<Swift x.y> --metric mallocCountTotal
+# and the instruction counts (from the top of the repository):
+#   Scripts/instructions.sh --update Benchmarks/Thresholds/instructions-<Swift x.y>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,6 +67,18 @@ if [ "$floor_only" = false ]; then
     } >> "$summary"
 fi
 
+echo "== instructions per round trip, both processes (callgrind)" >&2
+set +e
+Scripts/instructions.sh --output "$output" --check "Benchmarks/Thresholds/instructions-$swift_version.json" > /dev/null
+instructions_status=$?
+set -e
+{
+    echo "## Instructions per round trip (callgrind, user space, both processes; Scripts/instructions.sh)"
+    echo
+    cat "$output/instructions.md"
+    echo
+} >> "$summary"
+
 echo "== native floor: Google Benchmark and ipcbench, in alternating rounds" >&2
 # Alternating rounds, so that both tools meet the same drift of a shared machine.
 rounds=3 min_time=0.2 sample_scale=1
@@ -83,6 +99,10 @@ done
 
 cat "$summary"
 echo "wrote $output" >&2
+if [ "$instructions_status" -ne 0 ]; then
+    echo "instructions per round trip regressed past their thresholds (Benchmarks/Thresholds/instructions-$swift_version.json): see above" >&2
+    exit 1
+fi
 case "$thresholds_status" in
     0) ;;
     4) echo "allocation counts improved on the thresholds: update them (see the top of this script)" >&2 ;;

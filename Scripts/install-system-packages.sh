@@ -6,12 +6,13 @@
 #             cross-check with it (Benchmarks/FloorCrossCheck)
 #   systemd   /usr/bin/systemd-socket-activate, the launcher of the socket-activation tests
 #             (systemd need not run)
+#   valgrind  callgrind, which counts the instructions per round trip (Scripts/instructions.sh)
 set -euo pipefail
 
 #
 #   Scripts/install-system-packages.sh [PACKAGE...]   with arguments, those packages instead
 #   (Benchmarks/References/install-system-packages.sh passes the reference systems' own)
-packages=(curl chromium libbenchmark-dev g++ make systemd)
+packages=(curl chromium libbenchmark-dev g++ make systemd valgrind)
 [ $# -gt 0 ] && packages=("$@")
 
 missing=()

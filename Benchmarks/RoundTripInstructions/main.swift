@@ -1,0 +1,98 @@
+// Instructions per round trip through the connection engine, counted by callgrind in both
+// processes (Scripts/benchmarks.sh, "instructions per round trip"). A synchronous `main`: valgrind
+// 3.19 crashes on a Swift program whose `main` is `async` (its main thread parks in libdispatch's
+// signal thread), so the async work runs in a task and `main` waits for it.
+//
+//   round-trip-instructions serve  <group directory> <on-loop|task>
+//   round-trip-instructions client <group directory> <round trips> <payload bytes>
+//
+// The server listens at `<group>/echo` over unix-socket (binary framing), echoes every request,
+// and exits once its one client has gone. The client connects (retrying until the server is
+// there), then makes its round trips from a task on the connection's executor, one at a time.
+import Dispatch
+import Foundation
+import IPCCore
+import UnixSocketTransport
+
+/// Runs `body` as a task and waits for it on this (non-async) thread; exits 1 with its error.
+func runAndWait(_ body: @escaping @Sendable () async throws -> Void) {
+    let done = DispatchSemaphore(value: 0)
+    let failure = LockedError()
+    Task {
+        do { try await body() } catch { failure.set(error) }
+        done.signal()
+    }
+    done.wait()
+    if let error = failure.get() {
+        FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
+        exit(1)
+    }
+}
+
+final class LockedError: @unchecked Sendable {
+    private let lock = NSLock()
+    private var error: (any Error)?
+    func set(_ error: any Error) { lock.withLock { self.error = error } }
+    func get() -> (any Error)? { lock.withLock { error } }
+}
+
+func usage() -> Never {
+    FileHandle.standardError.write(Data("usage: round-trip-instructions serve <group directory> <on-loop|task> | client <group directory> <round trips> <payload bytes>\n".utf8))
+    exit(64)
+}
+
+let arguments = CommandLine.arguments
+guard arguments.count >= 4 else { usage() }
+let endpoint: Endpoint
+do {
+    endpoint = try Endpoint(group: GroupDirectory(path: arguments[2]), name: "echo")
+} catch {
+    FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
+    exit(64)
+}
+let transport = UnixSocketTransport(framing: .binary)
+
+switch arguments[1] {
+case "serve":
+    let options: ConnectionOptions
+    switch arguments[3] {
+    case "on-loop": options = .defaults { $0.onLoopRequestHandler = { _, payload in payload } }
+    case "task": options = .defaults { $0.requestHandler = { _, payload in payload } }
+    default: usage()
+    }
+    runAndWait {
+        let listener = try transport.listen(at: endpoint, options: options, acceptFilter: nil)
+        defer { listener.close() }
+        for await connection in listener.connections {
+            // Serves the one client until it goes.
+            for await _ in connection.messages {}
+            return
+        }
+    }
+case "client":
+    guard arguments.count == 5, let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0 else { usage() }
+    runAndWait {
+        var connection: (any MessageConnection)?
+        let deadline = ContinuousClock.now + .seconds(120)
+        while connection == nil {
+            do {
+                connection = try await transport.connect(to: endpoint, options: .defaults)
+            } catch let error as IPCError where error.code == .endpointNotFound && ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+        }
+        guard let connection else { return }
+        defer { connection.invalidate() }
+        let payload = [UInt8](repeating: 0xA5, count: size)
+        try await withTaskExecutorPreference(connection.preferredTaskExecutor) {
+            for _ in 0..<count {
+                let reply = try await connection.request(payload, msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
+                guard reply.count == size else {
+                    throw IPCError(code: .malformedPayload, message: "the echo of \(size) bytes came back with \(reply.count)")
+                }
+            }
+        }
+    }
+default:
+    usage()
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Instructions per round trip through the connection engine, both processes, counted by
+# callgrind: unix-socket, binary framing, 64-byte requests from a task on the connection's
+# executor to a server that echoes with the on-loop handler (the engine's own path) and with the
+# default async handler (on the serving threads). Counts are of user-space instructions (the
+# engine, the Swift runtime, libc), not the kernel's: what the engine's own code costs, and
+# repeatable on a busy machine, where times are not.
+#
+# Each process runs twice, for 500 and for 1,500 round trips (Benchmarks/RoundTripInstructions,
+# a release build stripped of its DWARF, which valgrind 3.19 cannot read); the difference over
+# 1,000 is per round trip, so start-up and connection set-up cancel out.
+#
+#   Scripts/instructions.sh [--output DIR] [--check FILE] [--update FILE]
+#     --output  writes instructions.json and instructions.md there (default: a temporary folder)
+#     --check   exits 1 if a count is above its threshold in FILE (JSON: name -> instructions)
+#     --update  writes FILE: each count plus 10 %, the margin for the client's spread (about 3 %)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+output="" check="" update=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --output) output="$2"; shift ;;
+        --check) check="$2"; shift ;;
+        --update) update="$2"; shift ;;
+        *) echo "usage: $0 [--output DIR] [--check FILE] [--update FILE]" >&2; exit 64 ;;
+    esac
+    shift
+done
+
+Scripts/install-system-packages.sh
+output=${output:-$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-XXXXXX")}
+mkdir -p "$output"
+output=$(cd "$output" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-work-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+(cd Benchmarks && swift build -c release --product round-trip-instructions >&2)
+binary="$work/round-trip-instructions"
+strip --strip-debug -o "$binary" "Benchmarks/.build/release/round-trip-instructions"
+
+# count HANDLER ROUND_TRIPS: runs a server and a client under callgrind; prints "server client".
+count() {
+    local handler=$1 trips=$2 group
+    group=$(mktemp -d "$work/group-XXXXXX")
+    valgrind --tool=callgrind --callgrind-out-file="$group/server.out" "$binary" serve "$group" "$handler" > "$group/server.log" 2>&1 &
+    local server=$!
+    # The client starts once the socket is there, so no retry adds to its count.
+    local waited=0
+    while [ ! -S "$group/echo.sock" ]; do
+        sleep 0.05
+        waited=$((waited + 1))
+        if [ "$waited" -gt 1200 ] || ! kill -0 "$server" 2>/dev/null; then
+            echo "the server did not start:" >&2; cat "$group/server.log" >&2; return 1
+        fi
+    done
+    if ! valgrind --tool=callgrind --callgrind-out-file="$group/client.out" "$binary" client "$group" "$trips" 64 > "$group/client.log" 2>&1; then
+        echo "the client failed:" >&2; cat "$group/client.log" >&2; kill "$server" 2>/dev/null; return 1
+    fi
+    wait "$server" || { echo "the server failed:" >&2; cat "$group/server.log" >&2; return 1; }
+    echo "$(sed -n 's/^totals: //p' "$group/server.out") $(sed -n 's/^totals: //p' "$group/client.out")"
+}
+
+results="$work/results.txt"
+: > "$results"
+for handler in on-loop task; do
+    echo "== instructions per round trip: unix-socket binary 64 B, $handler handler (callgrind)" >&2
+    echo "$handler $(count "$handler" 500) $(count "$handler" 1500)" >> "$results"
+done
+
+python3 - "$results" "$output" "$check" "$update" <<'PYTHON'
+import json, sys
+results, output, check, update = sys.argv[1:5]
+rows = {}
+for line in open(results):
+    handler, server_a, client_a, server_b, client_b = line.split()
+    server = (int(server_b) - int(server_a)) / 1000
+    client = (int(client_b) - int(client_a)) / 1000
+    rows[f"unix-socket binary 64 B, {handler} handler"] = {"client": round(client), "server": round(server), "both": round(client + server)}
+json.dump({"unit": "instructions per round trip (user space, callgrind)", "rows": rows}, open(f"{output}/instructions.json", "w"), indent=2)
+with open(f"{output}/instructions.md", "w") as markdown:
+    markdown.write("| round trip | client | server | both |\n|---|---:|---:|---:|\n")
+    for name, row in rows.items():
+        markdown.write(f"| {name} | {row['client']:,} | {row['server']:,} | {row['both']:,} |\n")
+print(open(f"{output}/instructions.md").read(), end="")
+if update:
+    json.dump({name: round(row["both"] * 1.1) for name, row in rows.items()}, open(update, "w"), indent=2)
+    print(f"wrote {update}", file=sys.stderr)
+status = 0
+if check:
+    thresholds = json.load(open(check))
+    for name, row in rows.items():
+        limit = thresholds.get(name)
+        if limit is None:
+            print(f"no threshold for {name}: add it with --update", file=sys.stderr); status = 1
+        elif row["both"] > limit:
+            print(f"REGRESSED: {name}: {row['both']:,} instructions per round trip, threshold {limit:,}", file=sys.stderr); status = 1
+        elif row["both"] < limit / 1.1 * 0.9:
+            print(f"improved: {name}: {row['both']:,} against a threshold of {limit:,}; update it (--update)", file=sys.stderr)
+sys.exit(status)
+PYTHON
+echo "wrote $output" >&2
