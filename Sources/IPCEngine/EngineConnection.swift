@@ -98,12 +98,13 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
 
     private let writeState = Mutex(WriteState())
 
-    // Loop thread only.
-    private var paused = false
-    private var finished = false
+    // Loop thread only, so their dynamic exclusivity checks (a runtime call per access) are
+    // left out.
+    @exclusivity(unchecked) private var paused = false
+    @exclusivity(unchecked) private var finished = false
     private let readiness: ReadinessHandler
-    private var bytesRead: UInt64 = 0
-    private var stallTimerArmed = false
+    @exclusivity(unchecked) private var bytesRead: UInt64 = 0
+    @exclusivity(unchecked) private var stallTimerArmed = false
     /// What a request delivered through ``messages`` replies with: weak, so that a request
     /// kept by the application does not keep the connection; made the first time one is.
     private lazy var responder: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in

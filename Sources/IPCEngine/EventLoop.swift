@@ -120,8 +120,9 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     private let poller: Poller
     private let state = Mutex(State())
-    /// The jobs being run, taken from `state` in one swap; touched on the loop's thread only.
-    private var draining = Deque<Job>()
+    /// The jobs being run, taken from `state` in one swap; touched on the loop's thread only
+    /// (so without dynamic exclusivity checks).
+    @exclusivity(unchecked) private var draining = Deque<Job>()
     /// The loop is about to block, or blocks, in the poller: a job from another thread must wake it.
     private let sleeping = Atomic<Bool>(false)
     /// The loop thread's identity, once it runs.
@@ -137,7 +138,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// Receives a stall's report, one line without its newline.
     private let report: @Sendable (String) -> Void
     /// The labels already reported; touched on the loop's thread only.
-    private var reportedStalls = Set<String>()
+    @exclusivity(unchecked) private var reportedStalls = Set<String>()
 
     private static let sharedLoop = Mutex<EventLoop?>(nil)
 

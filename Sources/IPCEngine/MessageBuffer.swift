@@ -23,8 +23,8 @@ final class MessageBuffer: Sendable {
 
     private let limit: ConnectionOptions.BufferLimit
     private let lock = ConditionLock()
-    /// Guarded by `lock`.
-    private nonisolated(unsafe) var state = State()
+    /// Guarded by `lock` (so without dynamic exclusivity checks).
+    @exclusivity(unchecked) private nonisolated(unsafe) var state = State()
 
     init(limit: ConnectionOptions.BufferLimit) {
         self.limit = limit

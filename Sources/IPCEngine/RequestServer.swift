@@ -19,10 +19,8 @@ final class RequestServer: Sendable {
     private struct State {
         var waiting = Deque<Frame>()
         var waitingBytes = 0
-        /// Tasks serving this connection now, by serial (`nil` while ``accept(_:send:)``
-        /// starts it).
-        var running: [UInt64: Task<Void, Never>?] = [:]
-        var nextSerial: UInt64 = 0
+        /// Tasks serving this connection now, by serial (their token: found without hashing).
+        var running = TokenTable<Runner>()
         var closed = false
         /// Runs once a waiting request is taken (the receive path stopped reading).
         var roomHandler: (@Sendable () -> Void)?
@@ -36,8 +34,8 @@ final class RequestServer: Sendable {
     private let limit: ConnectionOptions.BufferLimit
     private let executor: (any TaskExecutor)?
     private let lock = ConditionLock()
-    /// Guarded by `lock`.
-    private nonisolated(unsafe) var state = State()
+    /// Guarded by `lock`, so the dynamic exclusivity checks (a runtime call per access) are left out.
+    @exclusivity(unchecked) private nonisolated(unsafe) var state = State()
 
     /// - Parameter executor: where the tasks run; `nil` for Swift's global executor.
     init(handler: @escaping RequestHandler, concurrency: Int, limit: ConnectionOptions.BufferLimit, executor: (any TaskExecutor)?) {
@@ -46,6 +44,12 @@ final class RequestServer: Sendable {
         self.concurrency = concurrency
         self.limit = limit
         self.executor = executor
+    }
+
+    /// A task serving this connection: being started by ``accept(_:send:)``, or started.
+    private enum Runner {
+        case starting
+        case started(Task<Void, Never>)
     }
 
     /// What ``accept(_:send:)`` does with a request.
@@ -71,10 +75,7 @@ final class RequestServer: Sendable {
                 state.waitingBytes += request.payload.count
                 return .queued(full: isFull)
             }
-            let serial = state.nextSerial
-            state.nextSerial &+= 1
-            state.running[serial] = .some(nil)
-            return .start(serial)
+            return .start(state.running.insert(.starting))
         }
         guard case .start(let serial) = admission else {
             if case .queued(full: true) = admission { return true }
@@ -87,7 +88,7 @@ final class RequestServer: Sendable {
         let cancel: Bool = lock.withLock {
             // A task that finished already has given its slot back.
             guard state.running[serial] != nil else { return false }
-            state.running[serial] = task
+            state.running[serial] = .started(task)
             return state.closed
         }
         if cancel { task.cancel() }
@@ -113,7 +114,7 @@ final class RequestServer: Sendable {
             state.waitingBytes = 0
             state.roomHandler = nil
             state.send = nil
-            return state.running.values.compactMap { $0 }
+            return state.running.values.compactMap { if case .started(let task) = $0 { task } else { nil } }
         }
         for task in running { task.cancel() }
     }
@@ -126,7 +127,7 @@ final class RequestServer: Sendable {
             var room: (@Sendable () -> Void)?
             let next: Frame? = lock.withLock {
                 guard !state.closed, let next = state.waiting.popFirst() else {
-                    state.running[serial] = nil
+                    state.running.remove(serial)
                     return nil
                 }
                 state.waitingBytes -= next.payload.count

@@ -17,11 +17,12 @@ import IPCCore
 /// blocks its thread holds it, as on Swift's global executor, whose pool is as wide. Measured
 /// against that executor in `Reports/engine-costs` ("Serving threads").
 public final class ServingExecutor: TaskExecutor, @unchecked Sendable {
-    // @unchecked: `jobs` and `idle` are used only with `lock` held.
+    // @unchecked: `jobs` and `idle` are used only with `lock` held, which is also why their
+    // dynamic exclusivity checks (a runtime call per access) are left out.
     private let lock = ConditionLock()
-    private var jobs = Deque<UnownedJob>()
+    @exclusivity(unchecked) private var jobs = Deque<UnownedJob>()
     /// Threads waiting on `lock`'s condition for a job.
-    private var idle = 0
+    @exclusivity(unchecked) private var idle = 0
 
     /// The process's serving threads, or `nil` if the kernel refused the first of them (the
     /// handlers then run on Swift's global executor).

@@ -14,13 +14,14 @@ public typealias UnixSocketConnection = EngineConnection
 final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     // @unchecked: the reassembler and `polled` are used on the event loop's thread only, and the header
     // buffer by one writer at a time (EngineChannel's contract); everything else is immutable.
+    // For the same reasons the two variables go without dynamic exclusivity checks.
 
     let descriptor: FileDescriptor
     private let encoding: Encoding
     private let reassembler: any FrameReassembling
     /// The HTTP encoder's header for the frame being written, encoded again into the same
     /// storage each time (``write(_:from:)`` runs on one thread at a time).
-    private var headerBuffer: [UInt8] = []
+    @exclusivity(unchecked) private var headerBuffer: [UInt8] = []
 
     /// Each framing's encoder by its concrete type, so no call goes through an existential (an
     /// existential encoder's generic `withEncodedHeader` instantiates type metadata at run time on
@@ -53,7 +54,7 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
     }
 
     /// What ``pollWhileSpinning()`` read, for the next ``readAvailable()``.
-    private var polled = PolledRead()
+    @exclusivity(unchecked) private var polled = PolledRead()
 
     func startPollingWhileSpinning() -> Bool { true }
 
