@@ -3,6 +3,10 @@ import Synchronization
 
 /// The requests a connection has sent and not yet had answered, keyed by correlation id.
 ///
+/// A correlation id is the request's token in a ``TokenTable`` (a slot's index plus one in the
+/// low 32 bits, the slot's reuse count in the high 32): found without hashing, and a late reply
+/// to a request that ended finds nothing even once its slot holds a newer request.
+///
 /// Every transport that offers request/reply uses it, so correlation, timeouts and failure on
 /// invalidation behave the same everywhere. A request is registered *before* it is sent, so a
 /// reply that overtakes the waiting task is kept, not lost.
@@ -21,8 +25,8 @@ package final class RequestTable: Sendable {
         case finished(Result<[UInt8], IPCError>)
     }
 
-    /// One request: its slot, and once it is waited for, its receive deadline. One dictionary,
-    /// so that a request costs four lookups by correlation from register to reply.
+    /// One request: its slot, and once it is waited for, its receive deadline. Updated in
+    /// place (``TokenTable/update(_:_:)``): a copy of an entry retains what its slot holds.
     private struct Entry {
         var slot: Slot
         /// Monotonic nanoseconds, and the timeout it came from (for the error's message).
@@ -30,8 +34,7 @@ package final class RequestTable: Sendable {
     }
 
     private struct State {
-        var nextCorrelation: UInt64 = 1
-        var entries: [UInt64: Entry] = [:]
+        var entries = TokenTable<Entry>()
         /// The earliest wake-up armed with the scheduler, if any.
         var armedWake: UInt64?
         /// Set once the connection is invalid: every later request fails at once with it.
@@ -40,17 +43,20 @@ package final class RequestTable: Sendable {
         /// Removes the request's entry and returns its continuation if one waits; if it waits
         /// without one yet, keeps `result` for it instead. `nil`: no such request waits.
         mutating func finish(_ correlation: UInt64, with result: Result<[UInt8], IPCError>) -> UnsafeContinuation<[UInt8], any Error>?? {
-            guard let index = entries.index(forKey: correlation) else { return nil }
-            switch entries.values[index].slot {
-            case .waiting(let continuation?):
-                entries.remove(at: index)
-                return .some(continuation)
-            case .waiting(nil):
-                entries.values[index].slot = .finished(result)
-                return .some(nil)
-            case .finished:
-                return nil
+            let found: UnsafeContinuation<[UInt8], any Error>??? = entries.update(correlation) { entry in
+                switch entry.slot {
+                case .waiting(let continuation?):
+                    return .some(continuation)
+                case .waiting(nil):
+                    entry.slot = .finished(result)
+                    return .some(nil)
+                case .finished:
+                    return nil
+                }
             }
+            guard let found, let outcome = found else { return nil }
+            if outcome != nil { entries.remove(correlation) }
+            return outcome
         }
     }
 
@@ -69,17 +75,13 @@ package final class RequestTable: Sendable {
     package func register() throws -> UInt64 {
         try state.withLock { state in
             if let closed = state.closedWith { throw closed }
-            let correlation = state.nextCorrelation
-            state.nextCorrelation &+= 1
-            if state.nextCorrelation == 0 { state.nextCorrelation = 1 }
-            state.entries[correlation] = Entry(slot: .waiting(nil))
-            return correlation
+            return state.entries.insert(Entry(slot: .waiting(nil)))
         }
     }
 
     /// Forgets a request whose send failed.
     package func cancel(_ correlation: UInt64) {
-        _ = state.withLock { $0.entries.removeValue(forKey: correlation) }
+        _ = state.withLock { $0.entries.remove(correlation) }
     }
 
     /// Waits for the reply to a registered request. Under a spinning `strategy` the calling
@@ -94,8 +96,7 @@ package final class RequestTable: Sendable {
         }
         let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
         let arm: Bool = state.withLock { state in
-            guard let index = state.entries.index(forKey: correlation) else { return false }
-            state.entries.values[index].deadline = (deadline, timeout)
+            guard state.entries.update(correlation, { $0.deadline = (deadline, timeout) }) != nil else { return false }
             guard state.armedWake.map({ deadline < $0 }) ?? true else { return false }
             state.armedWake = deadline
             return true
@@ -104,23 +105,24 @@ package final class RequestTable: Sendable {
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
                 let finished: Result<[UInt8], any Error>? = state.withLock { state in
-                    guard let index = state.entries.index(forKey: correlation) else {
+                    // `nil`: stored, the request waits; otherwise its outcome, and it ends here.
+                    let outcome: Result<[UInt8], any Error>?? = state.entries.update(correlation) { entry in
+                        switch entry.slot {
+                        case .finished(let result):
+                            return result.mapError { $0 }
+                        case .waiting:
+                            // Cancelled before the continuation was stored: the cancellation handler
+                            // found nothing to resume, so the request ends here.
+                            if Task.isCancelled { return .failure(CancellationError()) }
+                            entry.slot = .waiting(continuation)
+                            return nil
+                        }
+                    }
+                    guard let outcome else {
                         return .failure(IPCError(code: .receiveTimeout, message: "request \(correlation) is no longer pending"))
                     }
-                    switch state.entries.values[index].slot {
-                    case .finished(let result):
-                        state.entries.remove(at: index)
-                        return result.mapError { $0 }
-                    case .waiting:
-                        // Cancelled before the continuation was stored: the cancellation handler
-                        // found nothing to resume, so the request ends here.
-                        if Task.isCancelled {
-                            state.entries.remove(at: index)
-                            return .failure(CancellationError())
-                        }
-                        state.entries.values[index].slot = .waiting(continuation)
-                        return nil
-                    }
+                    if outcome != nil { state.entries.remove(correlation) }
+                    return outcome
                 }
                 if let finished { continuation.resume(with: finished) }
             }
@@ -134,20 +136,22 @@ package final class RequestTable: Sendable {
     /// The outcome of a request that has one, which is then forgotten.
     package func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
         state.withLock { state in
-            guard let index = state.entries.index(forKey: correlation),
-                case .finished(let result) = state.entries.values[index].slot
-            else { return nil }
-            state.entries.remove(at: index)
+            guard case .finished(let result)?? = state.entries.update(correlation, { entry -> Slot? in
+                if case .finished = entry.slot { entry.slot }
+                else { nil }
+            }) else { return nil }
+            state.entries.remove(correlation)
             return result
         }
     }
 
     private func takeContinuation(_ correlation: UInt64) -> UnsafeContinuation<[UInt8], any Error>? {
         state.withLock { state in
-            guard let index = state.entries.index(forKey: correlation),
-                case .waiting(let continuation?) = state.entries.values[index].slot
-            else { return nil }
-            state.entries.remove(at: index)
+            guard case .waiting(let continuation?)?? = state.entries.update(correlation, { entry -> Slot? in
+                if case .waiting(_?) = entry.slot { entry.slot }
+                else { nil }
+            }) else { return nil }
+            state.entries.remove(correlation)
             return continuation
         }
     }
@@ -164,7 +168,7 @@ package final class RequestTable: Sendable {
         var expired: [(UInt64, Duration)] = []
         let next: UInt64? = state.withLock { state in
             var next: UInt64?
-            for (correlation, entry) in state.entries {
+            for (correlation, entry) in state.entries.tokensAndValues {
                 guard let deadline = entry.deadline else { continue }
                 if deadline.at <= now {
                     expired.append((correlation, deadline.timeout))
@@ -172,7 +176,7 @@ package final class RequestTable: Sendable {
                     next = min(next ?? .max, deadline.at)
                 }
             }
-            for (correlation, _) in expired { state.entries[correlation]?.deadline = nil }
+            for (correlation, _) in expired { state.entries.update(correlation) { $0.deadline = nil } }
             // Keep an earlier wake that is still armed; otherwise this call arms the next one.
             if let armed = state.armedWake, armed > now, let next, armed <= next { return nil }
             state.armedWake = next
@@ -198,8 +202,8 @@ package final class RequestTable: Sendable {
         let waiting: [UnsafeContinuation<[UInt8], any Error>] = state.withLock { state in
             state.closedWith = error
             var continuations: [UnsafeContinuation<[UInt8], any Error>] = []
-            for correlation in Array(state.entries.keys) {
-                state.entries[correlation]?.deadline = nil
+            for (correlation, _) in state.entries.tokensAndValues {
+                state.entries.update(correlation) { $0.deadline = nil }
                 if case let continuation?? = state.finish(correlation, with: .failure(error)) {
                     continuations.append(continuation)
                 }

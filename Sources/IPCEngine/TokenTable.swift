@@ -57,6 +57,20 @@ package struct TokenTable<Value> {
         }
     }
 
+    /// Runs `body` on the value stored under `token`, in place (no copy of it is made), and
+    /// returns what it returns; `nil`, without running it, if the token is no longer held.
+    package mutating func update<Result>(_ token: UInt64, _ body: (inout Value) throws -> Result) rethrows -> Result? {
+        guard let index = index(of: token), slots[index].value != nil else { return nil }
+        return try body(&slots[index].value!)
+    }
+
+    /// Every token held with its value, in slot order.
+    package var tokensAndValues: [(token: UInt64, value: Value)] {
+        slots.indices.compactMap { index in
+            slots[index].value.map { (UInt64(slots[index].generation) << 32 | UInt64(index + 1), $0) }
+        }
+    }
+
     /// Removes and returns the value stored under `token`, if it is still held.
     @discardableResult
     package mutating func remove(_ token: UInt64) -> Value? {
