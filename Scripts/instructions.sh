@@ -14,9 +14,11 @@
 #
 #   Scripts/instructions.sh [--output DIR] [--check FILE] [--update FILE]
 #     --output  writes instructions.json and instructions.md there (default: a temporary folder)
-#     --check   exits 1 if a count is above its threshold in FILE (JSON: name -> instructions)
+#     --check   exits 1 if a count is above its threshold in FILE (JSON: name -> instructions), 3
+#               if FILE does not exist; any other failure (build, valgrind) exits non-zero too
 #     --update  writes FILE: each count plus 10 %, the margin for the client's spread (about 3 %)
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 output="" check="" update=""
@@ -35,7 +37,13 @@ output=${output:-$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-XXXXXX")}
 mkdir -p "$output"
 output=$(cd "$output" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-work-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# Servers still running (an interrupted or failed count) are stopped before their folder goes.
+cleanup() {
+    [ -f "$work/servers" ] && while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$work/servers"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 (cd Benchmarks && swift build -c release --product round-trip-instructions >&2)
 binary="$work/round-trip-instructions"
@@ -47,13 +55,14 @@ count() {
     group=$(mktemp -d "$work/group-XXXXXX")
     valgrind --tool=callgrind --callgrind-out-file="$group/server.out" "$binary" serve "$group" "$handler" > "$group/server.log" 2>&1 &
     local server=$!
+    echo "$server" >> "$work/servers"
     # The client starts once the socket is there, so no retry adds to its count.
     local waited=0
     while [ ! -S "$group/echo.sock" ]; do
         sleep 0.05
         waited=$((waited + 1))
         if [ "$waited" -gt 1200 ] || ! kill -0 "$server" 2>/dev/null; then
-            echo "the server did not start:" >&2; cat "$group/server.log" >&2; return 1
+            echo "the server did not start:" >&2; cat "$group/server.log" >&2; kill "$server" 2>/dev/null; return 1
         fi
     done
     if ! valgrind --tool=callgrind --callgrind-out-file="$group/client.out" "$binary" client "$group" "$trips" 64 > "$group/client.log" 2>&1; then
@@ -68,7 +77,9 @@ results="$work/results.txt"
 for handler in on-loop task; do
     echo "== instructions per round trip: unix-socket binary 64 B, $handler handler (callgrind, 3 pairs)" >&2
     for pair in 1 2 3; do
-        echo "$handler $(count "$handler" 1000) $(count "$handler" 5000)" >> "$results"
+        short=$(count "$handler" 1000)
+        long=$(count "$handler" 5000)
+        echo "$handler $short $long" >> "$results"
     done
 done
 
@@ -98,7 +109,11 @@ if update:
     print(f"wrote {update}", file=sys.stderr)
 status = 0
 if check:
-    thresholds = json.load(open(check))
+    try:
+        thresholds = json.load(open(check))
+    except FileNotFoundError:
+        print(f"no thresholds file {check} (this Swift version has none yet): make it with --update {check}", file=sys.stderr)
+        sys.exit(3)
     for name, row in rows.items():
         limit = thresholds.get(name)
         if limit is None:
