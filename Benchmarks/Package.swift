@@ -5,8 +5,10 @@
 //   swift package benchmark                                   run every suite (from this folder)
 //   swift package benchmark thresholds check --path Thresholds/6.3 --metric mallocCountTotal
 //
-// The Google Benchmark cross-check of the native floor is in FloorCrossCheck/ (make), and
-// Scripts/benchmarks.sh at the top of the repository runs both.
+// The Google Benchmark cross-check of the native floor is in FloorCrossCheck/ (make), the
+// instruction counter in RoundTripInstructions/ (a package of its own: the benchmark plugin runs
+// every executable here as a suite), and Scripts/benchmarks.sh at the top of the repository
+// runs all three.
 import PackageDescription
 
 let package = Package(
@@ -31,13 +33,6 @@ let package = Package(
         suite("SecureCodingBenchmarks", measuring: ["IPCCore", "IPCSecureCoding"]),
         // Request/reply through the connection engine, both ends in one process.
         suite("EngineBenchmarks", measuring: ["IPCCore", "UnixSocketTransport", "NotifyTransport"]),
-        // Instructions per round trip between two processes, counted by callgrind
-        // (Scripts/benchmarks.sh): not a package-benchmark suite (valgrind cannot run an async main).
-        .executableTarget(
-            name: "round-trip-instructions",
-            dependencies: [.product(name: "IPCCore", package: "ipcbench"), .product(name: "UnixSocketTransport", package: "ipcbench")],
-            path: "RoundTripInstructions"
-        ),
     ],
     swiftLanguageModes: [.v6]
 )

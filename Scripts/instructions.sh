@@ -45,9 +45,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-(cd Benchmarks && swift build -c release --product round-trip-instructions >&2)
+swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
 binary="$work/round-trip-instructions"
-strip --strip-debug -o "$binary" "Benchmarks/.build/release/round-trip-instructions"
+strip --strip-debug -o "$binary" "Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions"
 
 # count HANDLER ROUND_TRIPS: runs a server and a client under callgrind; prints "server client".
 count() {
