@@ -15,7 +15,7 @@ import IPCCore
 /// One thread per online CPU, at least two, started when the process first serves with it.
 /// A job runs until it suspends: a handler that suspends (`await`) frees its thread, one that
 /// blocks its thread holds it, as on Swift's global executor, whose pool is as wide. Measured
-/// against that executor in `Reports/engine-costs` ("Serving threads").
+/// against that executor in `Reports/serving-threads`.
 public final class ServingExecutor: TaskExecutor, @unchecked Sendable {
     // @unchecked: `jobs` and `idle` are used only with `lock` held, which is also why their
     // dynamic exclusivity checks (a runtime call per access) are left out.
