@@ -112,10 +112,13 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         try self.sendFrame(frame, timeout: replySendTimeout)
     }
     /// What ``ConnectionOptions/requestHandler``'s tasks reply with: a send that suspends
-    /// while the peer's buffer is full. Strong: the request server lets go of it when the
-    /// connection finishes. Made the first time a request is served (loop thread).
-    private lazy var taskResponder: @Sendable (Frame) async throws -> Void = { [self] frame in
-        if let rest = try startSending(frame) { try await finishSending(rest, timeout: replySendTimeout) }
+    /// while the peer's buffer is full. Made once, the first time a request is served, and kept
+    /// by the request server only: strong, it would keep this connection for good if the
+    /// connection kept it too; the server lets go of it when the connection finishes.
+    private func makeTaskResponder() -> RequestServer.ReplySender {
+        { [self] frame in
+            if let rest = try startSending(frame) { try await finishSending(rest, timeout: replySendTimeout) }
+        }
     }
 
     /// Serves `channel` on `loop` (the process's shared loop by default) from now on.
@@ -188,12 +191,14 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     }
 
     /// Forwards readiness to the connection. The loop's table keeps the handler and the handler
-    /// the connection, until invalidation deregisters it: a connection lives while it is valid,
-    /// whether or not its user keeps a reference (as a socket lives until it is closed). A weak
+    /// the connection, until invalidation deregisters it and lets go of the connection (which
+    /// keeps the handler too): a connection lives while it is valid, whether or not its user
+    /// keeps a reference (as a socket lives until it is closed). A weak
     /// reference would be cheaper to reason about and dearer to run: it gives the connection a
     /// side table, and every retain and release of it then takes the runtime's slow path.
     private final class ReadinessHandler: EventHandler, @unchecked Sendable {
-        // @unchecked: set once, before the registration can report anything that uses it.
+        // @unchecked: set before the registration can report anything that uses it, and
+        // cleared on the loop's thread, where it is used, when the connection finishes.
         var connection: EngineConnection?
         /// The channel, when the spinning loop polls it. Held here, not reached through the
         /// connection: the connection has weak references, so each retain of it takes the
@@ -370,6 +375,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         guard !finished else { return }
         finished = true
         readiness.probing = false
+        // The connection and its handler keep each other: this ends the cycle.
+        readiness.connection = nil
         core.finish(reason) {
             eventLoop.deregister(token)
             if let writeToken { eventLoop.deregister(writeToken) }
@@ -474,7 +481,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                     if case .owned(let frame) = next {
                         full = core.dispatch(
                             frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder }, offered: true,
-                            taskResponder: { self.taskResponder }
+                            taskResponder: { self.makeTaskResponder() }
                         )
                     }
                     if finished || !core.latch.isValid { return endedByFrame() }
@@ -488,7 +495,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             while let frame = try channel.nextFrame() {
                 let full = core.dispatch(
                     frame, replyNow: { try sendFrame($0, timeout: replySendTimeout) }, responder: { responder },
-                    taskResponder: { self.taskResponder }
+                    taskResponder: { self.makeTaskResponder() }
                 )
                 if finished || !core.latch.isValid { return endedByFrame() }
                 if full {

@@ -6,8 +6,11 @@ import IPCCore
 /// (and, with the serial default, only that connection's later requests), never another one.
 ///
 /// Up to ``ConnectionOptions/maximumConcurrentRequests`` requests are handled at once; one
-/// task serves them one after another while more wait, so a serial connection makes one task
-/// per burst, not one per request. Requests beyond the bound wait here, counted against
+/// task serves them one after another while more wait. A task that finds nothing waiting is
+/// kept, suspended, for the connection's next request, and ends when the connection does: a
+/// serial connection makes one task in its life, not one per request (making and freeing a
+/// task cost about 4,000 instructions a request, `Scripts/instructions.sh`). Requests beyond
+/// the bound wait here, counted against
 /// ``ConnectionOptions/messageBufferLimit``: once that much waits, ``accept(_:send:)``
 /// says so and the receive path stops reading the connection until a handler takes one
 /// (``whenRoom(_:)``), so a peer that sends faster than its handlers answer cannot make the
@@ -21,6 +24,8 @@ final class RequestServer: Sendable {
         var waitingBytes = 0
         /// Tasks serving this connection now, by serial (their token: found without hashing).
         var running = TokenTable<Runner>()
+        /// Tasks of `running` that wait, suspended, for a request (most recently parked last).
+        var parked: [UnsafeContinuation<Frame?, Never>] = []
         var closed = false
         /// Runs once a waiting request is taken (the receive path stopped reading).
         var roomHandler: (@Sendable () -> Void)?
@@ -59,6 +64,8 @@ final class RequestServer: Sendable {
         case queued(full: Bool)
         /// A task starts for it, with this serial.
         case start(UInt64)
+        /// A parked task takes it.
+        case resume(UnsafeContinuation<Frame?, Never>)
     }
 
     private var isFull: Bool { state.waiting.count >= limit.messages || state.waitingBytes >= limit.bytes }
@@ -70,6 +77,7 @@ final class RequestServer: Sendable {
         let admission: Admission = lock.withLock {
             guard !state.closed else { return .closed }
             if state.send == nil { state.send = send() }
+            if let parked = state.parked.popLast() { return .resume(parked) }
             guard state.running.count < concurrency else {
                 state.waiting.append(request)
                 state.waitingBytes += request.payload.count
@@ -77,9 +85,14 @@ final class RequestServer: Sendable {
             }
             return .start(state.running.insert(.starting))
         }
-        guard case .start(let serial) = admission else {
-            if case .queued(full: true) = admission { return true }
+        let serial: UInt64
+        switch admission {
+        case .closed, .queued(full: false): return false
+        case .queued(full: true): return true
+        case .resume(let parked):
+            parked.resume(returning: request)
             return false
+        case .start(let started): serial = started
         }
         // Started with the lock released: the thread that runs it may run at once (on one
         // core, the woken thread preempts this one) and would otherwise find the lock held,
@@ -108,37 +121,49 @@ final class RequestServer: Sendable {
     /// The connection ended: cancels the running handlers (their replies are not sent), drops
     /// the waiting requests, and lets go of the reply sender.
     func close() {
-        let running: [Task<Void, Never>] = lock.withLock {
+        let (running, parked): ([Task<Void, Never>], [UnsafeContinuation<Frame?, Never>]) = lock.withLock {
             state.closed = true
             state.waiting.removeAll()
             state.waitingBytes = 0
             state.roomHandler = nil
             state.send = nil
-            return state.running.values.compactMap { if case .started(let task) = $0 { task } else { nil } }
+            defer { state.parked.removeAll() }
+            return (state.running.values.compactMap { if case .started(let task) = $0 { task } else { nil } }, state.parked)
         }
         for task in running { task.cancel() }
+        // A parked task ends.
+        for task in parked { task.resume(returning: nil) }
     }
 
-    /// One task's life: the request it was made for, then whatever waits, until nothing does.
+    /// One task's life: the request it was made for, then whatever waits; when nothing does,
+    /// it parks until ``accept(_:send:)`` hands it the next request, or ``close()`` ends it.
     private func serve(_ first: Frame, serial: UInt64) async {
         var request = first
         while true {
             await answer(request)
-            var room: (@Sendable () -> Void)?
-            let next: Frame? = lock.withLock {
-                guard !state.closed, let next = state.waiting.popFirst() else {
-                    state.running.remove(serial)
-                    return nil
+            let next: Frame? = await withUnsafeContinuation { parking in
+                var room: (@Sendable () -> Void)?
+                let next: Frame?? = lock.withLock {
+                    guard !state.closed else { return .some(nil) }
+                    guard let next = state.waiting.popFirst() else {
+                        state.parked.append(parking)
+                        return nil
+                    }
+                    state.waitingBytes -= next.payload.count
+                    if !isFull {
+                        room = state.roomHandler
+                        state.roomHandler = nil
+                    }
+                    return next
                 }
-                state.waitingBytes -= next.payload.count
-                if !isFull {
-                    room = state.roomHandler
-                    state.roomHandler = nil
-                }
-                return next
+                room?()
+                if let next { parking.resume(returning: next) }
             }
-            room?()
-            guard let next else { return }
+            guard let next else {
+                // The connection ended (while this task answered or was parked).
+                lock.withLock { _ = state.running.remove(serial) }
+                return
+            }
             request = next
         }
     }

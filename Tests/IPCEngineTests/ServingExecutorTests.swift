@@ -75,4 +75,87 @@ struct ServingExecutorTests {
         #expect(observed.name.hasPrefix("ipc-serve-"), "\(observed.name)")
         #expect(!observed.onLoop)
     }
+
+    /// Set when a ``Held`` goes away.
+    private final class Released: Sendable {
+        let value = Atomic<Bool>(false)
+    }
+
+    /// Something a handler holds; its end says nothing kept the handler alive.
+    private final class Held: Sendable {
+        let released: Released
+        init(_ released: Released) { self.released = released }
+        deinit { released.value.store(true, ordering: .sequentiallyConsistent) }
+    }
+
+    @Test(
+        "a connection that ends is freed with its handler, whether it served no request or its handler's task waits for the next one",
+        arguments: [0, 5]
+    )
+    func endedConnectionIsFreed(requests: Int) async throws {
+        let released = Released()
+        nonisolated(unsafe) weak var ended: EngineConnection?
+        do {
+            let held = Held(released)
+            let (channel, peer) = try PairPeer.make(sendBuffer: nil)
+            let connection = try EngineConnection(channel: channel, peer: nil, options: .defaults {
+                $0.requestHandler = { _, payload in
+                    _ = held
+                    return payload
+                }
+            })
+            ended = connection
+            for index in 0..<requests {
+                let correlation = UInt64(index + 1)
+                peer.send(Frame(kind: .request, msgid: 1, correlation: correlation, payload: [UInt8(index)]))
+                let reply = try #require(await blocking { peer.readFrame() })
+                #expect(reply.kind == .reply && reply.correlation == correlation && reply.payload == [UInt8(index)])
+            }
+            // The task that answered waits for another request now; the connection ends instead.
+            connection.invalidate()
+            peer.close()
+        }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while ended != nil || !released.value.load(ordering: .sequentiallyConsistent), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        #expect(ended == nil, "the connection outlived its end")
+        let handlerFreed = released.value.load(ordering: .sequentiallyConsistent)
+        #expect(handlerFreed, "the handler outlived its connection")
+    }
+
+    @Test("requests up to the concurrency bound run at once, in a second burst as in the first (the kept tasks take them)")
+    func keptTasksServeConcurrently() async throws {
+        let arrived = Mutex(0)
+        let (channel, peer) = try PairPeer.make(sendBuffer: nil)
+        let connection = try EngineConnection(channel: channel, peer: nil, options: .defaults {
+            $0.maximumConcurrentRequests = 3
+            // Each handler waits until all three of its burst are running: they must run at once.
+            $0.requestHandler = { _, payload in
+                let burst = arrived.withLock { count in
+                    count += 1
+                    return (count + 2) / 3
+                }
+                let deadline = ContinuousClock.now + .seconds(30)
+                while arrived.withLock({ $0 }) < burst * 3 {
+                    guard ContinuousClock.now < deadline else { throw CancellationError() }
+                    try await Task.sleep(for: .milliseconds(1))
+                }
+                return payload
+            }
+        })
+        defer { connection.invalidate(); peer.close() }
+        for burst: UInt64 in 0..<2 {
+            for index: UInt64 in 1...3 {
+                peer.send(Frame(kind: .request, msgid: 2, correlation: burst * 3 + index, payload: [UInt8(index)]))
+            }
+            var answered: Set<UInt64> = []
+            for _ in 0..<3 {
+                let reply = try #require(await blocking { peer.readFrame() })
+                #expect(reply.kind == .reply, "burst \(burst): \(String(decoding: reply.payload, as: UTF8.self))")
+                answered.insert(reply.correlation)
+            }
+            #expect(answered == Set((1...3).map { burst * 3 + $0 }))
+        }
+    }
 }
