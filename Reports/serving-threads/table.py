@@ -11,6 +11,10 @@ prefix = sys.argv[1] if len(sys.argv) > 1 else "ab"
 runs = {v: [json.load(open(os.path.join(here, f"{prefix}-{v}-{r}.json")))["latency"] for r in (1, 2, 3)] for v in ("before", "after")}
 same_work = {"unix-socket": ["floor:unix-stream+epoll+handoff"], "notify": ["floor:eventfd+epoll", "floor:eventfd+io_uring"],
              "message-port": ["floor:mqueue+epoll"], "file-presenter": ["floor:journal"]}
+# Each transport's own hand-off floor where a file has it (runs since notify's and message-port's
+# were added), else unix-socket's, the only one these files have.
+hand_off = {"unix-socket": "floor:unix-stream+epoll+handoff", "notify": "floor:eventfd+epoll+handoff",
+            "message-port": "floor:mqueue+epoll+handoff"}
 
 
 def find(rows, transport, framing, placement, size, handler=None):
@@ -40,7 +44,7 @@ for transport, framing in (("unix-socket", "binary"), ("unix-socket", "http"), (
                         continue
                     p50.append(row["p50"] / 1000)
                     switches.append(row["localContextSwitchesPerRoundTrip"] + row["peerContextSwitchesPerRoundTrip"])
-                    floor = find(rows, "floor:unix-stream+epoll+handoff", None, placement, size)
+                    floor = find(rows, hand_off.get(transport, ""), None, placement, size) or find(rows, "floor:unix-stream+epoll+handoff", None, placement, size)
                     if floor:
                         handoff.append(row["p50"] / floor["p50"])
                     floors = [f["p50"] for f in (find(rows, name, None, placement, size) for name in same_work[transport]) if f]

@@ -35,6 +35,8 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_UNIX_STREAM_IO_URING: return &nf_unix_stream_operations;
     case NF_EVENTFD_IO_URING: return &nf_eventfd_operations;
     case NF_MQUEUE_POLL: return &nf_mqueue_operations;
+    case NF_EVENTFD_EPOLL_HANDOFF: return &nf_eventfd_operations;
+    case NF_MQUEUE_EPOLL_HANDOFF: return &nf_mqueue_operations;
     }
     return NULL;
 }
@@ -90,9 +92,22 @@ static int poll_until_readable(nf_channel *channel, int fd, bool blocking) {
     }
 }
 
-/// Whether every wait for a stream or queue message goes through epoll first.
+/// Whether every wait for a stream or queue message goes through epoll first (eventfd+epoll's
+/// waits are in its receive: the doorbell, not the message, is what epoll watches).
 static bool waits_through_epoll(nf_mechanism mechanism) {
-    return mechanism == NF_UNIX_STREAM_EPOLL || mechanism == NF_MQUEUE_EPOLL || mechanism == NF_UNIX_STREAM_EPOLL_HANDOFF;
+    return mechanism == NF_UNIX_STREAM_EPOLL || mechanism == NF_MQUEUE_EPOLL || mechanism == NF_UNIX_STREAM_EPOLL_HANDOFF
+        || mechanism == NF_MQUEUE_EPOLL_HANDOFF;
+}
+
+/// Whether the responder hands each request to a worker thread that sends the echo
+/// (serve_handing_off).
+static bool hands_off(nf_mechanism mechanism) {
+    return mechanism == NF_UNIX_STREAM_EPOLL_HANDOFF || mechanism == NF_EVENTFD_EPOLL_HANDOFF || mechanism == NF_MQUEUE_EPOLL_HANDOFF;
+}
+
+/// Whether the channel is a pair of POSIX message queues (its names are queue names).
+static bool uses_queues(nf_mechanism mechanism) {
+    return operations_for(mechanism) == &nf_mqueue_operations;
 }
 
 /// The epoll instance every wait goes through, watching `fd` for input: made at the first wait.
@@ -175,6 +190,8 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_UNIX_STREAM_IO_URING: return "unix-stream+io_uring";
     case NF_EVENTFD_IO_URING: return "eventfd+io_uring";
     case NF_MQUEUE_POLL: return "mqueue+poll";
+    case NF_EVENTFD_EPOLL_HANDOFF: return "eventfd+epoll+handoff";
+    case NF_MQUEUE_EPOLL_HANDOFF: return "mqueue+epoll+handoff";
     }
     return NULL;
 }
@@ -259,9 +276,12 @@ static int sink_stream(nf_channel *channel, const struct nf_operations *operatio
     return operations->send(channel, 0, NULL);
 }
 
-/// NF_UNIX_STREAM_EPOLL_HANDOFF: the worker thread that writes the echoes, and what the loop
-/// thread hands it. One request is outstanding at a time (the initiator waits for each echo),
-/// so the request stays in the channel's buffer until the worker has written its echo.
+/// The hand-off floors (unix-stream, eventfd and mqueue +epoll+handoff): the worker thread that
+/// sends the echoes, and what the loop thread hands it. One request is outstanding at a time
+/// (the initiator waits for each echo), so the request stays in the channel's buffer until the
+/// worker has sent its echo, and the loop's next receive starts only after that send: the two
+/// threads never use the channel's send and receive state (scratch buffer, sequence numbers)
+/// at the same time.
 struct handoff {
     nf_channel *channel;
     const struct nf_operations *operations;
@@ -341,7 +361,7 @@ int nf_responder_serve(nf_channel *channel) {
         return -1;
     }
     if (operations->accept != NULL && operations->accept(channel) != 0) return -1;
-    if (channel->mechanism == NF_UNIX_STREAM_EPOLL_HANDOFF) return serve_handing_off(channel, operations);
+    if (hands_off(channel->mechanism)) return serve_handing_off(channel, operations);
     for (;;) {
         uint32_t length;
         if (receive_message(channel, operations, &length, channel->buffer, channel->max_payload) != 0) return -1;
@@ -411,7 +431,7 @@ int nf_stream(nf_channel *channel, const void *payload, size_t length, size_t co
     const struct nf_operations *operations = operations_for(channel->mechanism);
     // A stream through epoll: the socket's (written and drained as an event loop does); the
     // queue's sender would block, so it has none; a one-way stream has nothing to hand over.
-    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && channel->mechanism != NF_MQUEUE_POLL && channel->mechanism != NF_UNIX_STREAM_EPOLL_HANDOFF
+    bool buffered = operations->buffered && channel->mechanism != NF_MQUEUE_EPOLL && channel->mechanism != NF_MQUEUE_POLL && !hands_off(channel->mechanism)
         && !waits_by_polling(channel->mechanism);
     // Batches are the event loop's gathering write, on the socket it writes without blocking.
     bool batches = batch <= 1 || channel->mechanism == NF_UNIX_STREAM_EPOLL;
@@ -433,7 +453,7 @@ void nf_remove_names(const nf_channel *channel) {
     for (int index = 0; index < NF_NAME_COUNT; index++) {
         const char *name = channel->names[index];
         if (name[0] == '\0') continue;
-        if (channel->mechanism == NF_MQUEUE || channel->mechanism == NF_MQUEUE_EPOLL || channel->mechanism == NF_MQUEUE_SPIN || channel->mechanism == NF_MQUEUE_POLL) {
+        if (uses_queues(channel->mechanism)) {
             mq_unlink(name);
         } else {
             unlink(name);

@@ -225,7 +225,7 @@ public struct LatencyRunner: Sendable {
                 for session in sessions { session.close() }
             }
             try startSessions(
-                phase.strategy, transports: phase.transports, placements: phase.placements, floors: plan.includeFloors,
+                phase.strategy, transports: phase.transports, placements: phase.placements, part: phase.part, floors: plan.includeFloors,
                 references: phase.references, group: group.directory, into: &sessions, skipped: &unstarted
             )
             guard !sessions.isEmpty else { continue }
@@ -269,9 +269,10 @@ public struct LatencyRunner: Sendable {
 
     /// Starts a session for every transport, framing and placement that `strategy` applies to
     /// (spinning only where the processes are on different cores and the transport can poll),
-    /// and the native floors under the transports if `floors` is set.
+    /// and the native floors under the transports if `floors` is set; of them, the ones `part`
+    /// says (``Phase/Part``).
     private func startSessions(
-        _ strategy: WaitStrategy, transports: [String], placements: [Placement], floors: Bool, references: Bool, group: GroupDirectory,
+        _ strategy: WaitStrategy, transports: [String], placements: [Placement], part: Phase.Part, floors: Bool, references: Bool, group: GroupDirectory,
         into sessions: inout [Session], skipped: inout [SkippedReference]
     ) throws {
         // The placements of each transport whose batched stream this phase measures.
@@ -279,16 +280,18 @@ public struct LatencyRunner: Sendable {
         for name in transports where !strategy.spins || TransportCatalog.supportsSpinning(name) {
             for framing in TransportCatalog.usesFraming(name) ? plan.framings.map(Optional.some) : [nil] {
                 for placement in placements where !strategy.spins || placement.spreadsProcesses {
-                    let session = try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: plan.mainServing, group: group)
-                    sessions.append(session.main)
-                    if plan.includeGlobalExecutor, !strategy.spins, framing ?? .binary == .binary, let global = session.global {
-                        sessions.append(global)
+                    if part != .onLoop {
+                        let session = try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: plan.mainServing, group: group)
+                        sessions.append(session.main)
+                        if plan.includeGlobalExecutor, !strategy.spins, framing ?? .binary == .binary, let global = session.global {
+                            sessions.append(global)
+                        }
+                        if plan.includeThroughput, plan.batchedStream > 1, !strategy.spins, framing ?? .binary == .binary, let batched = session.batched {
+                            sessions.append(batched)
+                            batchedPlacements[name, default: []].append(placement)
+                        }
                     }
-                    if plan.includeThroughput, plan.batchedStream > 1, !strategy.spins, framing ?? .binary == .binary, let batched = session.batched {
-                        sessions.append(batched)
-                        batchedPlacements[name, default: []].append(placement)
-                    }
-                    if plan.includeOnLoopHandler, plan.mainServing != .onLoop, !strategy.spins, framing ?? .binary == .binary {
+                    if part != .offLoop, plan.includeOnLoopHandler, plan.mainServing != .onLoop, !strategy.spins, framing ?? .binary == .binary {
                         sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: .onLoop, group: group).main)
                     }
                 }
@@ -317,15 +320,21 @@ public struct LatencyRunner: Sendable {
         }
         guard floors else { return }
         let base = transports.compactMap(FloorMechanism.init(transport:))
-        let handingOff = plan.mainServing == .task ? base.compactMap(\.handOff) : []
+        let handingOff = plan.mainServing == .task && part != .onLoop ? base.compactMap(\.handOff) : []
         // A mechanism's plain event-driven floors (epoll, io_uring) are the same work of rows
         // served on the loop; main rows served off it are compared with its hand-off floor. So
         // where there is a hand-off floor, they are measured only with the on-loop rows (--full).
-        let sameWork = base.flatMap { mechanism in
-            mechanism.handOff == nil || plan.mainServing != .task || plan.includeOnLoopHandler ? mechanism.sameWorkFloors : []
+        let sameWork = base.flatMap { mechanism -> [FloorMechanism] in
+            let mainRowsNeedThem = mechanism.handOff == nil || plan.mainServing != .task
+            switch part {
+            case .all: return mainRowsNeedThem || plan.includeOnLoopHandler ? mechanism.sameWorkFloors : []
+            case .offLoop: return mainRowsNeedThem ? mechanism.sameWorkFloors : []
+            case .onLoop: return mechanism.sameWorkFloors
+            }
         }
         // The io_uring floors only where the kernel allows io_uring (a note says when it does not).
-        let mechanisms = (strategy.spins ? base.compactMap(\.spinning) : base + sameWork + handingOff).filter(\.isAvailable)
+        let native = part == .onLoop ? [] : base
+        let mechanisms = (strategy.spins ? base.compactMap(\.spinning) : native + sameWork + handingOff).filter(\.isAvailable)
         for mechanism in orderedUnique(mechanisms) {
             for placement in placements where !mechanism.spins || placement.spreadsProcesses {
                 sessions.append(try floorSession(mechanism, placement: placement, waitStrategy: mechanism.spins ? strategy : .blocking, group: group))
@@ -365,6 +374,19 @@ public struct LatencyRunner: Sendable {
         /// Whether the reference systems of this phase's kind (blocking or spinning) run in it:
         /// the first blocking phase, and the first spinning one.
         var references = false
+        /// Which of its transports' sessions and floors the phase starts.
+        var part = Part.all
+
+        /// A phase's share of its transports' sessions and floors.
+        enum Part {
+            /// All of them.
+            case all
+            /// The rows served off the loop (main, global executor, batched stream) with the
+            /// native and hand-off floors.
+            case offLoop
+            /// The on-loop handler's rows with the plain event-driven floors, their same work.
+            case onLoop
+        }
     }
 
     /// The phases of a run: one per wait strategy, each with its own peers. With the floors,
@@ -373,6 +395,10 @@ public struct LatencyRunner: Sendable {
     /// a user's RLIMIT_MSGQUEUE (800 KiB, a cap that root in a user namespace cannot raise), so
     /// beside the other placement's, or other transports' peers, they could not all start. They
     /// run right after the other transports' blocking phase, each with its floors interleaved.
+    /// With the on-loop rows beside the main rows (served off the loop), a third mqueue floor is
+    /// measured (mqueue+epoll for the on-loop rows, mqueue+epoll+handoff for the main rows), which
+    /// does not fit either: each placement's phase is then two, the main rows with the native and
+    /// hand-off floors, then the on-loop rows with mqueue+epoll.
     func phases() -> [Phase] {
         let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
         var phases = plan.waitStrategies.flatMap { strategy -> [Phase] in
@@ -381,8 +407,9 @@ public struct LatencyRunner: Sendable {
                 return [Phase(strategy: strategy, transports: plan.transports, placements: placements)]
             }
             let others = plan.transports.filter { !queued.contains($0) }
+            let parts: [Phase.Part] = plan.includeOnLoopHandler && plan.mainServing == .task ? [.offLoop, .onLoop] : [.all]
             return (others.isEmpty ? [] : [Phase(strategy: strategy, transports: others, placements: placements)])
-                + placements.map { Phase(strategy: strategy, transports: queued, placements: [$0]) }
+                + placements.flatMap { placement in parts.map { Phase(strategy: strategy, transports: queued, placements: [placement], part: $0) } }
         }
         // The reference systems are measured interleaved with the first blocking phase's
         // transports, and the spinning ones with the first spinning phase's.

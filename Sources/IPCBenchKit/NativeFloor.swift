@@ -48,13 +48,20 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     case eventfdIoUring = "eventfd+io_uring"
     /// ``mqueue`` with a `poll` of the one queue descriptor before every receive.
     case mqueuePoll = "mqueue+poll"
+    /// ``eventfdEpoll`` with the responder's echo published and its doorbell rung by a second
+    /// thread, handed each request as ``unixStreamEpollHandoff`` hands it: notify's async handler
+    /// on the serving threads.
+    case eventfdEpollHandoff = "eventfd+epoll+handoff"
+    /// ``mqueueEpoll`` with the responder's echo sent by a second thread, handed each request as
+    /// ``unixStreamEpollHandoff`` hands it: message-port's async handler on the serving threads.
+    case mqueueEpollHandoff = "mqueue+epoll+handoff"
 
     public var description: String { rawValue }
 
     /// Whether the floor's channel is a pair of POSIX message queues.
     var usesMessageQueues: Bool {
         switch self {
-        case .mqueue, .mqueueEpoll, .mqueueSpin, .mqueuePoll: true
+        case .mqueue, .mqueueEpoll, .mqueueSpin, .mqueuePoll, .mqueueEpollHandoff: true
         default: false
         }
     }
@@ -70,7 +77,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .futex: .eventfdEpoll
         case .inotify: .journal
         case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
-            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll: nil
+            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff: nil
         }
     }
 
@@ -100,9 +107,15 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
 
     /// The floor that does the kernel work of the transport's round trip when its server's
     /// request handler runs off the event loop (the async handler on the serving threads): the
-    /// same-work floor plus one thread hand-over per request. Only unix-socket's has one.
+    /// same-work floor (epoll) plus one thread hand-over per request: unix-socket's, notify's and
+    /// message-port's; `nil` for the others.
     public var handOff: FloorMechanism? {
-        self == .unixStream ? .unixStreamEpollHandoff : nil
+        switch self {
+        case .unixStream: .unixStreamEpollHandoff
+        case .futex: .eventfdEpollHandoff
+        case .mqueue: .mqueueEpollHandoff
+        default: nil
+        }
     }
 
     /// The floor that spins the way the transport's spin-then-block strategy does: polling the
@@ -114,7 +127,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .mqueue: .mqueueSpin
         case .futex: .shmSpin
         case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
-            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll: nil
+            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff: nil
         }
     }
 

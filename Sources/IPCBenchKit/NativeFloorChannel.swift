@@ -18,14 +18,19 @@ final class FloorResponder: @unchecked Sendable {
     ///   ``IPCError/Code/invalidEndpoint`` for a directory whose paths are too long).
     init(mechanism: FloorMechanism, directory: String, maximumPayload: Int) throws {
         var made = nf_responder_create(mechanism.cValue, directory, maximumPayload)
-        if made == nil, errno == EMFILE, mechanism.usesMessageQueues {
+        var code = errno
+        if made == nil, code == EMFILE, mechanism.usesMessageQueues {
             // This user's queue memory is used up: by queues killed runs left, most often. They
             // are removed (those no live process holds open), and the queues made again, once.
+            // (The removal's own calls may set errno: the create's is kept.)
             let removed = MessageQueue.removeAbandoned(matching: LeftoverQueues.madeByIPCBench)
-            if !removed.isEmpty { made = nf_responder_create(mechanism.cValue, directory, maximumPayload) }
+            if !removed.isEmpty {
+                made = nf_responder_create(mechanism.cValue, directory, maximumPayload)
+                code = errno
+            }
         }
         guard let channel = made else {
-            throw IPCError.floor("creating the responder", mechanism: mechanism, errno: errno)
+            throw IPCError.floor("creating the responder", mechanism: mechanism, errno: code)
         }
         self.mechanism = mechanism
         self.channel = channel
@@ -104,7 +109,8 @@ extension FloorMechanism {
     public var streams: Bool {
         switch self {
         case .unixStream, .mqueue, .pipe, .unixStreamEpoll, .unixStreamIoUring: true
-        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring, .mqueuePoll: false
+        case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring, .mqueuePoll,
+            .eventfdEpollHandoff, .mqueueEpollHandoff: false
         }
     }
 
@@ -132,6 +138,8 @@ extension FloorMechanism {
         case .unixStreamIoUring: NF_UNIX_STREAM_IO_URING
         case .eventfdIoUring: NF_EVENTFD_IO_URING
         case .mqueuePoll: NF_MQUEUE_POLL
+        case .eventfdEpollHandoff: NF_EVENTFD_EPOLL_HANDOFF
+        case .mqueueEpollHandoff: NF_MQUEUE_EPOLL_HANDOFF
         }
     }
 }

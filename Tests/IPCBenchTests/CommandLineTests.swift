@@ -103,6 +103,42 @@ struct CommandLineTests {
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
     }
 
+    /// notify and message-port have hand-off floors too: their main rows (served off the loop)
+    /// are divided by them, their on-loop rows by the plain event-driven floors. With the on-loop
+    /// rows, message-port's phase of each placement is two (three mqueue floors beside its own
+    /// queues would not fit in the user's RLIMIT_MSGQUEUE), so a run that has them all finishing
+    /// is the test that they fit. No timing is asserted.
+    @Test("notify's and message-port's main rows are divided by their hand-off floors, their on-loop rows by the event-driven ones", .usesMessageQueues)
+    func handOffFloorsOfNotifyAndMessagePort() async throws {
+        let group = try TestGroup()
+        let output = group.directory.path + "/out"
+        let placements: [Placement] = CPUAffinity.onlineCount >= 2 ? [.sameCore, .splitCores] : [.sameCore]
+        let (status, table) = try await PeerProcess.runToCompletion([
+            "run", "--transport", "notify", "--transport", "message-port", "--framing", "binary", "--full", "--sizes", "64",
+            "--sample-scale", "0.01", "--skip-throughput", "--skip-invalidation", "--skip-in-process", "--skip-scale", "--no-progress",
+            "--spin-microseconds", "0", "--output", output,
+        ] + placements.flatMap { ["--placement", $0.rawValue] })
+        #expect(status == 0, "\(table)")
+        let results = try ResultStore.read(output + "/results.json")
+        let expected: [(transport: String, handOff: String, eventDriven: [String])] = [
+            ("notify", "floor:eventfd+epoll+handoff", ["floor:eventfd+epoll", "floor:eventfd+io_uring"]),
+            ("message-port", "floor:mqueue+epoll+handoff", ["floor:mqueue+epoll"]),
+        ]
+        for (transport, handOff, eventDriven) in expected {
+            #expect(FloorMechanism(transport: transport)?.handOff?.resultName == handOff)
+            for placement in placements {
+                let rows = results.latency.filter { $0.placement == placement && $0.payloadBytes == 64 }
+                #expect(rows.filter { $0.transport == handOff }.count == 1, "\(handOff), \(placement)")
+                let main = try #require(rows.first { $0.transport == transport && !$0.onLoopHandler && !$0.onGlobalExecutor }, "\(transport), \(placement)")
+                #expect(main.handler == LatencyResult.taskHandler)
+                #expect(main.sameWorkFloor(in: results.latency)?.transport == handOff, "\(transport), \(placement)")
+                let onLoop = try #require(rows.first { $0.transport == transport && $0.onLoopHandler }, "\(transport) on-loop, \(placement)")
+                let fastest = rows.filter { eventDriven.contains($0.transport) }.min { $0.p50 < $1.p50 }
+                #expect(fastest != nil && onLoop.sameWorkFloor(in: results.latency)?.transport == fastest?.transport, "\(transport) on-loop, \(placement)")
+            }
+        }
+    }
+
     @Test("the default run is the lean one: no global-executor or on-loop-handler rows, no scale, payloads from 64 B; --help says what --full adds")
     func defaultRunIsLean() async throws {
         let group = try TestGroup()

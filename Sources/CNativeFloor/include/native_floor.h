@@ -93,6 +93,14 @@ typedef enum nf_mechanism {
     /// NF_MQUEUE, with every wait a poll(2) of the one queue descriptor before the receive: the
     /// event-driven wait with the least kernel bookkeeping for a single descriptor.
     NF_MQUEUE_POLL = 15,
+    /// NF_EVENTFD_EPOLL, with the responder's echo written (and its doorbell rung) by a second
+    /// thread, handed each request as NF_UNIX_STREAM_EPOLL_HANDOFF hands it: the kernel work of
+    /// the notify transport's server whose request handler runs off its event loop.
+    NF_EVENTFD_EPOLL_HANDOFF = 16,
+    /// NF_MQUEUE_EPOLL, with the responder's echo sent by a second thread, handed each request as
+    /// NF_UNIX_STREAM_EPOLL_HANDOFF hands it: the kernel work of the message-port transport's
+    /// server whose request handler runs off its event loop.
+    NF_MQUEUE_EPOLL_HANDOFF = 17,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
@@ -162,8 +170,9 @@ int nf_pin_calling_thread(int cpu);
 
 /// The mechanism's name as ipcbench reports it ("unix-stream", "mqueue", "futex", "inotify",
 /// "pipe", "unix-stream+epoll", "mqueue+epoll", "eventfd+epoll", "unix-stream+spin",
-/// "mqueue+spin", "shm+spin", "journal", "unix-stream+epoll+handoff"), or NULL for an unknown
-/// value.
+/// "mqueue+spin", "shm+spin", "journal", "unix-stream+epoll+handoff", "unix-stream+io_uring",
+/// "eventfd+io_uring", "mqueue+poll", "eventfd+epoll+handoff", "mqueue+epoll+handoff"), or NULL
+/// for an unknown value.
 const char *nf_mechanism_name(nf_mechanism mechanism);
 
 #ifdef __cplusplus
