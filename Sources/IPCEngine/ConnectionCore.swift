@@ -104,11 +104,12 @@ package final class ConnectionCore: Sendable {
     /// whose side table would send every retain of the connection down the runtime's slow path.
     /// `offered`: the frame was already offered to the borrowing handler (which did not take it).
     /// `taskResponder` makes the sender that ``ConnectionOptions/requestHandler``'s tasks reply
-    /// with (once per connection): the connection's suspending send.
+    /// with (once per connection): the connection's send, which writes what it can at once and
+    /// returns the suspending rest, if any (``RequestServer/ReplySender``).
     @discardableResult
     package func dispatch(
         _ frame: Frame, replyNow: (Frame) throws -> Void, responder: () -> @Sendable (Frame) throws -> Void, offered: Bool = false,
-        taskResponder: () -> @Sendable (Frame) async throws -> Void
+        taskResponder: () -> @Sendable (Frame) throws -> (@Sendable () async throws -> Void)?
     ) -> Bool {
         switch frame.kind {
         case .message:

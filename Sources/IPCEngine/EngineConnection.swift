@@ -117,7 +117,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// connection kept it too; the server lets go of it when the connection finishes.
     private func makeTaskResponder() -> RequestServer.ReplySender {
         { [self] frame in
-            if let rest = try startSending(frame) { try await finishSending(rest, timeout: replySendTimeout) }
+            guard let rest = try startSending(frame) else { return nil }
+            return { [self] in try await finishSending(rest, timeout: replySendTimeout) }
         }
     }
 
