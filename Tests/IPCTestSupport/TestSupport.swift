@@ -194,3 +194,17 @@ public func poll(seconds: Double, _ condition: @escaping @Sendable () -> Bool) a
     }
     return condition()
 }
+
+/// Stops process `pid` with SIGSTOP and waits (up to 10 s) until the kernel reports it stopped
+/// (`T` in `/proc/<pid>/stat`): `kill` returns once the signal is queued, and on a loaded machine
+/// the process may run a while longer. Whether it was seen stopped.
+public func stopProcess(_ pid: Int32) async -> Bool {
+    guard kill(pid, SIGSTOP) == 0 else { return false }
+    return await poll(seconds: 10) {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let end = stat.lastIndex(of: ")")
+        else { return false }
+        // "pid (comm) S ...": the state follows the command's closing parenthesis.
+        return stat[stat.index(after: end)...].dropFirst().first == "T"
+    }
+}

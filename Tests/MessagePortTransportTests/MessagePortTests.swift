@@ -109,8 +109,8 @@ struct MessagePortTests {
         let server = try startServer(endpoint)
         defer { server.stop() }
         // Alive, its queue open, reading nothing: every hello waits for a welcome that never comes.
-        kill(server.pid, SIGSTOP)
         defer { kill(server.pid, SIGCONT) }
+        #expect(await stopProcess(server.pid), "the server was not seen stopped")
         let waiting = MessagePortTransport(connectTimeout: .seconds(3))
         let count = 8
         let before = ChildProcessTest.threadCount()
@@ -149,8 +149,8 @@ struct MessagePortTests {
         #expect(connection.invalidationReason == nil)
         // ...and a server that reads nothing (its process stopped) lets its queue fill, so a send
         // times out.
-        kill(server.pid, SIGSTOP)
         defer { kill(server.pid, SIGCONT) }
+        #expect(await stopProcess(server.pid), "the server was not seen stopped")
         await expectIPCError(.sendTimeout) {
             for index in 0..<100 {
                 try connection.send([UInt8(index)], msgid: 5, timeout: .milliseconds(200))
