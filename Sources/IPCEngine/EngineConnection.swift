@@ -169,9 +169,12 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         )
         self.readiness = handler
         let writeHandler = separateWriter ? ReadinessHandler(polled: nil, stallLabel: stallLabel) : nil
+        // Registered watching nothing, and watched once the handler can reach this connection
+        // (below): an event before that would find no connection, and an edge-triggered
+        // descriptor (a doorbell, an end watch) reports its first edge only once.
+        let interest: Poller.Interest = !readsDescriptor ? (watchesEnd ? [.readable, .edgeTriggered] : []) : doorbell ? [.readable, .edgeTriggered] : .readable
         do {
-            let interest: Poller.Interest = !readsDescriptor ? (watchesEnd ? [.readable, .edgeTriggered] : []) : doorbell ? [.readable, .edgeTriggered] : .readable
-            token = try serving.register(channel.descriptor.rawValue, interest: interest, waitStrategy: options.waitStrategy, handler: handler)
+            token = try serving.register(channel.descriptor.rawValue, interest: [], waitStrategy: options.waitStrategy, handler: handler)
         } catch {
             channel.close()
             throw error
@@ -189,6 +192,16 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
         handler.connection = self
         writeHandler?.connection = self
+        do {
+            try serving.watch(token, interest)
+        } catch {
+            handler.connection = nil
+            writeHandler?.connection = nil
+            serving.deregister(token)
+            if let writeToken { serving.deregister(writeToken) }
+            channel.close()
+            throw error
+        }
     }
 
     /// Forwards readiness to the connection. The loop's table keeps the handler and the handler
@@ -198,8 +211,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// reference would be cheaper to reason about and dearer to run: it gives the connection a
     /// side table, and every retain and release of it then takes the runtime's slow path.
     private final class ReadinessHandler: EventHandler, @unchecked Sendable {
-        // @unchecked: set before the registration can report anything that uses it, and
-        // cleared on the loop's thread, where it is used, when the connection finishes.
+        // @unchecked: set before the registration watches anything (``EventLoop/watch(_:_:)``
+        // takes the loop's lock after), and cleared on the loop's thread, where it is used,
+        // when the connection finishes.
         var connection: EngineConnection?
         /// The channel, when the spinning loop polls it. Held here, not reached through the
         /// connection: the connection has weak references, so each retain of it takes the

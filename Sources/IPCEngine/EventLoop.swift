@@ -299,6 +299,34 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         return token
     }
 
+    /// Starts watching registration `token`, made with no interest, for `interest`: for an owner
+    /// whose handler must be ready before the first event reaches it (an edge-triggered
+    /// descriptor reports its first edge once; a handler that cannot act on it yet loses it).
+    /// - Throws: the kernel's refusal; the registration then still watches nothing.
+    package func watch(_ token: UInt64, _ interest: Poller.Interest) throws {
+        guard !interest.watchesNothing else { return }
+        let fd: CInt? = state.withLock { state in
+            guard var registration = state.registrations[token] else { return nil }
+            precondition(registration.interest.watchesNothing, "watch(_:_:) is for a registration that watches nothing yet")
+            registration.interest = interest
+            state.registrations[token] = registration
+            if registration.spinNanoseconds > 0, registration.handler.pollsWhileSpinning, interest.contains(.readable) {
+                state.polled.append(PolledRegistration(token: token, handler: registration.handler))
+            }
+            return registration.fd
+        }
+        guard let fd else { return }
+        do {
+            try poller.add(fd, token: token, interest: interest)
+        } catch {
+            state.withLock { state in
+                _ = state.registrations.update(token) { $0.interest = [] }
+                state.polled.removeAll { $0.token == token }
+            }
+            throw error
+        }
+    }
+
     /// Changes what registration `token` waits for. Calls for one registration must not race
     /// (its owner makes them in order, as under a lock of its own): the kernel is told after the
     /// loop's table is updated.

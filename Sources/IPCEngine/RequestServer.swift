@@ -100,7 +100,10 @@ final class RequestServer: Sendable {
         // Started with the lock released: the thread that runs it may run at once (on one
         // core, the woken thread preempts this one) and would otherwise find the lock held,
         // and wait, at the cost of two more context switches. Its slot is taken already.
-        let task = Task(executorPreference: executor) { [self] in await serve(request, serial: serial) }
+        // The task's closure lives as long as the task, which is as long as the connection: it
+        // holds the first request in a box the task empties, not the request itself.
+        let first = FirstRequest(request)
+        let task = Task(executorPreference: executor) { [self] in await serve(first, serial: serial) }
         let cancel: Bool = lock.withLock {
             // A task that finished already has given its slot back.
             guard state.running[serial] != nil else { return false }
@@ -138,27 +141,45 @@ final class RequestServer: Sendable {
         for task in parked { task.resume(returning: nil) }
     }
 
+    /// The request a task is started for, handed over once: emptied by the task, so that the
+    /// task's closure, which lives as long as the task, does not keep the payload.
+    private final class FirstRequest: @unchecked Sendable {
+        // @unchecked: written before the task starts, taken once by the task.
+        private var frame: Frame?
+        init(_ frame: Frame) { self.frame = frame }
+        func take() -> Frame? {
+            defer { frame = nil }
+            return frame
+        }
+    }
+
     /// One task's life: the request it was made for, then whatever waits; when nothing does,
     /// it parks until ``accept(_:send:)`` hands it the next request, or ``close()`` ends it.
-    private func serve(_ first: Frame, serial: UInt64) async {
-        var request = first
-        while true {
-            // The answer, written here rather than in a function of its own: each `async` call
-            // and return costs the task an executor check.
-            var reply = Frame(kind: .reply, msgid: request.msgid, correlation: request.correlation)
+    /// A parked task holds nothing of the requests it answered: each request, its reply and
+    /// its sender live in the loop's body only.
+    private func serve(_ first: FirstRequest, serial: UInt64) async {
+        var next = first.take()
+        while next != nil {
             do {
-                reply.payload = try await handler(request.msgid, request.payload) ?? []
-            } catch {
-                reply.kind = .failure
-                reply.payload = Array(String(describing: error).utf8)
+                let request = next!
+                next = nil
+                // The answer, written here rather than in a function of its own: each `async`
+                // call and return costs the task an executor check.
+                var reply = Frame(kind: .reply, msgid: request.msgid, correlation: request.correlation)
+                do {
+                    reply.payload = try await handler(request.msgid, request.payload) ?? []
+                } catch {
+                    reply.kind = .failure
+                    reply.payload = Array(String(describing: error).utf8)
+                }
+                // Cancelled: the connection ended, and nobody is there to answer. A reply that
+                // cannot be sent is the requester's timeout to report; a torn one has already
+                // invalidated the connection.
+                if !Task.isCancelled, let send = lock.withLock({ state.closed ? nil : state.send }), let rest = try? send(reply) {
+                    try? await rest()
+                }
             }
-            // Cancelled: the connection ended, and nobody is there to answer. A reply that cannot
-            // be sent is the requester's timeout to report; a torn one has already invalidated
-            // the connection.
-            if !Task.isCancelled, let send = lock.withLock({ state.closed ? nil : state.send }), let rest = try? send(reply) {
-                try? await rest()
-            }
-            let next: Frame? = await withUnsafeContinuation { parking in
+            next = await withUnsafeContinuation { parking in
                 var room: (@Sendable () -> Void)?
                 let next: Frame?? = lock.withLock {
                     guard !state.closed else { return .some(nil) }
@@ -176,12 +197,8 @@ final class RequestServer: Sendable {
                 room?()
                 if let next { parking.resume(returning: next) }
             }
-            guard let next else {
-                // The connection ended (while this task answered or was parked).
-                lock.withLock { _ = state.running.remove(serial) }
-                return
-            }
-            request = next
         }
+        // The connection ended (while this task answered or was parked).
+        lock.withLock { _ = state.running.remove(serial) }
     }
 }

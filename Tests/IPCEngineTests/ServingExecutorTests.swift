@@ -124,6 +124,40 @@ struct ServingExecutorTests {
         #expect(handlerFreed, "the handler outlived its connection")
     }
 
+    /// A weak reference to an array's storage: gone once nothing holds the array's bytes.
+    private final class StorageWatch: @unchecked Sendable {
+        // @unchecked: set once, read after the handler that set it has returned.
+        weak var storage: AnyObject?
+        init(_ array: [UInt8]) { storage = unsafeBitCast(array, to: AnyObject.self) }
+    }
+
+    @Test("a handler's task, kept for the next request, holds neither the requests it answered nor their replies")
+    func keptTaskHoldsNoPayload() async throws {
+        let watches = Mutex<[StorageWatch]>([])
+        let (channel, peer) = try PairPeer.make(sendBuffer: nil)
+        let connection = try EngineConnection(channel: channel, peer: nil, options: .defaults {
+            $0.requestHandler = { _, payload in
+                let reply = payload.map { $0 &+ 1 }
+                watches.withLock { $0 += [StorageWatch(payload), StorageWatch(reply)] }
+                return reply
+            }
+        })
+        defer { connection.invalidate(); peer.close() }
+        for correlation: UInt64 in 1...3 {
+            let payload = [UInt8](repeating: UInt8(correlation), count: 4096)
+            peer.send(Frame(kind: .request, msgid: 1, correlation: correlation, payload: payload))
+            let reply = try #require(await blocking { peer.readFrame() })
+            #expect(reply.kind == .reply && reply.correlation == correlation && reply.payload == payload.map { $0 &+ 1 })
+        }
+        // The connection is open and its task waits for a fourth request: it should hold none
+        // of the three requests' payloads or replies.
+        let deadline = ContinuousClock.now + .seconds(30)
+        func held() -> Int { watches.withLock { $0.filter { $0.storage != nil }.count } }
+        while held() > 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(watches.withLock { $0.count } == 6)
+        #expect(held() == 0, "payloads still held while the connection waits for its next request")
+    }
+
     @Test("requests up to the concurrency bound run at once, in a second burst as in the first (the kept tasks take them)")
     func keptTasksServeConcurrently() async throws {
         let arrived = Mutex(0)

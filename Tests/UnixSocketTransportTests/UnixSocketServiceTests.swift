@@ -63,13 +63,18 @@ struct UnixSocketServiceTests {
         }
         let elapsed = Double((ContinuousClock.now - start).components.seconds) + Double((ContinuousClock.now - start).components.attoseconds) / 1e18
         let attempts = service.connectAttempts
-        let accepted = await poll(seconds: 10) { (try? String(contentsOfFile: countFile, encoding: .utf8)).flatMap { Int($0) } == attempts }
+        let serverCount: @Sendable () -> Int? = { (try? String(contentsOfFile: countFile, encoding: .utf8)).flatMap { Int($0) } }
+        _ = await poll(seconds: 10) { serverCount() == attempts }
+        let accepted = serverCount() ?? 0
         print("back-off: \(requests) requests in \(elapsed) s made \(attempts) connects (\(Double(attempts) / elapsed) a second); errors \(codes)")
         // Without the back-off the loop connects about 5,800 times a second (issue 34). With it:
         // 10 ms doubling to 1 s, half of each at random: at most about 13 in 3 s.
         #expect(attempts >= 2)
         #expect(Double(attempts) / elapsed <= 6)
-        #expect(accepted, "the server's accept count differs from the client's \(attempts) connects")
+        // The server saw every connect the client counted (so the client does not undercount
+        // them, which would hide a storm), give or take one the client counted but did not get
+        // to make before the loop ended (once, in a full run under load).
+        #expect(accepted <= attempts && accepted >= attempts - 1, "the server accepted \(accepted) connections, the client counted \(attempts) connects")
         // Requests did not sit out their timeouts: the loop went round far more often than it connected.
         #expect(requests > attempts * 5)
         #expect(codes.keys.allSatisfy { $0 == "interrupted" || $0 == "peerInvalidated" }, "errors: \(codes)")
