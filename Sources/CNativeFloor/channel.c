@@ -37,13 +37,17 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_MQUEUE_POLL: return &nf_mqueue_operations;
     case NF_EVENTFD_EPOLL_HANDOFF: return &nf_eventfd_operations;
     case NF_MQUEUE_EPOLL_HANDOFF: return &nf_mqueue_operations;
+    case NF_SHM_SPIN_HANDOFF: return &nf_shm_spin_operations;
+    case NF_UNIX_STREAM_SPIN_HANDOFF: return &nf_unix_stream_operations;
+    case NF_MQUEUE_SPIN_HANDOFF: return &nf_mqueue_operations;
     }
     return NULL;
 }
 
 /// Whether every wait for a stream or queue message polls without blocking first.
 static bool waits_by_polling(nf_mechanism mechanism) {
-    return mechanism == NF_UNIX_STREAM_SPIN || mechanism == NF_MQUEUE_SPIN;
+    return mechanism == NF_UNIX_STREAM_SPIN || mechanism == NF_MQUEUE_SPIN || mechanism == NF_UNIX_STREAM_SPIN_HANDOFF
+        || mechanism == NF_MQUEUE_SPIN_HANDOFF;
 }
 
 bool nf_liveness_due(uint64_t *last) {
@@ -102,7 +106,13 @@ static bool waits_through_epoll(nf_mechanism mechanism) {
 /// Whether the responder hands each request to a worker thread that sends the echo
 /// (serve_handing_off).
 static bool hands_off(nf_mechanism mechanism) {
-    return mechanism == NF_UNIX_STREAM_EPOLL_HANDOFF || mechanism == NF_EVENTFD_EPOLL_HANDOFF || mechanism == NF_MQUEUE_EPOLL_HANDOFF;
+    switch (mechanism) {
+    case NF_UNIX_STREAM_EPOLL_HANDOFF: case NF_EVENTFD_EPOLL_HANDOFF: case NF_MQUEUE_EPOLL_HANDOFF:
+    case NF_SHM_SPIN_HANDOFF: case NF_UNIX_STREAM_SPIN_HANDOFF: case NF_MQUEUE_SPIN_HANDOFF:
+        return true;
+    default:
+        return false;
+    }
 }
 
 /// Whether the channel is a pair of POSIX message queues (its names are queue names).
@@ -192,6 +202,9 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_MQUEUE_POLL: return "mqueue+poll";
     case NF_EVENTFD_EPOLL_HANDOFF: return "eventfd+epoll+handoff";
     case NF_MQUEUE_EPOLL_HANDOFF: return "mqueue+epoll+handoff";
+    case NF_SHM_SPIN_HANDOFF: return "shm+spin+handoff";
+    case NF_UNIX_STREAM_SPIN_HANDOFF: return "unix-stream+spin+handoff";
+    case NF_MQUEUE_SPIN_HANDOFF: return "mqueue+spin+handoff";
     }
     return NULL;
 }
@@ -276,7 +289,8 @@ static int sink_stream(nf_channel *channel, const struct nf_operations *operatio
     return operations->send(channel, 0, NULL);
 }
 
-/// The hand-off floors (unix-stream, eventfd and mqueue +epoll+handoff): the worker thread that
+/// The hand-off floors (unix-stream, eventfd and mqueue +epoll+handoff; shm, unix-stream and
+/// mqueue +spin+handoff, whose loop thread polls where the others' wait): the worker thread that
 /// sends the echoes, and what the loop thread hands it. One request is outstanding at a time
 /// (the initiator waits for each echo), so the request stays in the channel's buffer until the
 /// worker has sent its echo, and the loop's next receive starts only after that send: the two

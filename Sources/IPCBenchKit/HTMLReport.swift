@@ -181,7 +181,8 @@ public enum HTMLReport {
             let blockingFloors = ([mechanism?.resultName] + sameWork.map(\.resultName)).compactMap { $0 }
             let floors = rows.filter { row in
                 (blockingFloors.contains(row.result.transport) && !row.result.spins)
-                    || (row.result.spins && row.result.transport == mechanism?.spinning?.resultName && mine.contains { $0.result.spins })
+                    || (row.result.spins && [mechanism?.spinning, mechanism?.spinningHandOff].contains { $0?.resultName == row.result.transport }
+                        && mine.contains { $0.result.spins })
             }
             let references = results.filter { ReferenceSystem.isReference($0.transport) }
             // The fastest blocking reference, the fastest spinning one where this transport spins,

@@ -334,7 +334,10 @@ public struct LatencyRunner: Sendable {
         }
         // The io_uring floors only where the kernel allows io_uring (a note says when it does not).
         let native = part == .onLoop ? [] : base
-        let mechanisms = (strategy.spins ? base.compactMap(\.spinning) : native + sameWork + handingOff).filter(\.isAvailable)
+        // Spinning: the floor that spins as the transport does and, for main rows served off the
+        // loop, the same with a hand-off.
+        let spinning = base.compactMap(\.spinning) + (plan.mainServing == .task ? base.compactMap(\.spinningHandOff) : [])
+        let mechanisms = (strategy.spins ? spinning : native + sameWork + handingOff).filter(\.isAvailable)
         for mechanism in orderedUnique(mechanisms) {
             for placement in placements where !mechanism.spins || placement.spreadsProcesses {
                 sessions.append(try floorSession(mechanism, placement: placement, waitStrategy: mechanism.spins ? strategy : .blocking, group: group))

@@ -55,13 +55,24 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     /// ``mqueueEpoll`` with the responder's echo sent by a second thread, handed each request as
     /// ``unixStreamEpollHandoff`` hands it: message-port's async handler on the serving threads.
     case mqueueEpollHandoff = "mqueue+epoll+handoff"
+    /// ``shmSpin`` with the responder's echo published by a second thread: the thread that
+    /// busy-polls hands each request to it (a futex wake), as ``unixStreamEpollHandoff`` hands
+    /// it, and polls again. The limit of a spinning notify-style server whose request handler
+    /// runs off its event loop (notify's async handler while it spins).
+    case shmSpinHandoff = "shm+spin+handoff"
+    /// ``unixStreamSpin`` with the echo written by a second thread, handed over as
+    /// ``shmSpinHandoff`` hands it (unix-socket's async handler while it spins).
+    case unixStreamSpinHandoff = "unix-stream+spin+handoff"
+    /// ``mqueueSpin`` with the echo sent by a second thread, handed over as ``shmSpinHandoff``
+    /// hands it (message-port's async handler while it spins).
+    case mqueueSpinHandoff = "mqueue+spin+handoff"
 
     public var description: String { rawValue }
 
     /// Whether the floor's channel is a pair of POSIX message queues.
     var usesMessageQueues: Bool {
         switch self {
-        case .mqueue, .mqueueEpoll, .mqueueSpin, .mqueuePoll, .mqueueEpollHandoff: true
+        case .mqueue, .mqueueEpoll, .mqueueSpin, .mqueuePoll, .mqueueEpollHandoff, .mqueueSpinHandoff: true
         default: false
         }
     }
@@ -77,7 +88,8 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .futex: .eventfdEpoll
         case .inotify: .journal
         case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
-            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff: nil
+            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff, .shmSpinHandoff, .unixStreamSpinHandoff,
+            .mqueueSpinHandoff: nil
         }
     }
 
@@ -127,14 +139,28 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .mqueue: .mqueueSpin
         case .futex: .shmSpin
         case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
-            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff: nil
+            .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff, .shmSpinHandoff, .unixStreamSpinHandoff,
+            .mqueueSpinHandoff: nil
+        }
+    }
+
+    /// ``spinning`` with one thread hand-over per request on the responder's side: the floor of
+    /// the transport's spinning rows when its server's request handler runs off the event loop
+    /// (the async handler on the serving threads), as ``handOff`` is of its blocking rows.
+    /// Measured with split cores only, where the responder's two threads share the peer's core.
+    public var spinningHandOff: FloorMechanism? {
+        switch self {
+        case .unixStream: .unixStreamSpinHandoff
+        case .mqueue: .mqueueSpinHandoff
+        case .futex: .shmSpinHandoff
+        default: nil
         }
     }
 
     /// Whether this floor busy-polls (so it runs only with the two ends on different cores).
     public var spins: Bool {
         switch self {
-        case .unixStreamSpin, .mqueueSpin, .shmSpin: true
+        case .unixStreamSpin, .mqueueSpin, .shmSpin, .shmSpinHandoff, .unixStreamSpinHandoff, .mqueueSpinHandoff: true
         default: false
         }
     }

@@ -110,7 +110,7 @@ extension FloorMechanism {
         switch self {
         case .unixStream, .mqueue, .pipe, .unixStreamEpoll, .unixStreamIoUring: true
         case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring, .mqueuePoll,
-            .eventfdEpollHandoff, .mqueueEpollHandoff: false
+            .eventfdEpollHandoff, .mqueueEpollHandoff, .shmSpinHandoff, .unixStreamSpinHandoff, .mqueueSpinHandoff: false
         }
     }
 
@@ -140,6 +140,9 @@ extension FloorMechanism {
         case .mqueuePoll: NF_MQUEUE_POLL
         case .eventfdEpollHandoff: NF_EVENTFD_EPOLL_HANDOFF
         case .mqueueEpollHandoff: NF_MQUEUE_EPOLL_HANDOFF
+        case .shmSpinHandoff: NF_SHM_SPIN_HANDOFF
+        case .unixStreamSpinHandoff: NF_UNIX_STREAM_SPIN_HANDOFF
+        case .mqueueSpinHandoff: NF_MQUEUE_SPIN_HANDOFF
         }
     }
 }

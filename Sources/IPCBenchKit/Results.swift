@@ -254,14 +254,16 @@ public struct LatencyResult: Codable, Sendable {
     /// (epoll or io_uring waits, or the journal protocol), for a spinning row
     /// ``FloorMechanism/spinning``. `nil` for floors and where there is none.
     /// A row whose peer served with the async handler off its loop (``taskHandler``) is divided
-    /// by the hand-off floor where the run measured one (``FloorMechanism/handOff``): the
-    /// event loop's kernel work plus one thread hand-over per request.
+    /// by the hand-off floor where the run measured one (``FloorMechanism/handOff``, and
+    /// ``FloorMechanism/spinningHandOff`` for a spinning row): the event loop's kernel work plus
+    /// one thread hand-over per request.
     public func sameWorkFloor(in results: [LatencyResult]) -> LatencyResult? {
         guard let base = FloorMechanism(transport: transport) else { return nil }
         func row(_ mechanism: FloorMechanism) -> LatencyResult? {
             results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
         }
         if !spins, handler == Self.taskHandler, let handOff = base.handOff, let floor = row(handOff) { return floor }
+        if spins, handler == Self.taskHandler, let handOff = base.spinningHandOff, let floor = row(handOff) { return floor }
         if spins { return base.spinning.flatMap(row) }
         return base.sameWorkFloors.compactMap(row).min { $0.p50 < $1.p50 }
     }

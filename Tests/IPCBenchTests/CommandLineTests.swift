@@ -119,6 +119,40 @@ struct CommandLineTests {
         #expect(FileManager.default.fileExists(atPath: output + "/report.html"))
     }
 
+    /// Spinning, the main rows are served off the loop as well: each is divided by its
+    /// mechanism's spinning floor with a hand-off (the thread that polls hands each request to a
+    /// second one, which echoes it), measured once per placement beside the plain spinning
+    /// floor. No timing is asserted.
+    @Test("spinning main rows are divided by their spinning hand-off floors", .usesMessageQueues)
+    func spinningHandOffFloors() async throws {
+        guard CPUAffinity.onlineCount >= 2 else { return }
+        let group = try TestGroup()
+        let output = group.directory.path + "/out"
+        let (status, table) = try await PeerProcess.runToCompletion([
+            "run", "--transport", "unix-socket", "--transport", "notify", "--transport", "message-port", "--framing", "binary", "--sizes", "64",
+            "--placement", "split-cores", "--sample-scale", "0.01", "--skip-throughput", "--skip-invalidation", "--skip-in-process", "--skip-scale",
+            "--no-progress", "--spin-microseconds", "50", "--output", output,
+        ])
+        #expect(status == 0, "\(table)")
+        let results = try ResultStore.read(output + "/results.json")
+        let expected: [(transport: String, spinning: String, handOff: String)] = [
+            ("unix-socket", "floor:unix-stream+spin", "floor:unix-stream+spin+handoff"),
+            ("notify", "floor:shm+spin", "floor:shm+spin+handoff"),
+            ("message-port", "floor:mqueue+spin", "floor:mqueue+spin+handoff"),
+        ]
+        let spinning = results.latency.filter(\.spins)
+        for (transport, plain, handOff) in expected {
+            #expect(FloorMechanism(transport: transport)?.spinningHandOff?.resultName == handOff)
+            #expect(spinning.filter { $0.transport == plain }.count == 1, "\(plain)")
+            #expect(spinning.filter { $0.transport == handOff }.count == 1, "\(handOff)")
+            let main = try #require(spinning.first { $0.transport == transport }, "\(transport) spinning")
+            #expect(main.handler == LatencyResult.taskHandler)
+            #expect(main.sameWorkFloor(in: results.latency)?.transport == handOff, "\(transport)")
+            // A spinning floor is never a blocking row's.
+            #expect(results.latency.filter { !$0.spins && $0.transport == handOff }.isEmpty)
+        }
+    }
+
     /// notify and message-port have hand-off floors too: their main rows (served off the loop)
     /// are divided by them, their on-loop rows by the plain event-driven floors. With the on-loop
     /// rows, message-port's phase of each placement is two (three mqueue floors beside its own

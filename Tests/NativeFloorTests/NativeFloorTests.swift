@@ -190,5 +190,16 @@ struct NativeFloorTests {
         #expect(FloorMechanism.eventfdEpollHandoff.resultName == "floor:eventfd+epoll+handoff")
         #expect(FloorMechanism.mqueueEpollHandoff.resultName == "floor:mqueue+epoll+handoff")
         #expect(FloorMechanism.allCases.filter { $0.handOff != nil }.allSatisfy { $0.handOff.map { !$0.streams && !$0.spins && $0.isAvailable } == true })
+        // Spinning, the same: the spinning floor with the echo sent by a second thread.
+        #expect(FloorMechanism.unixStream.spinningHandOff == .unixStreamSpinHandoff)
+        #expect(FloorMechanism.futex.spinningHandOff == .shmSpinHandoff)
+        #expect(FloorMechanism.mqueue.spinningHandOff == .mqueueSpinHandoff)
+        #expect(FloorMechanism.inotify.spinningHandOff == nil)
+        #expect(FloorMechanism.shmSpinHandoff.resultName == "floor:shm+spin+handoff")
+        for mechanism in FloorMechanism.allCases {
+            guard let handOff = mechanism.spinningHandOff else { continue }
+            #expect(handOff.spins && !handOff.streams && handOff.isAvailable, "\(handOff)")
+            #expect(handOff.rawValue.hasPrefix(mechanism.spinning?.rawValue ?? "-"), "\(handOff)")
+        }
     }
 }

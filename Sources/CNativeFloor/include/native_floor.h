@@ -101,6 +101,20 @@ typedef enum nf_mechanism {
     /// NF_UNIX_STREAM_EPOLL_HANDOFF hands it: the kernel work of the message-port transport's
     /// server whose request handler runs off its event loop.
     NF_MQUEUE_EPOLL_HANDOFF = 17,
+    /// NF_SHM_SPIN, with the responder's echo published by a second thread: its loop thread
+    /// busy-polls for each request and hands it to a worker thread (a futex wake) as
+    /// NF_UNIX_STREAM_EPOLL_HANDOFF hands it, then polls again; the worker publishes the echo and
+    /// sleeps in FUTEX_WAIT until the next. The kernel work of a spinning server whose request
+    /// handler runs off its event loop (notify's async handler while it spins). With the
+    /// responder's threads on one core, each request costs them two context switches that no
+    /// spinning responder without a hand-off makes.
+    NF_SHM_SPIN_HANDOFF = 18,
+    /// NF_UNIX_STREAM_SPIN, with the echo written by a second thread as NF_SHM_SPIN_HANDOFF hands
+    /// it over (unix-socket's async handler while it spins).
+    NF_UNIX_STREAM_SPIN_HANDOFF = 19,
+    /// NF_MQUEUE_SPIN, with the echo sent by a second thread as NF_SHM_SPIN_HANDOFF hands it over
+    /// (message-port's async handler while it spins).
+    NF_MQUEUE_SPIN_HANDOFF = 20,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
@@ -171,8 +185,9 @@ int nf_pin_calling_thread(int cpu);
 /// The mechanism's name as ipcbench reports it ("unix-stream", "mqueue", "futex", "inotify",
 /// "pipe", "unix-stream+epoll", "mqueue+epoll", "eventfd+epoll", "unix-stream+spin",
 /// "mqueue+spin", "shm+spin", "journal", "unix-stream+epoll+handoff", "unix-stream+io_uring",
-/// "eventfd+io_uring", "mqueue+poll", "eventfd+epoll+handoff", "mqueue+epoll+handoff"), or NULL
-/// for an unknown value.
+/// "eventfd+io_uring", "mqueue+poll", "eventfd+epoll+handoff", "mqueue+epoll+handoff",
+/// "shm+spin+handoff", "unix-stream+spin+handoff", "mqueue+spin+handoff"), or NULL for an
+/// unknown value.
 const char *nf_mechanism_name(nf_mechanism mechanism);
 
 #ifdef __cplusplus
