@@ -71,10 +71,10 @@ package final class ConnectionCore: Sendable {
 
     /// - Throws: ``IPCError/Code/invalidated`` if the connection is no longer valid.
     package func checkValid() throws {
-        if let reason = latch.reason {
-            if let refusal = reason.refusal { throw refusal }
-            throw IPCError(code: .invalidated, message: "the connection is invalid (\(reason))")
-        }
+        // The usual answer without making and destroying an optional reason (twice a request).
+        guard !latch.isValid, let reason = latch.reason else { return }
+        if let refusal = reason.refusal { throw refusal }
+        throw IPCError(code: .invalidated, message: "the connection is invalid (\(reason))")
     }
 
     /// Starts a request: checks that the connection is valid, registers the request and makes

@@ -37,6 +37,10 @@ package final class RequestTable: Sendable {
         var entries = TokenTable<Entry>()
         /// The earliest wake-up armed with the scheduler, if any.
         var armedWake: UInt64?
+        /// The last timeout converted to nanoseconds, and what it came to: requests on a
+        /// connection mostly share one timeout, and `Duration`'s conversion divides 128-bit
+        /// attoseconds (about 190 instructions a request, measured with callgrind).
+        var lastTimeout: (duration: Duration, nanoseconds: UInt64) = (.zero, 0)
         /// Set once the connection is invalid: every later request fails at once with it.
         var closedWith: IPCError?
 
@@ -94,14 +98,16 @@ package final class RequestTable: Sendable {
         if !loop.inEventLoop, let finished = SpinWait.poll(strategy, { takeFinished(correlation) }) {
             return try finished.get()
         }
-        let deadline = monotonicNanoseconds() &+ timeout.wholeNanoseconds
-        let arm: Bool = state.withLock { state in
-            guard state.entries.update(correlation, { $0.deadline = (deadline, timeout) }) != nil else { return false }
-            guard state.armedWake.map({ deadline < $0 }) ?? true else { return false }
+        let now = monotonicNanoseconds()
+        let armAt: UInt64? = state.withLock { state in
+            if state.lastTimeout.duration != timeout { state.lastTimeout = (timeout, timeout.wholeNanoseconds) }
+            let deadline = now &+ state.lastTimeout.nanoseconds
+            guard state.entries.update(correlation, { $0.deadline = (deadline, timeout) }) != nil else { return nil }
+            guard state.armedWake.map({ deadline < $0 }) ?? true else { return nil }
             state.armedWake = deadline
-            return true
+            return deadline
         }
-        if arm { armWake(at: deadline) }
+        if let armAt { armWake(at: armAt) }
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
                 let finished: Result<[UInt8], any Error>? = state.withLock { state in
