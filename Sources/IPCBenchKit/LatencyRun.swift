@@ -291,7 +291,7 @@ public struct LatencyRunner: Sendable {
                             batchedPlacements[name, default: []].append(placement)
                         }
                     }
-                    if part != .offLoop, plan.includeOnLoopHandler, plan.mainServing != .onLoop, !strategy.spins, framing ?? .binary == .binary {
+                    if part != .offLoop, plan.includeOnLoopHandler, plan.mainServing != .onLoop, framing ?? .binary == .binary {
                         sessions.append(try transportSession(name, framing: framing, placement: placement, waitStrategy: strategy, serving: .onLoop, group: group).main)
                     }
                 }

@@ -70,7 +70,7 @@ struct RunCommand: AsyncParsableCommand {
 
     @Flag(help: ArgumentHelp(
         "With --full: skip the on-loop handler rows.",
-        discussion: "The main rows' peer answers with the async request handler, as tasks off its event loop (what users are told to serve with). --full also measures, against a peer of its own, the on-loop fast path (a synchronous handler on the loop): blocking, binary framing."
+        discussion: "The main rows' peer answers with the async request handler, as tasks off its event loop (what users are told to serve with). --full also measures, against a peer of its own, the on-loop fast path (a synchronous handler on the loop): binary framing, blocking and (split cores) spinning."
     ))
     var skipOnLoopHandler = false
 

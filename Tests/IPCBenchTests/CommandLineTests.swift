@@ -122,8 +122,9 @@ struct CommandLineTests {
     /// Spinning, the main rows are served off the loop as well: each is divided by its
     /// mechanism's spinning floor with a hand-off (the thread that polls hands each request to a
     /// second one, which echoes it), measured once per placement beside the plain spinning
-    /// floor. No timing is asserted.
-    @Test("spinning main rows are divided by their spinning hand-off floors", .usesMessageQueues)
+    /// floor. With `--full` the on-loop handler's rows spin too, and are divided by the plain
+    /// spinning floor (nothing is handed over). No timing is asserted.
+    @Test("spinning main rows are divided by their spinning hand-off floors, spinning on-loop rows by the plain ones", .usesMessageQueues)
     func spinningHandOffFloors() async throws {
         guard CPUAffinity.onlineCount >= 2 else { return }
         let group = try TestGroup()
@@ -131,7 +132,7 @@ struct CommandLineTests {
         let (status, table) = try await PeerProcess.runToCompletion([
             "run", "--transport", "unix-socket", "--transport", "notify", "--transport", "message-port", "--framing", "binary", "--sizes", "64",
             "--placement", "split-cores", "--sample-scale", "0.01", "--skip-throughput", "--skip-invalidation", "--skip-in-process", "--skip-scale",
-            "--no-progress", "--spin-microseconds", "50", "--output", output,
+            "--full", "--skip-global-executor", "--no-progress", "--spin-microseconds", "50", "--output", output,
         ])
         #expect(status == 0, "\(table)")
         let results = try ResultStore.read(output + "/results.json")
@@ -145,9 +146,11 @@ struct CommandLineTests {
             #expect(FloorMechanism(transport: transport)?.spinningHandOff?.resultName == handOff)
             #expect(spinning.filter { $0.transport == plain }.count == 1, "\(plain)")
             #expect(spinning.filter { $0.transport == handOff }.count == 1, "\(handOff)")
-            let main = try #require(spinning.first { $0.transport == transport }, "\(transport) spinning")
+            let main = try #require(spinning.first { $0.transport == transport && !$0.onLoopHandler }, "\(transport) spinning")
             #expect(main.handler == LatencyResult.taskHandler)
             #expect(main.sameWorkFloor(in: results.latency)?.transport == handOff, "\(transport)")
+            let onLoop = try #require(spinning.first { $0.transport == transport && $0.onLoopHandler }, "\(transport) spinning, on-loop")
+            #expect(onLoop.sameWorkFloor(in: results.latency)?.transport == plain, "\(transport) on-loop")
             // A spinning floor is never a blocking row's.
             #expect(results.latency.filter { !$0.spins && $0.transport == handOff }.isEmpty)
         }
@@ -263,15 +266,16 @@ struct CommandLineTests {
         #expect(status == 0)
         let results = try ResultStore.read(output + "/results.json")
         let spinning = results.latency.filter(\.spins)
-        // file-presenter cannot poll, and same-core never spins: one spinning measurement.
-        #expect(spinning.map { "\($0.transport) \($0.placement)" } == ["notify split-cores"])
+        // file-presenter cannot poll, and same-core never spins: notify's spinning measurements
+        // only, against the main peer and (--full) the on-loop one.
+        #expect(spinning.map { "\($0.transport) \($0.placement) \($0.handler ?? "none")" } == ["notify split-cores task", "notify split-cores on-loop"])
         #expect(spinning.first?.name == "latency/notify/split-cores/spin-then-block/64")
         #expect((spinning.first?.localCPUPerRoundTrip ?? 0) > 0)
-        #expect(results.throughput?.filter { $0.waitStrategy != "blocking" }.map(\.transport) == ["notify"])
+        #expect(results.throughput?.filter { $0.waitStrategy != "blocking" }.map { "\($0.transport) \($0.handler ?? "none")" } == ["notify task", "notify on-loop"])
         // notify and file-presenter blocking on both placements, each on its connection's
         // executor (notify's loop, the file-presenter client's presenter thread), on the global
-        // one, and against a peer serving on its loop (12); notify spinning (1).
-        #expect(results.latency.count == 13)
+        // one, and against a peer serving on its loop (12); notify spinning, against each peer (2).
+        #expect(results.latency.count == 14)
         #expect(results.latency.filter { $0.transport == "file-presenter" }.map { "\($0.executor ?? "none") \($0.handler ?? "none")" }.sorted() == [
             "global task", "global task", "preferred on-loop", "preferred on-loop", "preferred task", "preferred task",
         ])
