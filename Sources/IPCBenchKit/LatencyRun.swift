@@ -401,7 +401,10 @@ public struct LatencyRunner: Sendable {
     /// With the on-loop rows beside the main rows (served off the loop), a third mqueue floor is
     /// measured (mqueue+epoll for the on-loop rows, mqueue+epoll+handoff for the main rows), which
     /// does not fit either: each placement's phase is then two, the main rows with the native and
-    /// hand-off floors, then the on-loop rows with mqueue+epoll.
+    /// hand-off floors, then the on-loop rows with mqueue+epoll. The spinning phase stays one:
+    /// it has one placement (split cores), and with the on-loop rows holds four pairs of queues
+    /// (message-port's main and on-loop peers, mqueue+spin and mqueue+spin+handoff), eight queues
+    /// of about 81 KiB at the default sizes: about 650 of the 800 KiB.
     func phases() -> [Phase] {
         let placements = plan.placements.filter { $0.requiredCPUCount <= CPUAffinity.onlineCount }
         var phases = plan.waitStrategies.flatMap { strategy -> [Phase] in

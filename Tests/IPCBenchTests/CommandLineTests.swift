@@ -124,9 +124,9 @@ struct CommandLineTests {
     /// second one, which echoes it), measured once per placement beside the plain spinning
     /// floor. With `--full` the on-loop handler's rows spin too, and are divided by the plain
     /// spinning floor (nothing is handed over). No timing is asserted.
-    @Test("spinning main rows are divided by their spinning hand-off floors, spinning on-loop rows by the plain ones", .usesMessageQueues)
+    @Test("spinning main rows are divided by their spinning hand-off floors, spinning on-loop rows by the plain ones", .usesMessageQueues,
+          .enabled(if: CPUAffinity.onlineCount >= 2, "needs two CPUs"))
     func spinningHandOffFloors() async throws {
-        guard CPUAffinity.onlineCount >= 2 else { return }
         let group = try TestGroup()
         let output = group.directory.path + "/out"
         let (status, table) = try await PeerProcess.runToCompletion([
