@@ -262,8 +262,7 @@ public struct LatencyResult: Codable, Sendable {
         func row(_ mechanism: FloorMechanism) -> LatencyResult? {
             results.first { $0.transport == mechanism.resultName && $0.placement == placement && $0.payloadBytes == payloadBytes }
         }
-        if !spins, handler == Self.taskHandler, let handOff = base.handOff, let floor = row(handOff) { return floor }
-        if spins, handler == Self.taskHandler, let handOff = base.spinningHandOff, let floor = row(handOff) { return floor }
+        if handler == Self.taskHandler, let handOff = spins ? base.spinningHandOff : base.handOff, let floor = row(handOff) { return floor }
         if spins { return base.spinning.flatMap(row) }
         return base.sameWorkFloors.compactMap(row).min { $0.p50 < $1.p50 }
     }
