@@ -6,6 +6,14 @@
 # engine, the Swift runtime, libc), not the kernel's: what the engine's own code costs, and
 # repeatable on a busy machine, where times are not.
 #
+# Three rows more are the Swift floor (Benchmarks/RoundTripInstructions/.../SwiftFloor.swift):
+# the same round trip between a minimal async Swift client on a task executor of its own and a
+# synchronous epoll echo server, without and with the cancellation handler a cancellable request
+# awaits in, and with a server that hands each request to a kept task on a serving thread (the
+# default async handler's work). They are what any async Swift program needs for that work, not
+# the engine: they have no threshold, and Scripts/swift-floor.sh times them beside the engine
+# and the C floors.
+#
 # Each process runs for 1,000 and for 5,000 round trips (Benchmarks/RoundTripInstructions, a
 # release build stripped of its DWARF, which valgrind 3.19 cannot read); the difference over
 # 4,000 is per round trip, so start-up and connection set-up cancel out. Three such pairs, and
@@ -49,9 +57,10 @@ swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
 binary="$work/round-trip-instructions"
 strip --strip-debug -o "$binary" "Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions"
 
-# count HANDLER ROUND_TRIPS: runs a server and a client under callgrind; prints "server client".
+# count SERVER CLIENT ROUND_TRIPS: runs a server (on-loop, task or floor) and a client (engine,
+# floor or floor-cancellable) under callgrind; prints "server client".
 count() {
-    local handler=$1 trips=$2 group
+    local handler=$1 client=$2 trips=$3 group
     group=$(mktemp -d "$work/group-XXXXXX")
     valgrind --tool=callgrind --callgrind-out-file="$group/server.out" "$binary" serve "$group" "$handler" > "$group/server.log" 2>&1 &
     local server=$!
@@ -65,7 +74,7 @@ count() {
             echo "the server did not start:" >&2; cat "$group/server.log" >&2; kill "$server" 2>/dev/null; return 1
         fi
     done
-    if ! valgrind --tool=callgrind --callgrind-out-file="$group/client.out" "$binary" client "$group" "$trips" 64 > "$group/client.log" 2>&1; then
+    if ! valgrind --tool=callgrind --callgrind-out-file="$group/client.out" "$binary" client "$group" "$trips" 64 "$client" > "$group/client.log" 2>&1; then
         echo "the client failed:" >&2; cat "$group/client.log" >&2; kill "$server" 2>/dev/null; return 1
     fi
     wait "$server" || { echo "the server failed:" >&2; cat "$group/server.log" >&2; return 1; }
@@ -74,22 +83,32 @@ count() {
 
 results="$work/results.txt"
 : > "$results"
-for handler in on-loop task; do
-    echo "== instructions per round trip: unix-socket binary 64 B, $handler handler (callgrind, 3 pairs)" >&2
+# Each row: its name's key, the server, the client.
+for row in "on-loop on-loop engine" "task task engine" "floor floor floor" "floor-cancellable floor floor-cancellable" "floor-task floor-task floor-cancellable"; do
+    read -r key server client <<< "$row"
+    echo "== instructions per round trip: $key (server $server, client $client; callgrind, 3 pairs)" >&2
     for pair in 1 2 3; do
-        short=$(count "$handler" 1000)
-        long=$(count "$handler" 5000)
-        echo "$handler $short $long" >> "$results"
+        short=$(count "$server" "$client" 1000)
+        long=$(count "$server" "$client" 5000)
+        echo "$key $short $long" >> "$results"
     done
 done
 
 python3 - "$results" "$output" "$check" "$update" <<'PYTHON'
 import json, statistics, sys
 results, output, check, update = sys.argv[1:5]
+# The engine's rows keep their names (the thresholds files use them); the floor's are "floor: …".
+names = {
+    "on-loop": "unix-socket binary 64 B, on-loop handler",
+    "task": "unix-socket binary 64 B, task handler",
+    "floor": "floor: Swift async client, epoll echo server, 64 B",
+    "floor-cancellable": "floor: Swift async client with a cancellation handler, epoll echo server, 64 B",
+    "floor-task": "floor: Swift async client with a cancellation handler, async handler on a serving thread, 64 B",
+}
 pairs = {}
 for line in open(results):
-    handler, server_a, client_a, server_b, client_b = line.split()
-    pair = pairs.setdefault(f"unix-socket binary 64 B, {handler} handler", {"client": [], "server": []})
+    key, server_a, client_a, server_b, client_b = line.split()
+    pair = pairs.setdefault(names[key], {"client": [], "server": []})
     pair["server"].append((int(server_b) - int(server_a)) / 4000)
     pair["client"].append((int(client_b) - int(client_a)) / 4000)
 rows = {}
@@ -105,7 +124,7 @@ with open(f"{output}/instructions.md", "w") as markdown:
         markdown.write(f"| {name} | {row['client']:,} | {row['server']:,} | {row['both']:,} | {spread} |\n")
 print(open(f"{output}/instructions.md").read(), end="")
 if update:
-    json.dump({name: round(row["both"] * 1.1) for name, row in rows.items()}, open(update, "w"), indent=2)
+    json.dump({name: round(row["both"] * 1.1) for name, row in rows.items() if not name.startswith("floor:")}, open(update, "w"), indent=2)
     print(f"wrote {update}", file=sys.stderr)
 status = 0
 if check:
@@ -115,6 +134,8 @@ if check:
         print(f"no thresholds file {check} (this Swift version has none yet): make it with --update {check}", file=sys.stderr)
         sys.exit(3)
     for name, row in rows.items():
+        if name.startswith("floor:"):
+            continue
         limit = thresholds.get(name)
         if limit is None:
             print(f"no threshold for {name}: add it with --update", file=sys.stderr); status = 1

@@ -10,9 +10,10 @@ let package = Package(
     platforms: [.macOS(.v15)],
     dependencies: [.package(name: "ipcbench", path: "../..")],
     targets: [
+        .target(name: "CFloorSystem"),
         .executableTarget(
             name: "round-trip-instructions",
-            dependencies: [.product(name: "IPCCore", package: "ipcbench"), .product(name: "UnixSocketTransport", package: "ipcbench")]
+            dependencies: ["CFloorSystem", .product(name: "IPCCore", package: "ipcbench"), .product(name: "UnixSocketTransport", package: "ipcbench")]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -3,12 +3,16 @@
 // 3.19 crashes on a Swift program whose `main` is `async` (its main thread parks in libdispatch's
 // signal thread), so the async work runs in a task and `main` waits for it.
 //
-//   round-trip-instructions serve  <group directory> <on-loop|task>
-//   round-trip-instructions client <group directory> <round trips> <payload bytes>
+//   round-trip-instructions serve  <group directory> <on-loop|task|floor|floor-task>
+//   round-trip-instructions client <group directory> <round trips> <payload bytes> [engine|floor|floor-cancellable]
 //
 // The server listens at `<group>/echo` over unix-socket (binary framing), echoes every request,
 // and exits once its one client has gone. The client connects (retrying until the server is
 // there), then makes its round trips from a task on the connection's executor, one at a time.
+// `floor`, `floor-task` (a server) and `floor`, `floor-cancellable` (a client) are the Swift floor instead of
+// the engine (SwiftFloor.swift): the same frames, with nothing but what any Swift program
+// needs for them. With `ROUND_TRIP_TIMES` set, a client prints its round trips' median and 99th
+// percentile (the counted runs leave it unset: no clock is read).
 import Dispatch
 import Foundation
 import IPCCore
@@ -37,7 +41,7 @@ final class LockedError: @unchecked Sendable {
 }
 
 func usage() -> Never {
-    FileHandle.standardError.write(Data("usage: round-trip-instructions serve <group directory> <on-loop|task> | client <group directory> <round trips> <payload bytes>\n".utf8))
+    FileHandle.standardError.write(Data("usage: round-trip-instructions serve <group directory> <on-loop|task|floor|floor-task> | client <group directory> <round trips> <payload bytes> [engine|floor|floor-cancellable]\n".utf8))
     exit(64)
 }
 
@@ -53,6 +57,13 @@ do {
 let transport = UnixSocketTransport(framing: .binary)
 
 switch arguments[1] {
+case "serve" where arguments[3] == "floor" || arguments[3] == "floor-task":
+    do {
+        try runFloorServer(path: arguments[2] + "/echo.sock", handingOff: arguments[3] == "floor-task")
+    } catch {
+        FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
+        exit(1)
+    }
 case "serve":
     let options: ConnectionOptions
     switch arguments[3] {
@@ -69,8 +80,17 @@ case "serve":
             return
         }
     }
+case "client" where arguments.count == 6 && arguments[5] != "engine":
+    guard let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0, ["floor", "floor-cancellable"].contains(arguments[5]) else { usage() }
+    do {
+        // The server is there: the script starts a client once the socket exists.
+        try runFloorClient(path: arguments[2] + "/echo.sock", count: count, size: size, cancellable: arguments[5] == "floor-cancellable")
+    } catch {
+        FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
+        exit(1)
+    }
 case "client":
-    guard arguments.count == 5, let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0 else { usage() }
+    guard (5...6).contains(arguments.count), let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0 else { usage() }
     runAndWait {
         var connection: (any MessageConnection)?
         let deadline = ContinuousClock.now + .seconds(120)
@@ -85,12 +105,16 @@ case "client":
         defer { connection.invalidate() }
         let payload = [UInt8](repeating: 0xA5, count: size)
         try await withTaskExecutorPreference(connection.preferredTaskExecutor) {
+            var times = RoundTripTimes(count: count)
             for _ in 0..<count {
+                let start = RoundTripTimes.now()
                 let reply = try await connection.request(payload, msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
+                times.record(since: start)
                 guard reply.count == size else {
                     throw IPCError(code: .malformedPayload, message: "the echo of \(size) bytes came back with \(reply.count)")
                 }
             }
+            times.report()
         }
     }
 default:

@@ -1,0 +1,520 @@
+// The Swift floor: the least a Swift program does for the same round trip, to tell the engine's
+// own instructions from what any async Swift client must spend (Scripts/instructions.sh, the
+// "floor:" rows; docs/ENGINE.md, "What it costs").
+//
+// - `FloorClient`: an `async` request on a task executor of its own, as the engine's client
+//   makes it, with nothing else: one thread that runs the executor's jobs and waits in
+//   `epoll_wait` for the socket (and for an eventfd that other threads ring when they enqueue),
+//   one request outstanding, no request table, no timeouts, no write queue. A request writes its
+//   frame (`writev`: header and payload), suspends on a continuation, and is resumed by the loop
+//   once the reply frame is read; the reply is a new `[UInt8]`, as `request` returns. With
+//   `cancellable`, the await is also inside `withTaskCancellationHandler`, as a request that can
+//   be cancelled must be.
+// - `runFloorServer`: a synchronous epoll echo server, the engine's on-loop handler without the
+//   engine: it waits in `epoll_wait`, reads a request frame and writes its reply. With
+//   `handingOff`, the default async handler without the engine: the loop hands each request to
+//   one kept task on a serving thread of its own (a task executor that sleeps in a blocking
+//   eventfd read), which calls an async handler closure and writes the reply; the C floor that
+//   does the same is `unix-stream+epoll+handoff`.
+//
+// Both speak binary framing (docs/WIRE-FORMAT.md, section 2), so each can face the engine's
+// side: the floor client the engine's server, the engine's client the floor server.
+import CFloorSystem
+import Foundation
+import Glibc
+import Synchronization
+
+/// Binary framing's 20-byte header (docs/WIRE-FORMAT.md, 2.1).
+struct FloorHeader {
+    static let count = 20
+    var kind: UInt8
+    var msgid: UInt32
+    var correlation: UInt64
+    var length: UInt32
+
+    func write(to bytes: UnsafeMutableRawBufferPointer) {
+        bytes[0] = 0x49
+        bytes[1] = 0x50
+        bytes[2] = 1
+        bytes[3] = kind
+        bytes.storeBytes(of: msgid.bigEndian, toByteOffset: 4, as: UInt32.self)
+        bytes.storeBytes(of: correlation.bigEndian, toByteOffset: 8, as: UInt64.self)
+        bytes.storeBytes(of: length.bigEndian, toByteOffset: 16, as: UInt32.self)
+    }
+
+    /// The header at the start of `bytes`, or `nil` if it is not a version-1 header of a known kind.
+    init?(_ bytes: UnsafeRawBufferPointer) {
+        guard bytes.count >= Self.count, bytes[0] == 0x49, bytes[1] == 0x50, bytes[2] == 1, (1...4).contains(bytes[3]) else { return nil }
+        kind = bytes[3]
+        msgid = UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self))
+        correlation = UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+        length = UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt32.self))
+    }
+
+    init(kind: UInt8, msgid: UInt32, correlation: UInt64, length: UInt32) {
+        self.kind = kind
+        self.msgid = msgid
+        self.correlation = correlation
+        self.length = length
+    }
+}
+
+struct FloorError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+    static func errno(_ call: String) -> FloorError { FloorError("\(call) failed: errno \(Glibc.errno)") }
+}
+
+/// A stream socket connected to the unix-socket endpoint at `path`.
+func floorConnect(path: String) throws -> CInt {
+    let fd = socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw FloorError.errno("socket") }
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(path.utf8)
+    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { close(fd); throw FloorError("path too long: \(path)") }
+    withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+    let result = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    guard result == 0 else { let error = FloorError.errno("connect"); close(fd); throw error }
+    return fd
+}
+
+/// Reads exactly `bytes.count` bytes from blocking `fd`; `false` at the end of the stream.
+func floorReadFully(_ fd: CInt, _ bytes: UnsafeMutableRawBufferPointer) throws -> Bool {
+    var done = 0
+    while done < bytes.count {
+        let got = read(fd, bytes.baseAddress! + done, bytes.count - done)
+        if got == 0 { return false }
+        if got < 0 {
+            if errno == EINTR { continue }
+            throw FloorError.errno("read")
+        }
+        done += got
+    }
+    return true
+}
+
+/// Writes the header and payload in one `writev`, then whatever it left, until all went.
+func floorWrite(_ fd: CInt, header: FloorHeader, payload: UnsafeRawBufferPointer) throws {
+    try withUnsafeTemporaryAllocation(byteCount: FloorHeader.count, alignment: 8) { head in
+        header.write(to: head)
+        var vectors = (
+            iovec(iov_base: head.baseAddress, iov_len: head.count),
+            iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress), iov_len: payload.count)
+        )
+        let total = head.count + payload.count
+        let wrote = withUnsafeMutableBytes(of: &vectors) { writev(fd, $0.baseAddress!.assumingMemoryBound(to: iovec.self), 2) }
+        guard wrote >= 0 else { throw FloorError.errno("writev") }
+        var done = wrote
+        // A short write (not seen with 64-byte frames): the rest, byte-exact.
+        while done < total {
+            let got = done < head.count
+                ? write(fd, head.baseAddress! + done, head.count - done)
+                : write(fd, payload.baseAddress! + (done - head.count), total - done)
+            if got < 0 {
+                if errno == EINTR { continue }
+                throw FloorError.errno("write")
+            }
+            done += got
+        }
+    }
+}
+
+/// The minimal async client: a task executor on one thread that waits in `epoll_wait`.
+final class FloorClient: TaskExecutor, @unchecked Sendable {
+    // @unchecked: `jobs` is behind a Mutex and `sleeping`, `stopped` are atomics; every other
+    // field is touched on the loop's thread only (the task runs there).
+    private let fd: CInt
+    private let epoll: CInt
+    private let wake: CInt
+    private let jobs = Mutex<[UnownedJob]>([])
+    private let sleeping = Atomic<Bool>(false)
+    private let stopped = Atomic<Bool>(false)
+    private var draining: [UnownedJob] = []
+    private var waiting: UnsafeContinuation<[UInt8], any Error>?
+    private var waitingCorrelation: UInt64 = 0
+    private var buffer: [UInt8]
+    private var buffered = 0
+
+    init(path: String, maximumPayload: Int) throws {
+        fd = try floorConnect(path: path)
+        epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
+        wake = eventfd(0, CInt(EFD_CLOEXEC))
+        guard epoll >= 0, wake >= 0 else { throw FloorError.errno("epoll_create1 or eventfd") }
+        buffer = [UInt8](repeating: 0, count: FloorHeader.count + maximumPayload)
+        for descriptor in [fd, wake] {
+            var event = epoll_event()
+            event.events = EPOLLIN.rawValue
+            event.data.fd = descriptor
+            guard epoll_ctl(epoll, EPOLL_CTL_ADD, descriptor, &event) == 0 else { throw FloorError.errno("epoll_ctl") }
+        }
+    }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        jobs.withLock { $0.append(job) }
+        if sleeping.exchange(false, ordering: .sequentiallyConsistent) { ring() }
+    }
+
+    private func ring() {
+        var one: UInt64 = 1
+        _ = Glibc.write(wake, &one, 8)
+    }
+
+    func stop() {
+        stopped.store(true, ordering: .sequentiallyConsistent)
+        ring()
+    }
+
+    /// Runs jobs and reads replies until ``stop()``; call on the thread that is to be the loop's.
+    func run() throws {
+        var events = (epoll_event(), epoll_event())
+        while !stopped.load(ordering: .sequentiallyConsistent) {
+            jobs.withLock { swap(&$0, &draining) }
+            if !draining.isEmpty {
+                for job in draining { job.runSynchronously(on: asUnownedTaskExecutor()) }
+                draining.removeAll(keepingCapacity: true)
+                continue
+            }
+            sleeping.store(true, ordering: .sequentiallyConsistent)
+            // A job enqueued before `sleeping` was set rings nobody: look once more.
+            if jobs.withLock({ !$0.isEmpty }) {
+                sleeping.store(false, ordering: .sequentiallyConsistent)
+                continue
+            }
+            let count = withUnsafeMutableBytes(of: &events) { epoll_wait(epoll, $0.baseAddress!.assumingMemoryBound(to: epoll_event.self), 2, -1) }
+            sleeping.store(false, ordering: .sequentiallyConsistent)
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw FloorError.errno("epoll_wait")
+            }
+            for index in 0..<Int(count) {
+                let descriptor = withUnsafeBytes(of: &events) { $0.load(fromByteOffset: index * MemoryLayout<epoll_event>.stride, as: epoll_event.self).data.fd }
+                if descriptor == wake {
+                    var value: UInt64 = 0
+                    _ = read(wake, &value, 8)
+                } else {
+                    try readReply()
+                }
+            }
+        }
+    }
+
+    /// Reads what the socket has; a whole reply frame resumes the waiting request.
+    private func readReply() throws {
+        let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + buffered, $0.count - buffered) }
+        guard got > 0 else {
+            let error = got == 0 ? FloorError("the server closed the connection") : FloorError.errno("read")
+            if got < 0, errno == EINTR || errno == EAGAIN { return }
+            waiting?.resume(throwing: error)
+            waiting = nil
+            throw error
+        }
+        buffered += got
+        guard buffered >= FloorHeader.count else { return }
+        let header = buffer.withUnsafeBytes { FloorHeader(UnsafeRawBufferPointer(rebasing: $0[..<FloorHeader.count])) }
+        guard let header, header.kind == 3, Int(header.length) <= buffer.count - FloorHeader.count else {
+            throw FloorError("not a reply frame this client can hold")
+        }
+        let total = FloorHeader.count + Int(header.length)
+        guard buffered >= total else { return }
+        guard buffered == total, let continuation = waiting, header.correlation == waitingCorrelation else {
+            throw FloorError("a reply nobody waits for (correlation \(header.correlation))")
+        }
+        waiting = nil
+        buffered = 0
+        continuation.resume(returning: Array(buffer[FloorHeader.count..<total]))
+    }
+
+    /// Sends a request and waits for its reply; the task must run on this executor.
+    func request(_ payload: [UInt8], msgid: UInt32, correlation: UInt64) async throws -> [UInt8] {
+        try payload.withUnsafeBytes {
+            try floorWrite(fd, header: FloorHeader(kind: 2, msgid: msgid, correlation: correlation, length: UInt32($0.count)), payload: $0)
+        }
+        return try await withUnsafeThrowingContinuation { continuation in
+            waiting = continuation
+            waitingCorrelation = correlation
+        }
+    }
+
+    /// ``request(_:msgid:correlation:)`` inside a cancellation handler, as a request that can be
+    /// cancelled awaits. (Nothing cancels here: what is counted is the handler's record.)
+    func cancellableRequest(_ payload: [UInt8], msgid: UInt32, correlation: UInt64, cancelled: borrowing Atomic<Bool>) async throws -> [UInt8] {
+        try await withTaskCancellationHandler {
+            try await request(payload, msgid: msgid, correlation: correlation)
+        } onCancel: {
+            cancelled.store(true, ordering: .relaxed)
+        }
+    }
+
+    deinit {
+        close(fd)
+        close(epoll)
+        close(wake)
+    }
+}
+
+/// Makes `count` round trips of `size` bytes from a task on a ``FloorClient``'s executor, the
+/// loop running on the calling thread.
+func runFloorClient(path: String, count: Int, size: Int, cancellable: Bool) throws {
+    let client = try FloorClient(path: path, maximumPayload: size)
+    let failure = Mutex<(any Error)?>(nil)
+    let cancelled = Atomic<Bool>(false)
+    let payload = [UInt8](repeating: 0xA5, count: size)
+    Task(executorPreference: client) {
+        var times = RoundTripTimes(count: count)
+        do {
+            for index in 0..<count {
+                let start = RoundTripTimes.now()
+                let correlation = UInt64(index + 1)
+                let reply = cancellable
+                    ? try await client.cancellableRequest(payload, msgid: 1, correlation: correlation, cancelled: cancelled)
+                    : try await client.request(payload, msgid: 1, correlation: correlation)
+                times.record(since: start)
+                guard reply.count == size else { throw FloorError("the echo of \(size) bytes came back with \(reply.count)") }
+            }
+            times.report()
+        } catch {
+            failure.withLock { $0 = error }
+        }
+        client.stop()
+    }
+    try client.run()
+    if let error = failure.withLock({ $0 }) { throw error }
+}
+
+/// A serving thread: runs the jobs of the tasks that prefer it, and sleeps in a blocking read of
+/// an eventfd that ``enqueue(_:)`` rings when it finds it asleep.
+final class FloorServingThread: TaskExecutor, @unchecked Sendable {
+    // @unchecked: `jobs` is behind a Mutex, `sleeping` and `stopped` are atomics, `draining` is
+    // the serving thread's only.
+    private let jobs = Mutex<[UnownedJob]>([])
+    private let sleeping = Atomic<Bool>(false)
+    private let stopped = Atomic<Bool>(false)
+    private let wake: CInt
+    private var draining: [UnownedJob] = []
+    /// What the serving task failed with, if it did.
+    let failure = Mutex<(any Error)?>(nil)
+    /// Set when ``run()`` has returned.
+    let finished = Atomic<Bool>(false)
+
+    init() throws {
+        wake = eventfd(0, CInt(EFD_CLOEXEC))
+        guard wake >= 0 else { throw FloorError.errno("eventfd") }
+    }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        jobs.withLock { $0.append(job) }
+        if sleeping.exchange(false, ordering: .sequentiallyConsistent) { ring() }
+    }
+
+    private func ring() {
+        var one: UInt64 = 1
+        _ = Glibc.write(wake, &one, 8)
+    }
+
+    func stop() {
+        stopped.store(true, ordering: .sequentiallyConsistent)
+        ring()
+    }
+
+    /// Runs jobs until ``stop()``; call on the thread that is to serve.
+    func run() {
+        while !stopped.load(ordering: .sequentiallyConsistent) {
+            jobs.withLock { swap(&$0, &draining) }
+            if !draining.isEmpty {
+                for job in draining { job.runSynchronously(on: asUnownedTaskExecutor()) }
+                draining.removeAll(keepingCapacity: true)
+                continue
+            }
+            sleeping.store(true, ordering: .sequentiallyConsistent)
+            if jobs.withLock({ !$0.isEmpty }) || stopped.load(ordering: .sequentiallyConsistent) {
+                sleeping.store(false, ordering: .sequentiallyConsistent)
+                continue
+            }
+            var value: UInt64 = 0
+            _ = read(wake, &value, 8)
+        }
+        finished.store(true, ordering: .sequentiallyConsistent)
+    }
+
+    deinit { close(wake) }
+}
+
+/// A request handed from the loop to the serving task.
+struct FloorRequest: Sendable {
+    var msgid: UInt32
+    var correlation: UInt64
+    var payload: [UInt8]
+}
+
+/// Requests from the loop to the serving task: each goes to the task if it waits, else waits
+/// for it; `nil` ends the task.
+final class FloorMailbox: @unchecked Sendable {
+    private struct State {
+        var requests: [FloorRequest?] = []
+        var waiting: UnsafeContinuation<FloorRequest?, Never>?
+    }
+    // @unchecked: everything is behind the Mutex.
+    private let state = Mutex(State())
+
+    func post(_ request: FloorRequest?) {
+        let waiting: UnsafeContinuation<FloorRequest?, Never>? = state.withLock { state in
+            if let waiting = state.waiting {
+                state.waiting = nil
+                return waiting
+            }
+            state.requests.append(request)
+            return nil
+        }
+        waiting?.resume(returning: request)
+    }
+
+    func next() async -> FloorRequest? {
+        await withUnsafeContinuation { continuation in
+            let ready: FloorRequest?? = state.withLock { state in
+                if !state.requests.isEmpty { return .some(state.requests.removeFirst()) }
+                state.waiting = continuation
+                return .none
+            }
+            if let ready { continuation.resume(returning: ready) }
+        }
+    }
+}
+
+/// Serves one client at `path` until it goes: echoes on the loop (synchronous), or, with
+/// `handingOff`, from a kept task on a serving thread through an async handler closure.
+func runFloorServer(path: String, handingOff: Bool) throws {
+    let listener = socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
+    guard listener >= 0 else { throw FloorError.errno("socket") }
+    defer { close(listener) }
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+    // Bound under a temporary name and renamed, so the client never finds a socket that does
+    // not listen yet.
+    let temporary = path + ".binding"
+    var bindAddress = sockaddr_un()
+    bindAddress.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &bindAddress.sun_path) { $0.copyBytes(from: Array(temporary.utf8)) }
+    let bound = withUnsafePointer(to: &bindAddress) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    guard bound == 0, listen(listener, 1) == 0, rename(temporary, path) == 0 else { throw FloorError.errno("bind, listen or rename") }
+    defer { unlink(path) }
+    let fd = accept(listener, nil, nil)
+    guard fd >= 0 else { throw FloorError.errno("accept") }
+    defer { close(fd) }
+    let epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
+    guard epoll >= 0 else { throw FloorError.errno("epoll_create1") }
+    defer { close(epoll) }
+    var event = epoll_event()
+    event.events = EPOLLIN.rawValue
+    event.data.fd = fd
+    guard epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) == 0 else { throw FloorError.errno("epoll_ctl") }
+    var buffer = [UInt8](repeating: 0, count: FloorHeader.count + (1 << 20))
+    var buffered = 0
+    // The hand-off: a serving thread, and one task on it that answers every request.
+    let mailbox = FloorMailbox()
+    let serving = handingOff ? try FloorServingThread() : nil
+    if let serving {
+        let handler: @Sendable (UInt32, [UInt8]) async throws -> [UInt8] = { _, payload in payload }
+        Task(executorPreference: serving) {
+            do {
+                while let request = await mailbox.next() {
+                    let reply = try await handler(request.msgid, request.payload)
+                    try reply.withUnsafeBytes {
+                        try floorWrite(fd, header: FloorHeader(kind: 3, msgid: request.msgid, correlation: request.correlation, length: UInt32($0.count)), payload: $0)
+                    }
+                }
+            } catch {
+                serving.failure.withLock { $0 = error }
+            }
+            serving.stop()
+        }
+        Thread { serving.run() }.start()
+    }
+    // At the client's end: the task is told to finish, and what it failed with is this server's.
+    defer {
+        if let serving {
+            mailbox.post(nil)
+            while !serving.finished.load(ordering: .sequentiallyConsistent) { usleep(1000) }
+        }
+    }
+    while true {
+        var ready = epoll_event()
+        let count = epoll_wait(epoll, &ready, 1, -1)
+        if count < 0 {
+            if errno == EINTR { continue }
+            throw FloorError.errno("epoll_wait")
+        }
+        let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + buffered, $0.count - buffered) }
+        if got == 0 {
+            if let serving {
+                mailbox.post(nil)
+                while !serving.finished.load(ordering: .sequentiallyConsistent) { usleep(1000) }
+                if let error = serving.failure.withLock({ $0 }) { throw error }
+            }
+            return
+        }
+        if got < 0 {
+            if errno == EINTR || errno == EAGAIN { continue }
+            throw FloorError.errno("read")
+        }
+        buffered += got
+        // Every whole request in the buffer, answered in order.
+        var start = 0
+        try buffer.withUnsafeBytes { bytes in
+            while buffered - start >= FloorHeader.count {
+                guard let header = FloorHeader(UnsafeRawBufferPointer(rebasing: bytes[start..<(start + FloorHeader.count)])), header.kind == 2,
+                      Int(header.length) <= bytes.count - FloorHeader.count else { throw FloorError("not a request frame this server can hold") }
+                let total = FloorHeader.count + Int(header.length)
+                guard buffered - start >= total else { break }
+                let payload = UnsafeRawBufferPointer(rebasing: bytes[(start + FloorHeader.count)..<(start + total)])
+                if handingOff {
+                    mailbox.post(FloorRequest(msgid: header.msgid, correlation: header.correlation, payload: Array(payload)))
+                } else {
+                    let reply = FloorHeader(kind: 3, msgid: header.msgid, correlation: header.correlation, length: header.length)
+                    try floorWrite(fd, header: reply, payload: payload)
+                }
+                start += total
+            }
+        }
+        if start > 0 {
+            buffer.withUnsafeMutableBytes { $0.baseAddress!.copyMemory(from: $0.baseAddress! + start, byteCount: buffered - start) }
+            buffered -= start
+        }
+    }
+}
+
+/// Each round trip's time, kept only when the environment sets `ROUND_TRIP_TIMES` (a timed run
+/// outside valgrind; the counted runs read no clock). `report()` prints the median and the 99th
+/// percentile on standard output.
+struct RoundTripTimes {
+    static let enabled = getenv("ROUND_TRIP_TIMES") != nil
+    private var times: [UInt64] = []
+
+    init(count: Int) {
+        if Self.enabled { times.reserveCapacity(count) }
+    }
+
+    static func now() -> UInt64 {
+        guard enabled else { return 0 }
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+
+    mutating func record(since start: UInt64) {
+        if Self.enabled { times.append(Self.now() - start) }
+    }
+
+    func report() {
+        guard Self.enabled, !times.isEmpty else { return }
+        let sorted = times.sorted()
+        print("round trips \(sorted.count) p50 \(sorted[sorted.count / 2]) ns p99 \(sorted[sorted.count * 99 / 100]) ns")
+    }
+}

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Round-trip time of the Swift floor beside the engine and the C floor, interleaved: how much of
+# the engine's time over the C floor any async Swift client must spend, and how much is the
+# engine's own (docs/ENGINE.md, "The Swift floor").
+#
+# unix-socket binary framing, 64-byte echo requests, one at a time, between two processes of
+# Benchmarks/RoundTripInstructions (the binary Scripts/instructions.sh counts under callgrind).
+# Each round runs these pairs, in this order, each for --round-trips round trips:
+#
+#   server   client              what it is
+#   floor    floor               the Swift floor: a minimal async client on a task executor of
+#                                its own (one thread, epoll), a synchronous epoll echo server
+#   floor    floor-cancellable   the same, the request awaited inside a cancellation handler
+#   on-loop  floor-cancellable   the engine's server with its on-loop handler
+#   floor    engine              the engine's client (a task on the connection's executor)
+#   on-loop  engine              both the engine's: the harness's on-loop-handler row
+#   floor-task floor-cancellable the Swift floor of the default async handler: the server's
+#                                loop hands each request to a kept task on a serving thread of
+#                                its own, which calls an async handler closure and replies
+#   task     engine              both the engine's, the default async handler: its main row
+#
+# then `ipcbench floor` for the C floors `unix-stream+epoll`, `unix-stream+epoll+handoff` and
+# `unix-stream` at 64 B with the same placement. Each client reports its round trips' median and
+# 99th percentile (the clock is read only in these timed runs); the table gives each pair's
+# median over the rounds, the range of the rounds' medians, and the ratio to the median of the C
+# floor that does the same work: `unix-stream+epoll+handoff` for the pairs whose server hands
+# requests to a task, `unix-stream+epoll` for the others.
+#
+#   Scripts/swift-floor.sh [--rounds N] [--round-trips N] [--placement same-core|split-cores]... [--output DIR]
+#     --rounds       rounds of every pair (default 5)
+#     --round-trips  round trips a pair makes in a round (default 20000)
+#     --placement    same-core (both processes on CPU 0) or split-cores (client on CPU 0, server
+#                    on CPU 1); repeat for both (the default)
+#     --output       writes swift-floor.json and swift-floor.md there (default: a temporary folder)
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "$0")/.."
+
+rounds=5 trips=20000 output="" placements=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --rounds) rounds="$2"; shift ;;
+        --round-trips) trips="$2"; shift ;;
+        --placement) placements+=("$2"); shift ;;
+        --output) output="$2"; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "usage: $0 [--rounds N] [--round-trips N] [--placement same-core|split-cores]... [--output DIR]" >&2; exit 64 ;;
+    esac
+    shift
+done
+[ ${#placements[@]} -eq 0 ] && placements=(same-core split-cores)
+for placement in "${placements[@]}"; do
+    case "$placement" in
+        same-core|split-cores) ;;
+        *) echo "unknown placement: $placement (same-core or split-cores)" >&2; exit 64 ;;
+    esac
+done
+case "$rounds$trips" in *[!0-9]*) echo "--rounds and --round-trips take whole numbers" >&2; exit 64 ;; esac
+[ "$rounds" -ge 1 ] && [ "$trips" -ge 100 ] || { echo "--rounds must be at least 1 and --round-trips at least 100" >&2; exit 64; }
+[ "$(nproc)" -ge 2 ] || [[ " ${placements[*]} " != *" split-cores "* ]] || { echo "split-cores needs two CPUs; this machine has $(nproc)" >&2; exit 64; }
+
+Scripts/install-system-packages.sh
+swift build -c release --product ipcbench >&2
+swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
+binary=Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+output=${output:-$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-swift-floor-XXXXXX")}
+mkdir -p "$output"
+output=$(cd "$output" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-swift-floor-work-XXXXXX")
+cleanup() {
+    [ -f "$work/server" ] && kill "$(cat "$work/server")" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+samples="$work/samples.txt"
+: > "$samples"
+for placement in "${placements[@]}"; do
+    if [ "$placement" = same-core ]; then server_cpu=0; else server_cpu=1; fi
+    for round in $(seq 1 "$rounds"); do
+        echo "== $placement, round $round of $rounds" >&2
+        for pair in "floor floor" "floor floor-cancellable" "on-loop floor-cancellable" "floor engine" "on-loop engine" "floor-task floor-cancellable" "task engine"; do
+            read -r server client <<< "$pair"
+            group=$(mktemp -d "$work/group-XXXXXX")
+            taskset -c "$server_cpu" "$binary" serve "$group" "$server" > "$group/server.log" 2>&1 &
+            echo $! > "$work/server"
+            waited=0
+            while [ ! -S "$group/echo.sock" ]; do
+                sleep 0.02
+                waited=$((waited + 1))
+                if [ "$waited" -gt 3000 ] || ! kill -0 "$(cat "$work/server")" 2>/dev/null; then
+                    echo "the $server server did not start:" >&2; cat "$group/server.log" >&2; exit 1
+                fi
+            done
+            if ! line=$(ROUND_TRIP_TIMES=1 taskset -c 0 "$binary" client "$group" "$trips" 64 "$client" 2> "$group/client.log"); then
+                echo "the $client client failed against the $server server:" >&2; cat "$group/client.log" >&2; exit 1
+            fi
+            wait "$(cat "$work/server")" || { echo "the $server server failed:" >&2; cat "$group/server.log" >&2; exit 1; }
+            rm -f "$work/server"
+            echo "$placement $server $client $line" >> "$samples"
+        done
+        .build/release/ipcbench floor --mechanism unix-stream+epoll --mechanism unix-stream+epoll+handoff --mechanism unix-stream --placement "$placement" --size 64 \
+            --sample-scale "$(python3 -c "print($trips / 20000)")" --output "$work/c-$placement-$round" > /dev/null
+        python3 - "$work/c-$placement-$round/results.json" "$placement" >> "$samples" <<'PYTHON'
+import json, sys
+for row in json.load(open(sys.argv[1]))["latency"]:
+    if row["payloadBytes"] == 64:
+        print(f"{sys.argv[2]} C {row['transport']} round trips {row['samples']} p50 {row['p50']} ns p99 {row['p99']} ns")
+PYTHON
+    done
+done
+
+python3 - "$samples" "$output" "$rounds" "$trips" <<'PYTHON'
+import json, re, statistics, sys
+samples, output, rounds, trips = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+names = {
+    ("floor", "floor"): "Swift floor",
+    ("floor", "floor-cancellable"): "Swift floor, cancellable request",
+    ("on-loop", "floor-cancellable"): "engine server (on-loop handler), Swift floor client (cancellable)",
+    ("floor", "engine"): "Swift floor server, engine client",
+    ("on-loop", "engine"): "engine, on-loop handler",
+    ("floor-task", "floor-cancellable"): "Swift floor, async handler on a serving thread",
+    ("task", "engine"): "engine, async handler (main rows)",
+}
+# The C floor that does each pair's work: a hand-off to a serving thread, or the loop's own.
+handing_off = {"Swift floor, async handler on a serving thread", "engine, async handler (main rows)", "C floor:unix-stream+epoll+handoff"}
+rows = {}
+for line in open(samples):
+    fields = line.split()
+    match = re.search(r"round trips (\d+) p50 (\d+) ns p99 (\d+) ns", line)
+    if not match:
+        sys.exit(f"unreadable sample: {line!r}")
+    placement = fields[0]
+    name = f"C {fields[2]}" if fields[1] == "C" else names[(fields[1], fields[2])]
+    row = rows.setdefault(placement, {}).setdefault(name, {"p50": [], "p99": []})
+    row["p50"].append(int(match[2]))
+    row["p99"].append(int(match[3]))
+result = {"unit": "nanoseconds per round trip, unix-socket binary 64 B", "rounds": rounds, "roundTripsPerRound": trips, "placements": {}}
+lines = []
+for placement, table in rows.items():
+    floors = {False: "C floor:unix-stream+epoll", True: "C floor:unix-stream+epoll+handoff"}
+    medians = {hands: statistics.median(table[name]["p50"]) for hands, name in floors.items()}
+    lines += [f"### {placement}", "", "| pair | p50 (median of rounds) | rounds' p50 | p99 (median) | ÷ C floor of the same work |", "|---|---:|---|---:|---|"]
+    entries = {}
+    for name, row in table.items():
+        p50, p99 = statistics.median(row["p50"]), statistics.median(row["p99"])
+        hands = name in handing_off
+        ratio = p50 / medians[hands]
+        entries[name] = {"p50": p50, "p99": p99, "roundP50s": row["p50"], "roundP99s": row["p99"], "sameWorkFloor": floors[hands][2:], "ratioToSameWorkFloor": round(ratio, 3)}
+        lines.append(f"| {name} | {p50 / 1000:.2f} µs | {min(row['p50']) / 1000:.2f}–{max(row['p50']) / 1000:.2f} | {p99 / 1000:.2f} µs | {ratio:.2f}× {floors[hands][8:]} |")
+    result["placements"][placement] = entries
+    lines.append("")
+json.dump(result, open(f"{output}/swift-floor.json", "w"), indent=2)
+open(f"{output}/swift-floor.md", "w").write("\n".join(lines))
+print("\n".join(lines))
+PYTHON
+echo "wrote $output" >&2
