@@ -493,6 +493,7 @@ void nf_close(nf_channel *channel) {
     if (channel->mapping != NULL) munmap(channel->mapping, channel->mapping_length);
     free(channel->buffer);
     free(channel->scratch);
+    free(channel->coalesced);
     free(channel);
 }
 
@@ -515,9 +516,14 @@ void nf_close_fd(int *fd) {
 int nf_write_all(int fd, struct iovec *vector, int count, bool socket, nf_channel *polling) {
     while (count > 0) {
         ssize_t written;
-        if (socket) {
+        // One segment: `send` or `write`, which cost the kernel less than `sendmsg` or `writev`.
+        if (socket && count == 1) {
+            written = NF_RETRY(send(fd, vector->iov_base, vector->iov_len, MSG_NOSIGNAL | (polling != NULL ? MSG_DONTWAIT : 0)));
+        } else if (socket) {
             struct msghdr message = {.msg_iov = vector, .msg_iovlen = (size_t)count};
             written = NF_RETRY(sendmsg(fd, &message, MSG_NOSIGNAL | (polling != NULL ? MSG_DONTWAIT : 0)));
+        } else if (count == 1) {
+            written = NF_RETRY(write(fd, vector->iov_base, vector->iov_len));
         } else {
             written = NF_RETRY(writev(fd, vector, count));
         }

@@ -11,6 +11,12 @@
 
 /// Every message starts with its payload length in this many bytes.
 #define NF_HEADER_LENGTH 4
+/// The largest message (header and payload) a stream floor writes from one contiguous copy with
+/// one `send` (`write` for a FIFO) instead of as two segments of a gathering call; a batch of
+/// messages no larger together is copied too. The engine's unix-socket channel does the same up
+/// to the same size (UnixSocketChannel.coalescedFrameLimit): on Linux 6.18 a `sendmsg` costs
+/// more for every segment, up to about 650 ns a 64-byte message (docs/ENGINE.md, "Sending").
+#define NF_COALESCED_LIMIT 3584
 /// A header holding this value instead of a length says goodbye.
 #define NF_GOODBYE UINT32_MAX
 /// A header holding this value starts a one-way stream (nf_stream): the next message carries
@@ -70,6 +76,9 @@ struct nf_channel {
     unsigned char *buffer;
     /// mqueue: one queue message, for fragments that do not go straight to or from the payload.
     unsigned char *scratch;
+    /// Streams: NF_COALESCED_LIMIT bytes where a small message (or batch) is copied whole before
+    /// its write, made at the first such send. Only the sending thread uses it.
+    unsigned char *coalesced;
     long message_size;
     /// The epoll variants: the epoll instance every wait for a message goes through, made at the
     /// first wait (the descriptor it watches may come only with the initiator's connection).

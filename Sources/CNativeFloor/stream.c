@@ -1,5 +1,6 @@
 // The byte-stream mechanisms: an AF_UNIX stream socket and a pair of FIFOs. Both carry a
-// message as one gathering write of header and payload, and read it with as few reads as the
+// message as one write: of a copy of header and payload when it is small (NF_COALESCED_LIMIT),
+// else a gathering write of the two. They read it with as few reads as the
 // kernel allows; the other end closing reads as goodbye.
 #define _GNU_SOURCE
 #include "floor_internal.h"
@@ -13,18 +14,48 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/// The channel's buffer for coalesced writes (NF_COALESCED_LIMIT bytes), made at first use.
+static unsigned char *coalesced_buffer(nf_channel *channel) {
+    if (channel->coalesced == NULL) channel->coalesced = malloc(NF_COALESCED_LIMIT);
+    return channel->coalesced;
+}
+
 static int stream_send(nf_channel *channel, uint32_t length, const void *payload, bool socket) {
     uint32_t header = length;
-    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, NF_IS_CONTROL(length) ? 0 : length}};
+    size_t payload_length = NF_IS_CONTROL(length) ? 0 : length;
+    struct iovec vector[2] = {{&header, NF_HEADER_LENGTH}, {(void *)payload, payload_length}};
+    int count = 2;
+    // A small message goes as one copy in one segment (NF_COALESCED_LIMIT).
+    if (NF_HEADER_LENGTH + payload_length <= NF_COALESCED_LIMIT) {
+        unsigned char *buffer = coalesced_buffer(channel);
+        if (buffer == NULL) return -1;
+        memcpy(buffer, &header, NF_HEADER_LENGTH);
+        if (payload_length > 0) memcpy(buffer + NF_HEADER_LENGTH, payload, payload_length);
+        vector[0] = (struct iovec){buffer, NF_HEADER_LENGTH + payload_length};
+        count = 1;
+    }
     // unix-stream+epoll writes as an event loop does: without blocking, and after a partial
     // write it waits for room with epoll. unix-stream+epoll+handoff's responder writes from its
     // worker thread, which blocks for room (the epoll instance is its loop thread's).
-    return nf_write_all(channel->out_fd, vector, 2, socket, channel->mechanism == NF_UNIX_STREAM_EPOLL ? channel : NULL);
+    return nf_write_all(channel->out_fd, vector, count, socket, channel->mechanism == NF_UNIX_STREAM_EPOLL ? channel : NULL);
 }
 
 int nf_stream_send_batch(nf_channel *channel, uint32_t length, const void *payload, size_t messages, struct iovec *vector) {
     // Every header is the same length; the kernel only reads it.
     uint32_t header = length;
+    // A batch no larger than NF_COALESCED_LIMIT goes as one copy in one segment.
+    if (messages * (NF_HEADER_LENGTH + (size_t)length) <= NF_COALESCED_LIMIT) {
+        unsigned char *buffer = coalesced_buffer(channel);
+        if (buffer == NULL) return -1;
+        unsigned char *end = buffer;
+        for (size_t index = 0; index < messages; index++) {
+            memcpy(end, &header, NF_HEADER_LENGTH);
+            memcpy(end + NF_HEADER_LENGTH, payload, length);
+            end += NF_HEADER_LENGTH + length;
+        }
+        vector[0] = (struct iovec){buffer, (size_t)(end - buffer)};
+        return nf_write_all(channel->out_fd, vector, 1, true, channel);
+    }
     for (size_t index = 0; index < messages; index++) {
         vector[2 * index] = (struct iovec){&header, NF_HEADER_LENGTH};
         vector[2 * index + 1] = (struct iovec){(void *)payload, length};

@@ -32,6 +32,9 @@ struct send_slot {
     uint32_t header;
     struct iovec vector[2];
     struct msghdr message;
+    /// A small message's copy (NF_COALESCED_LIMIT), sent as one buffer while the send is in
+    /// flight; made at the slot's first such send.
+    unsigned char *coalesced;
 };
 
 struct nf_uring {
@@ -76,6 +79,7 @@ static void ring_free(struct nf_uring *ring) {
     if (ring->sq_ring != NULL && ring->sq_ring != MAP_FAILED) munmap(ring->sq_ring, ring->sq_ring_length);
     if (ring->fd >= 0) close(ring->fd);
     free(ring->input);
+    for (int index = 0; index < SLOTS; index++) free(ring->slots[index].coalesced);
     free(ring);
 }
 
@@ -266,6 +270,8 @@ static int await_receive(nf_channel *channel, struct nf_uring *ring) {
     return ring->receive_result;
 }
 
+static void tag_send(struct nf_uring *ring, struct io_uring_sqe *entry, struct send_slot *slot, bool tracked);
+
 /// Queues a send of a header and a payload. A tracked send (one of a stream, which runs ahead
 /// of the replies) takes a slot of its own, after waiting for one to be free, and posts its
 /// completion; a round trip's send posts one only if it fails, and always uses slot 0: the
@@ -283,8 +289,27 @@ static int queue_send(nf_channel *channel, struct nf_uring *ring, int fd, unsign
     }
     slot->busy = tracked;
     slot->header = header;
+    size_t payload_length = NF_IS_CONTROL(header) ? 0 : length;
+    // A small message goes as one copy in one buffer (IORING_OP_SEND), as the other stream
+    // floors send it (NF_COALESCED_LIMIT); a larger one as header and payload (IORING_OP_SENDMSG).
+    if (NF_HEADER_LENGTH + payload_length <= NF_COALESCED_LIMIT) {
+        if (slot->coalesced == NULL && (slot->coalesced = malloc(NF_COALESCED_LIMIT)) == NULL) return -1;
+        memcpy(slot->coalesced, &slot->header, NF_HEADER_LENGTH);
+        if (payload_length > 0) memcpy(slot->coalesced + NF_HEADER_LENGTH, payload, payload_length);
+        // The vectors say what the completion must report (reap): here, the one buffer.
+        slot->vector[0] = (struct iovec){slot->coalesced, NF_HEADER_LENGTH + payload_length};
+        slot->vector[1] = (struct iovec){NULL, 0};
+        struct io_uring_sqe *entry = next_entry(ring);
+        entry->opcode = IORING_OP_SEND;
+        set_file(ring, entry, fd, fixed_index);
+        entry->addr = (uint64_t)(uintptr_t)slot->coalesced;
+        entry->len = (uint32_t)(NF_HEADER_LENGTH + payload_length);
+        entry->msg_flags = MSG_NOSIGNAL | MSG_WAITALL;
+        tag_send(ring, entry, slot, tracked);
+        return 0;
+    }
     slot->vector[0] = (struct iovec){&slot->header, NF_HEADER_LENGTH};
-    slot->vector[1] = (struct iovec){(void *)payload, NF_IS_CONTROL(header) ? 0 : length};
+    slot->vector[1] = (struct iovec){(void *)payload, payload_length};
     memset(&slot->message, 0, sizeof(slot->message));
     slot->message.msg_iov = slot->vector;
     slot->message.msg_iovlen = 2;
@@ -293,6 +318,13 @@ static int queue_send(nf_channel *channel, struct nf_uring *ring, int fd, unsign
     set_file(ring, entry, fd, fixed_index);
     entry->addr = (uint64_t)(uintptr_t)&slot->message;
     entry->msg_flags = MSG_NOSIGNAL | MSG_WAITALL;
+    tag_send(ring, entry, slot, tracked);
+    return 0;
+}
+
+/// Marks a queued send: a tracked one posts its completion with its slot, an untracked one only
+/// if it fails.
+static void tag_send(struct nf_uring *ring, struct io_uring_sqe *entry, struct send_slot *slot, bool tracked) {
     if (tracked) {
         entry->user_data = (uint64_t)(slot - ring->slots) + 1;
         ring->sends_outstanding++;
@@ -300,7 +332,6 @@ static int queue_send(nf_channel *channel, struct nf_uring *ring, int fd, unsign
         entry->flags |= IOSQE_CQE_SKIP_SUCCESS;
         entry->user_data = UNTRACKED_TAG;
     }
-    return 0;
 }
 
 /// Queues a receive of up to `length` bytes into `buffer` and waits for it: the bytes read.

@@ -110,7 +110,8 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
 
     /// The floor whose stream, written ``ThroughputResult/batch`` messages at a time
     /// (``FloorMechanism/streamsInBatches``: one gathering `sendmsg` a batch, each message its
-    /// header and payload, without blocking), does the kernel work of the transport's batched
+    /// header and payload, or one `send` of a copy for a batch of at most 3,584 bytes, without
+    /// blocking), does the kernel work of the transport's batched
     /// stream (`send(contentsOf:)`, one gathering write a batch): ``unixStreamEpoll`` for
     /// unix-socket, `nil` for the others.
     public var batchedSameWork: FloorMechanism? {

@@ -192,6 +192,35 @@ public enum UnixSocket {
         }
     }
 
+    /// Writes as much of `bytes` as the kernel takes now: one `send` (never blocking, never
+    /// raising SIGPIPE). Returns the bytes written, 0 if the buffer is full. For a small frame,
+    /// one contiguous buffer sent this way costs the kernel less than its header and payload as
+    /// two segments of a `sendmsg` (docs/ENGINE.md, "Sending").
+    /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer closed the connection.
+    public static func writeIfReady(_ socket: FileDescriptor, bytes: UnsafeRawBufferPointer) throws -> Int {
+        guard let base = bytes.baseAddress, bytes.count > 0 else { return 0 }
+        while true {
+            if let written = try sent(send(socket.rawValue, base, bytes.count, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT)), by: "send") { return written }
+        }
+    }
+
+    /// A non-blocking send's outcome: the bytes written (0 if the buffer is full), or `nil` if
+    /// it was interrupted and is to be made again.
+    /// - Throws: ``IPCError/Code/peerInvalidated`` if the peer closed the connection, else the
+    ///   call's error.
+    private static func sent(_ result: Int, by call: String) throws -> Int? {
+        if result >= 0 { return result }
+        let error = Errno(rawValue: errno)
+        switch error {
+        case .interrupted: return nil
+        case .wouldBlock: return 0
+        case .brokenPipe, .connectionReset, .socketNotConnected:
+            throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
+        default:
+            throw IPCError.syscall(call, error)
+        }
+    }
+
     /// The most segments ``writeIfReady(_:segments:from:)`` takes in one call (`IOV_MAX` is 1024).
     public static let maximumSegments = 1024
 
@@ -218,24 +247,16 @@ public enum UnixSocket {
         }
     }
 
-    /// One non-blocking `sendmsg` of `count` vectors, retried when interrupted: the bytes
-    /// written, 0 if the buffer is full.
+    /// One non-blocking `sendmsg` of `count` vectors (a `send` for one), retried when
+    /// interrupted: the bytes written, 0 if the buffer is full.
     private static func sendNow(_ socket: FileDescriptor, _ vectors: UnsafeMutablePointer<iovec>, count: Int) throws -> Int {
+        // One segment: `send`, which the kernel takes with less work than `sendmsg`.
+        if count == 1 { return try writeIfReady(socket, bytes: UnsafeRawBufferPointer(start: vectors[0].iov_base, count: vectors[0].iov_len)) }
         var message = msghdr()
         message.msg_iov = vectors
         message.msg_iovlen = count
         while true {
-            let result = sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT))
-            if result >= 0 { return result }
-            let error = Errno(rawValue: errno)
-            switch error {
-            case .interrupted: continue
-            case .wouldBlock: return 0
-            case .brokenPipe, .connectionReset, .socketNotConnected:
-                throw IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
-            default:
-                throw IPCError.syscall("sendmsg", error)
-            }
+            if let written = try sent(sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT)), by: "sendmsg") { return written }
         }
     }
 

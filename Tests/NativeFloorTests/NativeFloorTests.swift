@@ -12,9 +12,10 @@ import Testing
 /// user's 800 KiB RLIMIT_MSGQUEUE, which the message-port tests draw on at the same time.
 @Suite("Native floor", .serialized, .usesMessageQueues)
 struct NativeFloorTests {
-    /// The payload sizes of the default run, and the sizes around one queue message (with its
-    /// 4-byte header) and one page.
-    static let sizes = [0, 1, 64, 4095, 4096, 8187, 8188, 8189, 8192, 65536, 1 << 20]
+    /// The payload sizes of the default run, the sizes around one queue message (with its
+    /// 4-byte header) and one page, and those around the largest message a stream floor sends
+    /// from one copy (3,584 bytes with its header, NF_COALESCED_LIMIT).
+    static let sizes = [0, 1, 64, 3579, 3580, 3581, 4095, 4096, 8187, 8188, 8189, 8192, 65536, 1 << 20]
 
     @Test("echoes every payload size intact", arguments: FloorMechanism.allCases)
     func echo(mechanism: FloorMechanism) async throws {
@@ -83,7 +84,8 @@ struct NativeFloorTests {
 
     /// unix-stream+epoll's batched stream, 8 messages a `sendmsg`, in every placement this
     /// machine has: counts that are not a multiple of 8 (the last write shorter) and one below
-    /// it, sizes from empty to 1 MiB (8 MiB a write: partial writes, and waits for room). The
+    /// it, sizes from empty to 1 MiB (8 MiB a write: partial writes, and waits for room), and
+    /// batches of 3,584 bytes and just over (one copy a batch up to NF_COALESCED_LIMIT). The
     /// peer's sink reads exactly count × (4 + size) bytes before it acknowledges, so a byte
     /// short hangs the stream (the deadline fails it), and a byte too many is read as the next
     /// request, which fails the echo after it.
@@ -93,7 +95,7 @@ struct NativeFloorTests {
         let group = try TestGroup()
         let session = try FloorSession(mechanism: .unixStreamEpoll, placement: placement, group: group.directory)
         defer { session.close() }
-        for (size, count) in [(0, 203), (64, 203), (64, 3), (8189, 203), (1 << 20, 11)] {
+        for (size, count) in [(0, 203), (64, 203), (64, 3), (444, 203), (445, 203), (8189, 203), (1 << 20, 11)] {
             let nanoseconds = try await withDeadline(seconds: 30, "batched stream of \(count) × \(size) bytes, \(placement)") {
                 try await session.streamTime(payloadSize: size, count: count, batch: 8)
             }

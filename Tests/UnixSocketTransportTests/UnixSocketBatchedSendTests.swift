@@ -1,14 +1,16 @@
 import Foundation
 import IPCBenchKit
+import IPCConformance
 import IPCCore
 import IPCEngine
 import IPCFraming
 import IPCTestSupport
 import Testing
-import UnixSocketTransport
+@testable import UnixSocketTransport
 
-/// The batched send over a real socket (the unix-socket channel's gathering `sendmsg`), against
-/// a peer process that echoes one-way messages.
+/// The batched send over a real socket (the unix-socket channel's gathering `sendmsg`, or one
+/// `send` of a coalesced copy for small batches), against a peer process that echoes one-way
+/// messages.
 @Suite("Unix socket: batched sends")
 struct UnixSocketBatchedSendTests {
     @Test("batched one-way messages arrive in order, once each, whole across gathered writes, both framings", arguments: Framing.allCases)
@@ -43,6 +45,51 @@ struct UnixSocketBatchedSendTests {
         #expect(received.count == count)
         for (index, message) in received.enumerated() {
             #expect(message.msgid == 7 && message.payload == payloads[index], "message \(index)")
+        }
+        #expect(connection.invalidationReason == nil)
+    }
+
+    @Test("frames on either side of the coalescing limit arrive whole, alone, batched and as requests, every framing", arguments: Framing.allCases)
+    func coalescingLimit(framing: Framing) async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("coalescing")
+        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        // A frame up to the limit is written from one contiguous copy, a larger one as header and
+        // payload segments; a batch too, by its total. These sizes put binary frames at the limit
+        // less one, at it and above it (an HTTP head is longer, so its frames cross it lower).
+        let limit = UnixSocketChannel.coalescedFrameLimit
+        let header = 20
+        let sizes = [0, 1, limit - header - 1, limit - header, limit - header + 1, limit]
+        func payload(_ size: Int, _ seed: Int) -> [UInt8] {
+            (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ seed) }
+        }
+        var expected: [[UInt8]] = []
+        for (index, size) in sizes.enumerated() {
+            let message = payload(size, index)
+            try await connection.send(message, msgid: 3, timeout: .seconds(60))
+            expected.append(message)
+        }
+        // Batches of eight whose totals are just under, at and just over the limit.
+        let per = limit / 8 - header
+        for (index, extra) in [-1, 0, 1].enumerated() {
+            var batch = (0..<8).map { payload(per, 100 + 8 * index + $0) }
+            batch[7] = payload(per + (limit - 8 * (per + header)) + extra, 200 + index)
+            try await connection.send(contentsOf: batch, msgid: 3, timeout: .seconds(60))
+            expected += batch
+        }
+        let received = try await collect(expected.count, from: connection, seconds: 120)
+        #expect(received.count == expected.count)
+        for (index, message) in received.enumerated() where index < expected.count {
+            #expect(message.msgid == 3 && message.payload == expected[index], "message \(index) of \(expected[index].count) bytes")
+        }
+        // Requests, and their replies, on both sides of the limit.
+        for (index, size) in sizes.enumerated() {
+            let request = payload(size, 300 + index)
+            let reply = try await connection.request(request, msgid: PeerRequest.echo, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
+            #expect(reply == request, "request of \(size) bytes")
         }
         #expect(connection.invalidationReason == nil)
     }

@@ -159,8 +159,9 @@ int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t 
 /// `*nanoseconds` gets the time from the first send to the acknowledgement (CLOCK_MONOTONIC),
 /// after a handshake that is not timed.
 /// `batch` is how many messages go in one write: 1, one send a message; more (NF_UNIX_STREAM_EPOLL
-/// only), one gathering sendmsg of `batch` messages, each its header and payload as two iovecs
-/// (the last write carries what is left when `count` is not a multiple of `batch`), written as an
+/// only), one gathering sendmsg of `batch` messages, each its header and payload as two iovecs,
+/// or one send of their copy when they come to at most 3,584 bytes (NF_COALESCED_LIMIT; the last
+/// write carries what is left when `count` is not a multiple of `batch`), written as an
 /// event loop writes: without blocking, and after a partial write the rest from the byte where
 /// it stopped, once epoll says there is room. The responder drains the stream the same way
 /// whatever the batch (its reads do not see the writes' boundaries).

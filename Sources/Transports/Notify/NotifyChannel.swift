@@ -106,8 +106,8 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
     }
 
     func encodedLength(of frame: Frame) throws -> Int {
-        _ = try encoder.headerBytes(FrameHeader(frame))
-        return BinaryFrameHeaderBytes.count + frame.payload.count
+        // The length check alone: the header is encoded once, when the frame is written.
+        try encoder.encodedHeaderLength(FrameHeader(frame)) + frame.payload.count
     }
 
     func write(_ frame: Frame, from offset: Int) throws -> Int {

@@ -6,7 +6,7 @@
 //   makes it, with nothing else: one thread that runs the executor's jobs and waits in
 //   `epoll_wait` for the socket (and for an eventfd that other threads ring when they enqueue),
 //   one request outstanding, no request table, no timeouts, no write queue. A request writes its
-//   frame (`writev`: header and payload), suspends on a continuation, and is resumed by the loop
+//   frame (one `send` of a copy when small, as the engine does), suspends on a continuation, and is resumed by the loop
 //   once the reply frame is read; the reply is a new `[UInt8]`, as `request` returns. With
 //   `cancellable`, the await is also inside `withTaskCancellationHandler`, as a request that can
 //   be cancelled must be.
@@ -96,29 +96,53 @@ func floorReadFully(_ fd: CInt, _ bytes: UnsafeMutableRawBufferPointer) throws -
     return true
 }
 
-/// Writes the header and payload in one `writev`, then whatever it left, until all went.
-func floorWrite(_ fd: CInt, header: FloorHeader, payload: UnsafeRawBufferPointer) throws {
-    try withUnsafeTemporaryAllocation(byteCount: FloorHeader.count, alignment: 8) { head in
-        header.write(to: head)
-        var vectors = (
-            iovec(iov_base: head.baseAddress, iov_len: head.count),
-            iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress), iov_len: payload.count)
-        )
-        let total = head.count + payload.count
-        let wrote = withUnsafeMutableBytes(of: &vectors) { writev(fd, $0.baseAddress!.assumingMemoryBound(to: iovec.self), 2) }
-        guard wrote >= 0 else { throw FloorError.errno("writev") }
-        var done = wrote
-        // A short write (not seen with 64-byte frames): the rest, byte-exact.
+/// The largest frame (header and payload) written from one contiguous copy with one `send`, as
+/// the engine's unix-socket channel (`UnixSocketChannel.coalescedFrameLimit`) and the C stream
+/// floors (`NF_COALESCED_LIMIT`) write it: on Linux a `sendmsg` or `writev` costs the kernel more
+/// for every segment (docs/ENGINE.md, "Sending").
+let floorCoalescedLimit = 3_584
+
+/// A writer's buffer of ``floorCoalescedLimit`` bytes, for one thread at a time.
+func makeFloorScratch() -> UnsafeMutableRawBufferPointer {
+    UnsafeMutableRawBufferPointer.allocate(byteCount: floorCoalescedLimit, alignment: 16)
+}
+
+/// Writes a frame whole: a small one copied into `scratch` with one `send`, a larger one as
+/// header and payload with one `writev` and then whatever it left.
+func floorWrite(_ fd: CInt, header: FloorHeader, payload: UnsafeRawBufferPointer, scratch: UnsafeMutableRawBufferPointer) throws {
+    let total = FloorHeader.count + payload.count
+    header.write(to: scratch)
+    if total <= scratch.count {
+        if payload.count > 0 { UnsafeMutableRawBufferPointer(rebasing: scratch[FloorHeader.count...]).copyMemory(from: payload) }
+        var done = 0
         while done < total {
-            let got = done < head.count
-                ? write(fd, head.baseAddress! + done, head.count - done)
-                : write(fd, payload.baseAddress! + (done - head.count), total - done)
+            let got = send(fd, scratch.baseAddress! + done, total - done, CInt(MSG_NOSIGNAL))
             if got < 0 {
                 if errno == EINTR { continue }
-                throw FloorError.errno("write")
+                throw FloorError.errno("send")
             }
             done += got
         }
+        return
+    }
+    let head = UnsafeMutableRawBufferPointer(rebasing: scratch[..<FloorHeader.count])
+    var vectors = (
+        iovec(iov_base: head.baseAddress, iov_len: head.count),
+        iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress), iov_len: payload.count)
+    )
+    let wrote = withUnsafeMutableBytes(of: &vectors) { writev(fd, $0.baseAddress!.assumingMemoryBound(to: iovec.self), 2) }
+    guard wrote >= 0 else { throw FloorError.errno("writev") }
+    var done = wrote
+    // A short write: the rest, byte-exact.
+    while done < total {
+        let got = done < head.count
+            ? write(fd, head.baseAddress! + done, head.count - done)
+            : write(fd, payload.baseAddress! + (done - head.count), total - done)
+        if got < 0 {
+            if errno == EINTR { continue }
+            throw FloorError.errno("write")
+        }
+        done += got
     }
 }
 
@@ -137,6 +161,7 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
     private var waitingCorrelation: UInt64 = 0
     private var buffer: [UInt8]
     private var buffered = 0
+    private let scratch = makeFloorScratch()
 
     init(path: String, maximumPayload: Int) throws {
         fd = try floorConnect(path: path)
@@ -231,7 +256,7 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
     /// Sends a request and waits for its reply; the task must run on this executor.
     func request(_ payload: [UInt8], msgid: UInt32, correlation: UInt64) async throws -> [UInt8] {
         try payload.withUnsafeBytes {
-            try floorWrite(fd, header: FloorHeader(kind: 2, msgid: msgid, correlation: correlation, length: UInt32($0.count)), payload: $0)
+            try floorWrite(fd, header: FloorHeader(kind: 2, msgid: msgid, correlation: correlation, length: UInt32($0.count)), payload: $0, scratch: scratch)
         }
         return try await withUnsafeThrowingContinuation { continuation in
             waiting = continuation
@@ -253,6 +278,7 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
         close(fd)
         close(epoll)
         close(wake)
+        scratch.deallocate()
     }
 }
 
@@ -417,17 +443,22 @@ func runFloorServer(path: String, handingOff: Bool) throws {
     guard epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) == 0 else { throw FloorError.errno("epoll_ctl") }
     var buffer = [UInt8](repeating: 0, count: FloorHeader.count + (1 << 20))
     var buffered = 0
+    // The loop's writes' (the serving task has its own).
+    let scratch = makeFloorScratch()
+    defer { scratch.deallocate() }
     // The hand-off: a serving thread, and one task on it that answers every request.
     let mailbox = FloorMailbox()
     let serving = handingOff ? try FloorServingThread() : nil
     if let serving {
         let handler: @Sendable (UInt32, [UInt8]) async throws -> [UInt8] = { _, payload in payload }
         Task(executorPreference: serving) {
+            let scratch = makeFloorScratch()
+            defer { scratch.deallocate() }
             do {
                 while let request = await mailbox.next() {
                     let reply = try await handler(request.msgid, request.payload)
                     try reply.withUnsafeBytes {
-                        try floorWrite(fd, header: FloorHeader(kind: 3, msgid: request.msgid, correlation: request.correlation, length: UInt32($0.count)), payload: $0)
+                        try floorWrite(fd, header: FloorHeader(kind: 3, msgid: request.msgid, correlation: request.correlation, length: UInt32($0.count)), payload: $0, scratch: scratch)
                     }
                 }
             } catch {
@@ -478,7 +509,7 @@ func runFloorServer(path: String, handingOff: Bool) throws {
                     mailbox.post(FloorRequest(msgid: header.msgid, correlation: header.correlation, payload: Array(payload)))
                 } else {
                     let reply = FloorHeader(kind: 3, msgid: header.msgid, correlation: header.correlation, length: header.length)
-                    try floorWrite(fd, header: reply, payload: payload)
+                    try floorWrite(fd, header: reply, payload: payload, scratch: scratch)
                 }
                 start += total
             }
