@@ -132,7 +132,7 @@ let package = Package(
         .target(name: "IPCTestSupport", dependencies: ["IPCCore", "IPCConformance"], path: "Tests/IPCTestSupport"),
         .testTarget(
             name: "UnixSocketTransportTests",
-            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "UnixSocketTransport", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench"]
+            dependencies: ["IPCCore", "IPCEngine", "IPCFraming", "IPCSystem", "UnixSocketTransport", "IPCBenchKit", "IPCConformance", "IPCTestSupport", "ipcbench", .product(name: "SystemPackage", package: "swift-system")]
         ),
         .testTarget(
             name: "NotifyTransportTests",

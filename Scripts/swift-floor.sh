@@ -37,18 +37,25 @@ shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 rounds=5 trips=20000 output="" placements=()
+usage="usage: $0 [--rounds N] [--round-trips N] [--placement same-core|split-cores]... [--output DIR]"
 while [ $# -gt 0 ]; do
+    case "$1" in
+        --rounds|--round-trips|--placement|--output)
+            [ $# -ge 2 ] || { echo "$1 needs a value" >&2; echo "$usage" >&2; exit 64; } ;;
+    esac
     case "$1" in
         --rounds) rounds="$2"; shift ;;
         --round-trips) trips="$2"; shift ;;
         --placement) placements+=("$2"); shift ;;
         --output) output="$2"; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "usage: $0 [--rounds N] [--round-trips N] [--placement same-core|split-cores]... [--output DIR]" >&2; exit 64 ;;
+        *) echo "$usage" >&2; exit 64 ;;
     esac
     shift
 done
 [ ${#placements[@]} -eq 0 ] && placements=(same-core split-cores)
+# Each placement once, in the order given.
+mapfile -t placements < <(printf '%s\n' "${placements[@]}" | awk '!seen[$0]++')
 for placement in "${placements[@]}"; do
     case "$placement" in
         same-core|split-cores) ;;

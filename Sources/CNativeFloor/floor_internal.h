@@ -15,7 +15,8 @@
 /// one `send` (`write` for a FIFO) instead of as two segments of a gathering call; a batch of
 /// messages no larger together is copied too. The engine's unix-socket channel does the same up
 /// to the same size (UnixSocketChannel.coalescedFrameLimit): on Linux 6.18 a `sendmsg` costs
-/// more for every segment, up to about 650 ns a 64-byte message (docs/ENGINE.md, "Sending").
+/// more for every segment: 470 to 850 ns a 64-byte message on this repository's VM (docs/ENGINE.md,
+/// "Sending"; Benchmarks/SendSegments).
 #define NF_COALESCED_LIMIT 3584
 /// A header holding this value instead of a length says goodbye.
 #define NF_GOODBYE UINT32_MAX

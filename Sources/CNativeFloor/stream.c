@@ -50,7 +50,7 @@ int nf_stream_send_batch(nf_channel *channel, uint32_t length, const void *paylo
         unsigned char *end = buffer;
         for (size_t index = 0; index < messages; index++) {
             memcpy(end, &header, NF_HEADER_LENGTH);
-            memcpy(end + NF_HEADER_LENGTH, payload, length);
+            if (length > 0) memcpy(end + NF_HEADER_LENGTH, payload, length);
             end += NF_HEADER_LENGTH + length;
         }
         vector[0] = (struct iovec){buffer, (size_t)(end - buffer)};

@@ -287,13 +287,15 @@ static int queue_send(nf_channel *channel, struct nf_uring *ring, int fd, unsign
         }
         if (slot == NULL && submit_and_wait(channel, ring, 1) != 0) return -1;
     }
+    size_t payload_length = NF_IS_CONTROL(header) ? 0 : length;
+    bool coalesce = NF_HEADER_LENGTH + payload_length <= NF_COALESCED_LIMIT;
+    // Its buffer first: a slot that cannot have one is not taken.
+    if (coalesce && slot->coalesced == NULL && (slot->coalesced = malloc(NF_COALESCED_LIMIT)) == NULL) return -1;
     slot->busy = tracked;
     slot->header = header;
-    size_t payload_length = NF_IS_CONTROL(header) ? 0 : length;
     // A small message goes as one copy in one buffer (IORING_OP_SEND), as the other stream
     // floors send it (NF_COALESCED_LIMIT); a larger one as header and payload (IORING_OP_SENDMSG).
-    if (NF_HEADER_LENGTH + payload_length <= NF_COALESCED_LIMIT) {
-        if (slot->coalesced == NULL && (slot->coalesced = malloc(NF_COALESCED_LIMIT)) == NULL) return -1;
+    if (coalesce) {
         memcpy(slot->coalesced, &slot->header, NF_HEADER_LENGTH);
         if (payload_length > 0) memcpy(slot->coalesced + NF_HEADER_LENGTH, payload, payload_length);
         // The vectors say what the completion must report (reap): here, the one buffer.

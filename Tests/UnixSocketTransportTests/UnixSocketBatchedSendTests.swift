@@ -5,6 +5,7 @@ import IPCCore
 import IPCEngine
 import IPCFraming
 import IPCTestSupport
+import SystemPackage
 import Testing
 @testable import UnixSocketTransport
 
@@ -72,6 +73,10 @@ struct UnixSocketBatchedSendTests {
             try await connection.send(message, msgid: 3, timeout: .seconds(60))
             expected.append(message)
         }
+        // Eight tiny messages: one copy in every framing (an HTTP head is under 200 bytes).
+        let tiny = (0..<8).map { payload(16, 50 + $0) }
+        try await connection.send(contentsOf: tiny, msgid: 3, timeout: .seconds(60))
+        expected += tiny
         // Batches of eight whose totals are just under, at and just over the limit.
         let per = limit / 8 - header
         for (index, extra) in [-1, 0, 1].enumerated() {
@@ -92,5 +97,68 @@ struct UnixSocketBatchedSendTests {
             #expect(reply == request, "request of \(size) bytes")
         }
         #expect(connection.invalidationReason == nil)
+    }
+
+    /// With the smallest send buffer the kernel allows, a frame of a few KiB goes in pieces, so a
+    /// write begun as one copy can stop inside it; the channel is then asked for the rest from
+    /// that byte, as the engine asks (header and payload segments). What the other end reads,
+    /// decoded, must be every frame whole and in order.
+    @Test("a frame begun as one copy and stopped by a full socket goes on from the byte it stopped at, every framing", arguments: Framing.allCases)
+    func coalescedFrameContinued(framing: Framing) throws {
+        var descriptors: [CInt] = [-1, -1]
+        try #require(socketpair(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0, &descriptors) == 0)
+        let reader = descriptors[1]
+        defer { close(reader) }
+        var smallest: CInt = 1
+        try #require(setsockopt(descriptors[0], SOL_SOCKET, SO_SNDBUF, &smallest, socklen_t(MemoryLayout<CInt>.size)) == 0)
+        let channel = UnixSocketChannel(fd: FileDescriptor(rawValue: descriptors[0]), framing: framing, maximumPayloadLength: 1 << 20)
+        defer { channel.close() }
+        let limit = UnixSocketChannel.coalescedFrameLimit
+        let frames = (0..<64).map { index in
+            Frame(kind: .message, msgid: 9, payload: (0..<(limit - 300 - index)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ index) })
+        }
+        var received: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 1_000)
+        /// Reads what the socket has, at most `limit` bytes; the count.
+        func drain(atMost limit: Int) -> Int {
+            let count = chunk.withUnsafeMutableBytes { recv(reader, $0.baseAddress, min(limit, $0.count), CInt(MSG_DONTWAIT)) }
+            if count > 0 { received += chunk[..<count] }
+            return max(count, 0)
+        }
+        var stoppedInside = 0
+        var total = 0
+        for frame in frames {
+            let length = try channel.encodedLength(of: frame)
+            #expect(length <= limit, "a \(framing) frame of \(length) bytes is not written as one copy")
+            total += length
+            var written = 0
+            var attempts = 0
+            while written < length {
+                let wrote = try channel.write(frame, from: written)
+                // A write of the whole frame (begun as one copy) that the kernel stopped inside it.
+                if written == 0, wrote > 0, wrote < length { stoppedInside += 1 }
+                written += wrote
+                if written < length { _ = drain(atMost: 700) }
+                attempts += 1
+                try #require(attempts < 10_000, "the socket took nothing more of a frame")
+            }
+        }
+        while received.count < total, drain(atMost: 1_000) > 0 {}
+        #expect(received.count == total)
+        #expect(stoppedInside > 0, "no write stopped inside a frame: the continuation was not exercised")
+        let reassembler = framing.makeReassembler(maximumPayloadLength: 1 << 20)
+        var offset = 0
+        while offset < received.count {
+            offset += reassembler.receive { buffer in
+                let count = min(buffer.count, received.count - offset)
+                received.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[offset..<(offset + count)])) }
+                return count
+            }
+        }
+        var decoded: [Frame] = []
+        while let frame = try reassembler.nextFrame() { decoded.append(frame) }
+        #expect(decoded.count == frames.count)
+        #expect(decoded.map(\.payload) == frames.map(\.payload))
+        #expect(decoded.allSatisfy { $0.msgid == 9 && $0.kind == .message })
     }
 }

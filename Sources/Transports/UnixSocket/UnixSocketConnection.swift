@@ -29,10 +29,10 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
 
     /// The largest frame (header and payload) written from one contiguous copy instead of as a
     /// header and a payload segment. On this repository's VM (Linux 6.18), a `send` of one buffer
-    /// cost 600–700 ns less per message than a `sendmsg` of the same bytes in two segments, for
-    /// frames up to 3.7 KB; from 4 KiB on, where the kernel puts part of the data in pages, the
-    /// two cost the same (docs/ENGINE.md, "Sending"). Below that, the copy costs far less than
-    /// it saves.
+    /// cost 470–850 ns less per 64-byte message than a `sendmsg` of the same bytes in two
+    /// segments, and still less for frames up to 3.7 KB; from 4 KiB on, where the kernel puts part
+    /// of the data in pages, the two cost the same (docs/ENGINE.md, "Sending";
+    /// Benchmarks/SendSegments). Below that, the copy costs far less than it saves.
     static let coalescedFrameLimit = 3_584
 
     /// Each framing's encoder by its concrete type, so no call goes through an existential (an

@@ -65,20 +65,38 @@ struct FloorError: Error, CustomStringConvertible {
     static func errno(_ call: String) -> FloorError { FloorError("\(call) failed: errno \(Glibc.errno)") }
 }
 
-/// A stream socket connected to the unix-socket endpoint at `path`.
-func floorConnect(path: String) throws -> CInt {
-    let fd = socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else { throw FloorError.errno("socket") }
+/// A `sockaddr_un` for `path`.
+/// - Throws: if the path does not fit.
+func floorAddress(_ path: String) throws -> sockaddr_un {
     var address = sockaddr_un()
     address.sun_family = sa_family_t(AF_UNIX)
     let bytes = Array(path.utf8)
-    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { close(fd); throw FloorError("path too long: \(path)") }
+    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { throw FloorError("socket path too long (\(bytes.count) bytes): \(path)") }
     withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
-    let result = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    return address
+}
+
+/// A stream socket connected to the unix-socket endpoint at `path`. A server may have made its
+/// socket file before it listens (the engine's binds, then listens): a refused or missing
+/// socket is tried again for up to 30 s.
+func floorConnect(path: String) throws -> CInt {
+    var address = try floorAddress(path)
+    var waited = 0
+    while true {
+        let fd = socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw FloorError.errno("socket") }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if result == 0 { return fd }
+        let error = errno
+        close(fd)
+        guard error == ECONNREFUSED || error == ENOENT || error == EINTR, waited < 30_000 else {
+            throw FloorError("connect to \(path) failed: errno \(error)")
+        }
+        usleep(1000)
+        waited += 1
     }
-    guard result == 0 else { let error = FloorError.errno("connect"); close(fd); throw error }
-    return fd
 }
 
 /// Reads exactly `bytes.count` bytes from blocking `fd`; `false` at the end of the stream.
@@ -167,7 +185,12 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
         fd = try floorConnect(path: path)
         epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
         wake = eventfd(0, CInt(EFD_CLOEXEC))
-        guard epoll >= 0, wake >= 0 else { throw FloorError.errno("epoll_create1 or eventfd") }
+        guard epoll >= 0, wake >= 0 else {
+            let error = FloorError.errno("epoll_create1 or eventfd")
+            for descriptor in [fd, epoll, wake] where descriptor >= 0 { close(descriptor) }
+            scratch.deallocate()
+            throw error
+        }
         buffer = [UInt8](repeating: 0, count: FloorHeader.count + maximumPayload)
         for descriptor in [fd, wake] {
             var event = epoll_event()
@@ -231,26 +254,31 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
     private func readReply() throws {
         let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + buffered, $0.count - buffered) }
         guard got > 0 else {
-            let error = got == 0 ? FloorError("the server closed the connection") : FloorError.errno("read")
-            if got < 0, errno == EINTR || errno == EAGAIN { return }
-            waiting?.resume(throwing: error)
-            waiting = nil
-            throw error
+            let error = errno
+            if got < 0, error == EINTR || error == EAGAIN { return }
+            throw fail(got == 0 ? FloorError("the server closed the connection") : FloorError("read failed: errno \(error)"))
         }
         buffered += got
         guard buffered >= FloorHeader.count else { return }
         let header = buffer.withUnsafeBytes { FloorHeader(UnsafeRawBufferPointer(rebasing: $0[..<FloorHeader.count])) }
         guard let header, header.kind == 3, Int(header.length) <= buffer.count - FloorHeader.count else {
-            throw FloorError("not a reply frame this client can hold")
+            throw fail(FloorError("not a reply frame this client can hold"))
         }
         let total = FloorHeader.count + Int(header.length)
         guard buffered >= total else { return }
         guard buffered == total, let continuation = waiting, header.correlation == waitingCorrelation else {
-            throw FloorError("a reply nobody waits for (correlation \(header.correlation))")
+            throw fail(FloorError("a reply nobody waits for (correlation \(header.correlation))"))
         }
         waiting = nil
         buffered = 0
         continuation.resume(returning: Array(buffer[FloorHeader.count..<total]))
+    }
+
+    /// Ends the waiting request with `error` (so its task does not wait for good) and returns it.
+    private func fail(_ error: FloorError) -> FloorError {
+        waiting?.resume(throwing: error)
+        waiting = nil
+        return error
     }
 
     /// Sends a request and waits for its reply; the task must run on this executor.
@@ -417,15 +445,11 @@ func runFloorServer(path: String, handingOff: Bool) throws {
     let listener = socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
     guard listener >= 0 else { throw FloorError.errno("socket") }
     defer { close(listener) }
-    var address = sockaddr_un()
-    address.sun_family = sa_family_t(AF_UNIX)
-    withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
     // Bound under a temporary name and renamed, so the client never finds a socket that does
     // not listen yet.
     let temporary = path + ".binding"
-    var bindAddress = sockaddr_un()
-    bindAddress.sun_family = sa_family_t(AF_UNIX)
-    withUnsafeMutableBytes(of: &bindAddress.sun_path) { $0.copyBytes(from: Array(temporary.utf8)) }
+    _ = try floorAddress(path)
+    var bindAddress = try floorAddress(temporary)
     let bound = withUnsafePointer(to: &bindAddress) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }

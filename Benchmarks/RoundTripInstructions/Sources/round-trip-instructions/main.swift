@@ -83,7 +83,7 @@ case "serve":
 case "client" where arguments.count == 6 && arguments[5] != "engine":
     guard let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0, ["floor", "floor-cancellable"].contains(arguments[5]) else { usage() }
     do {
-        // The server is there: the script starts a client once the socket exists.
+        // The script starts a client once the socket exists; it still retries a refused connect.
         try runFloorClient(path: arguments[2] + "/echo.sock", count: count, size: size, cancellable: arguments[5] == "floor-cancellable")
     } catch {
         FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
