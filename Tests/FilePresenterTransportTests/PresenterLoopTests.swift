@@ -114,10 +114,18 @@ struct PresenterLoopTests {
             if running.add(1, ordering: .relaxed).newValue > 1 { overlapped.store(true, ordering: .relaxed) }
             defer { running.subtract(1, ordering: .relaxed) }
             entered.record()
-            // Until the test says so (a minute at most, so that a failing test still ends).
-            _ = release.wait(timeout: .now() + 60)
+            // Until the test says so. The test releases it on every way out (below); the limit
+            // is a last resort, longer than all of the test's own waits together: once, in CI
+            // on a loaded machine, the steps before the release took over 60 s, the call's
+            // limit then, and the second call came in before the check that it had not.
+            _ = release.wait(timeout: .now() + 600)
         }
         defer { blocked.remove() }
+        // Runs before `remove()`: a test that fails early does not leave the call blocked.
+        defer {
+            release.signal()
+            release.signal()
+        }
         let otherChanges = ChangeCounter()
         let otherAsked = ChangeCounter()
         let other = try FilePresenter(presenting: otherPath, callbacks: FilePresenterCallbacks(
