@@ -20,21 +20,27 @@ import Synchronization
 /// The continuations are unchecked (a checked one allocates per request): each is taken out of
 /// the table under its lock before it is resumed, so it is resumed exactly once.
 package final class RequestTable: Sendable {
-    private enum Slot {
-        case waiting(UnsafeContinuation<[UInt8], any Error>?)
-        case finished(Result<[UInt8], IPCError>)
-    }
-
-    /// One request: its slot, and once it is waited for, its receive deadline. Updated in
-    /// place (``TokenTable/update(_:_:)``): a copy of an entry retains what its slot holds.
+    /// One request. Plain data (no reference counting, no enum payload), so that the table's
+    /// inserts, lookups and removals copy it as bytes: an entry holding its outcome inline was
+    /// copied and destroyed through the runtime's generic value witnesses, about 500
+    /// instructions a request (callgrind). An outcome that arrives before its task waits is kept
+    /// apart, in ``State/early``.
     private struct Entry {
-        var slot: Slot
-        /// Monotonic nanoseconds, and the timeout it came from (for the error's message).
-        var deadline: (at: UInt64, timeout: Duration)?
+        /// The waiting task, once it has suspended.
+        var continuation: UnsafeContinuation<[UInt8], any Error>?
+        /// The outcome came before the task waited: it is in ``State/early``.
+        var finishedEarly = false
+        /// Monotonic nanoseconds, once the task waits.
+        var deadline: UInt64?
+        /// The receive timeout the deadline came from (for the error's message).
+        var timeout: Duration = .zero
     }
 
     private struct State {
         var entries = TokenTable<Entry>()
+        /// Outcomes that came before their task waited for them, by correlation id: each is
+        /// taken when its task waits (or polls), or dropped with its entry.
+        var early: [UInt64: Result<[UInt8], IPCError>] = [:]
         /// The earliest wake-up armed with the scheduler, if any.
         var armedWake: UInt64?
         /// The last timeout converted to nanoseconds, and what it came to: requests on a
@@ -45,22 +51,24 @@ package final class RequestTable: Sendable {
         var closedWith: IPCError?
 
         /// Removes the request's entry and returns its continuation if one waits; if it waits
-        /// without one yet, keeps `result` for it instead. `nil`: no such request waits.
+        /// without one yet, keeps `result` for it instead. `nil`: no such request waits, or it
+        /// already has an outcome.
         mutating func finish(_ correlation: UInt64, with result: Result<[UInt8], IPCError>) -> UnsafeContinuation<[UInt8], any Error>?? {
-            let found: UnsafeContinuation<[UInt8], any Error>??? = entries.update(correlation) { entry in
-                switch entry.slot {
-                case .waiting(let continuation?):
-                    return .some(continuation)
-                case .waiting(nil):
-                    entry.slot = .finished(result)
-                    return .some(nil)
-                case .finished:
-                    return nil
-                }
+            guard let entry = entries[correlation], !entry.finishedEarly else { return nil }
+            if let continuation = entry.continuation {
+                entries.remove(correlation)
+                return .some(continuation)
             }
-            guard let found, let outcome = found else { return nil }
-            if outcome != nil { entries.remove(correlation) }
-            return outcome
+            entries.update(correlation) { $0.finishedEarly = true }
+            early[correlation] = result
+            return .some(nil)
+        }
+
+        /// Removes the request's entry and returns its early outcome, if it has one.
+        mutating func takeEarly(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
+            guard entries[correlation]?.finishedEarly == true else { return nil }
+            entries.remove(correlation)
+            return early.removeValue(forKey: correlation)
         }
     }
 
@@ -74,18 +82,28 @@ package final class RequestTable: Sendable {
     /// The number of requests still waiting for a reply.
     package var pendingCount: Int { state.withLock { $0.entries.count } }
 
+    /// Whether a task waits, suspended, for the request's reply.
+    package func isWaiting(_ correlation: UInt64) -> Bool {
+        state.withLock { $0.entries[correlation]?.continuation != nil }
+    }
+
+    /// The number of outcomes kept for requests that have not waited for them yet.
+    package var keptOutcomeCount: Int { state.withLock { $0.early.count } }
+
     /// Reserves a correlation id for a request about to be sent.
     /// - Throws: the invalidation error if the connection is already invalid.
     package func register() throws -> UInt64 {
         try state.withLock { state in
             if let closed = state.closedWith { throw closed }
-            return state.entries.insert(Entry(slot: .waiting(nil)))
+            return state.entries.insert(Entry())
         }
     }
 
     /// Forgets a request whose send failed.
     package func cancel(_ correlation: UInt64) {
-        _ = state.withLock { $0.entries.remove(correlation) }
+        state.withLock { state in
+            if state.entries.remove(correlation)?.finishedEarly == true { state.early[correlation] = nil }
+        }
     }
 
     /// Waits for the reply to a registered request. Under a spinning `strategy` the calling
@@ -99,37 +117,36 @@ package final class RequestTable: Sendable {
             return try finished.get()
         }
         let now = monotonicNanoseconds()
-        let armAt: UInt64? = state.withLock { state in
-            if state.lastTimeout.duration != timeout { state.lastTimeout = (timeout, timeout.wholeNanoseconds) }
-            let deadline = now &+ state.lastTimeout.nanoseconds
-            guard state.entries.update(correlation, { $0.deadline = (deadline, timeout) }) != nil else { return nil }
-            guard state.armedWake.map({ deadline < $0 }) ?? true else { return nil }
-            state.armedWake = deadline
-            return deadline
-        }
-        if let armAt { armWake(at: armAt) }
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
-                let finished: Result<[UInt8], any Error>? = state.withLock { state in
-                    // `nil`: stored, the request waits; otherwise its outcome, and it ends here.
-                    let outcome: Result<[UInt8], any Error>?? = state.entries.update(correlation) { entry in
-                        switch entry.slot {
-                        case .finished(let result):
-                            return result.mapError { $0 }
-                        case .waiting:
-                            // Cancelled before the continuation was stored: the cancellation handler
-                            // found nothing to resume, so the request ends here.
-                            if Task.isCancelled { return .failure(CancellationError()) }
-                            entry.slot = .waiting(continuation)
-                            return nil
-                        }
+                // One lock: the outcome if the request has one already, else the continuation
+                // and the deadline are stored together (and the earliest deadline is armed).
+                let (finished, armAt): (Result<[UInt8], any Error>?, UInt64?) = state.withLock { state in
+                    guard let entry = state.entries[correlation] else {
+                        return (.failure(IPCError(code: .receiveTimeout, message: "request \(correlation) is no longer pending")), nil)
                     }
-                    guard let outcome else {
-                        return .failure(IPCError(code: .receiveTimeout, message: "request \(correlation) is no longer pending"))
+                    if entry.finishedEarly {
+                        let early = state.takeEarly(correlation)
+                        return (early.map { $0.mapError { $0 } } ?? .failure(IPCError(code: .receiveTimeout, message: "request \(correlation) is no longer pending")), nil)
                     }
-                    if outcome != nil { state.entries.remove(correlation) }
-                    return outcome
+                    // Cancelled before the continuation was stored: the cancellation handler
+                    // found nothing to resume, so the request ends here.
+                    if Task.isCancelled {
+                        state.entries.remove(correlation)
+                        return (.failure(CancellationError()), nil)
+                    }
+                    if state.lastTimeout.duration != timeout { state.lastTimeout = (timeout, timeout.wholeNanoseconds) }
+                    let deadline = now &+ state.lastTimeout.nanoseconds
+                    state.entries.update(correlation) { entry in
+                        entry.continuation = continuation
+                        entry.deadline = deadline
+                        entry.timeout = timeout
+                    }
+                    guard state.armedWake.map({ deadline < $0 }) ?? true else { return (nil, nil) }
+                    state.armedWake = deadline
+                    return (nil, deadline)
                 }
+                if let armAt { armWake(at: armAt) }
                 if let finished { continuation.resume(with: finished) }
             }
         } onCancel: {
@@ -141,22 +158,12 @@ package final class RequestTable: Sendable {
 
     /// The outcome of a request that has one, which is then forgotten.
     package func takeFinished(_ correlation: UInt64) -> Result<[UInt8], IPCError>? {
-        state.withLock { state in
-            guard case .finished(let result)?? = state.entries.update(correlation, { entry -> Slot? in
-                if case .finished = entry.slot { entry.slot }
-                else { nil }
-            }) else { return nil }
-            state.entries.remove(correlation)
-            return result
-        }
+        state.withLock { $0.takeEarly(correlation) }
     }
 
     private func takeContinuation(_ correlation: UInt64) -> UnsafeContinuation<[UInt8], any Error>? {
         state.withLock { state in
-            guard case .waiting(let continuation?)?? = state.entries.update(correlation, { entry -> Slot? in
-                if case .waiting(_?) = entry.slot { entry.slot }
-                else { nil }
-            }) else { return nil }
+            guard let continuation = state.entries[correlation]?.continuation else { return nil }
             state.entries.remove(correlation)
             return continuation
         }
@@ -176,10 +183,10 @@ package final class RequestTable: Sendable {
             var next: UInt64?
             for (correlation, entry) in state.entries.tokensAndValues {
                 guard let deadline = entry.deadline else { continue }
-                if deadline.at <= now {
-                    expired.append((correlation, deadline.timeout))
+                if deadline <= now {
+                    expired.append((correlation, entry.timeout))
                 } else {
-                    next = min(next ?? .max, deadline.at)
+                    next = min(next ?? .max, deadline)
                 }
             }
             for (correlation, _) in expired { state.entries.update(correlation) { $0.deadline = nil } }

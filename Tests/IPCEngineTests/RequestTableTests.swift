@@ -88,6 +88,51 @@ struct RequestTableTests {
         #expect(throws: IPCError.self) { try table.register() }
         #expect(table.pendingCount == 0)
     }
+
+    @Test("a cancelled request ends with CancellationError, cancelled before or while it waits; a request that ends keeps nothing behind")
+    func cancellationAndCleanUp() async throws {
+        let loop = try EventLoop(name: "table-test")
+        let table = RequestTable(loop: loop)
+        // Cancelled while it waits: the cancellation handler resumes it.
+        let waiting = try table.register()
+        let waiter = Task { try await table.reply(to: waiting, timeout: .seconds(600)) }
+        // Generous: the waiter must have suspended, so that this is the handler's path.
+        for _ in 0..<60_000 where !table.isWaiting(waiting) { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(table.isWaiting(waiting))
+        waiter.cancel()
+        await #expect(throws: CancellationError.self) { try await waiter.value }
+        #expect(table.pendingCount == 0)
+        #expect(!table.complete(waiting, with: .success([1])))
+        // Cancelled before it waits: it ends at once, without a reply.
+        let early = try table.register()
+        let cancelled = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return try await table.reply(to: early, timeout: .seconds(600))
+        }
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        #expect(table.pendingCount == 0)
+        // An outcome kept for a request whose task never waits (its send failed) goes with it.
+        let unsent = try table.register()
+        #expect(table.complete(unsent, with: .success([2])))
+        #expect(table.keptOutcomeCount == 1)
+        table.cancel(unsent)
+        #expect(table.pendingCount == 0 && table.keptOutcomeCount == 0)
+        #expect(!table.complete(unsent, with: .success([3])))
+        // A spinning request takes an outcome kept for it without suspending.
+        let spun = try table.register()
+        #expect(table.takeFinished(spun) == nil)
+        #expect(table.complete(spun, with: .failure(IPCError(code: .transportFailure, message: "x"))))
+        if case .failure(let error)? = table.takeFinished(spun) { #expect(error.code == .transportFailure) } else { Issue.record("no outcome kept") }
+        #expect(table.pendingCount == 0 && table.keptOutcomeCount == 0)
+        // Many requests through one slot: nothing accumulates.
+        for index in 0..<1_000 {
+            let correlation = try table.register()
+            if index.isMultiple(of: 2) { #expect(table.complete(correlation, with: .success([UInt8(index & 0xFF)]))) }
+            else { Task { _ = table.complete(correlation, with: .success([1])) } }
+            _ = try await table.reply(to: correlation, timeout: .seconds(600))
+        }
+        #expect(table.pendingCount == 0 && table.keptOutcomeCount == 0)
+    }
 }
 
 extension Result where Failure == any Error {
