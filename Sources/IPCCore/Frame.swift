@@ -22,6 +22,7 @@ public struct Frame: Sendable, Hashable {
     public var correlation: UInt64
     public var payload: [UInt8]
 
+    @inlinable
     public init(kind: Kind, msgid: UInt32 = 0, correlation: UInt64 = 0, payload: [UInt8] = []) {
         self.kind = kind
         self.msgid = msgid
@@ -37,6 +38,7 @@ public struct FrameHeader: Sendable, Hashable {
     public var correlation: UInt64
     public var payloadLength: Int
 
+    @inlinable
     public init(kind: Frame.Kind, msgid: UInt32, correlation: UInt64, payloadLength: Int) {
         self.kind = kind
         self.msgid = msgid
@@ -44,6 +46,7 @@ public struct FrameHeader: Sendable, Hashable {
         self.payloadLength = payloadLength
     }
 
+    @inlinable
     public init(_ frame: Frame) {
         self.init(kind: frame.kind, msgid: frame.msgid, correlation: frame.correlation, payloadLength: frame.payload.count)
     }

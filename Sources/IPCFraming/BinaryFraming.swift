@@ -24,8 +24,8 @@ public struct BinaryFrameEncoder: FrameEncoder {
     }
 
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is negative or above the maximum.
-    @inline(__always)
-    private func checkLength(_ header: FrameHeader) throws {
+    @inlinable @inline(__always)
+    func checkLength(_ header: FrameHeader) throws {
         guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
             throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
         }
@@ -42,6 +42,7 @@ public struct BinaryFrameEncoder: FrameEncoder {
         appendBigEndian(UInt32(header.payloadLength), to: &buffer)
     }
 
+    @inlinable
     public func encodedHeaderLength(_ header: FrameHeader) throws -> Int {
         try checkLength(header)
         return BinaryWireFormat.headerLength
@@ -65,6 +66,7 @@ public struct BinaryFrameEncoder: FrameEncoder {
     /// through no generic code, for a sender that encodes every frame's header (the first of
     /// ``BinaryFrameHeaderBytes/count`` bytes of its storage are the header).
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is above the maximum.
+    @inlinable
     public func headerBytes(_ header: FrameHeader) throws -> BinaryFrameHeaderBytes {
         try checkLength(header)
         var bytes = BinaryFrameHeaderBytes()
@@ -92,6 +94,7 @@ public struct BinaryFrameHeaderBytes: Sendable {
     /// 24 bytes, aligned, of which the first 20 are the header.
     public var storage: (UInt64, UInt64, UInt64) = (0, 0, 0)
 
+    @inlinable
     public init() {}
 }
 
