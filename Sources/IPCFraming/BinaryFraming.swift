@@ -26,9 +26,14 @@ public struct BinaryFrameEncoder: FrameEncoder {
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is negative or above the maximum.
     @inlinable @inline(__always)
     func checkLength(_ header: FrameHeader) throws {
-        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else {
-            throw IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
-        }
+        guard header.payloadLength >= 0, header.payloadLength <= maximumPayloadLength else { throw lengthError(header) }
+    }
+
+    /// The error for a length ``checkLength(_:)`` refuses: out of line, so that the check
+    /// inlined into every sender is a comparison and a branch.
+    @usableFromInline
+    func lengthError(_ header: FrameHeader) -> IPCError {
+        IPCError(code: .payloadTooLarge, message: "payload of \(header.payloadLength) bytes is above the maximum of \(maximumPayloadLength)")
     }
 
     public func encodeHeader(_ header: FrameHeader, into buffer: inout [UInt8]) throws {
@@ -42,7 +47,7 @@ public struct BinaryFrameEncoder: FrameEncoder {
         appendBigEndian(UInt32(header.payloadLength), to: &buffer)
     }
 
-    @inlinable
+    @inlinable @inline(__always)
     public func encodedHeaderLength(_ header: FrameHeader) throws -> Int {
         try checkLength(header)
         return BinaryWireFormat.headerLength
@@ -66,7 +71,7 @@ public struct BinaryFrameEncoder: FrameEncoder {
     /// through no generic code, for a sender that encodes every frame's header (the first of
     /// ``BinaryFrameHeaderBytes/count`` bytes of its storage are the header).
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is above the maximum.
-    @inlinable
+    @inlinable @inline(__always)
     public func headerBytes(_ header: FrameHeader) throws -> BinaryFrameHeaderBytes {
         try checkLength(header)
         var bytes = BinaryFrameHeaderBytes()
