@@ -172,10 +172,16 @@ final class RequestServer: Sendable {
                     reply.kind = .failure
                     reply.payload = Array(String(describing: error).utf8)
                 }
-                // Cancelled: the connection ended, and nobody is there to answer. A reply that
-                // cannot be sent is the requester's timeout to report; a torn one has already
-                // invalidated the connection.
-                if !Task.isCancelled, let send = lock.withLock({ state.closed ? nil : state.send }), let rest = try? send(reply) {
+                // Closed: the connection ended, and nobody is there to answer. (Its tasks are
+                // cancelled only once it is closed, so this is also the cancellation check.) A
+                // reply that cannot be sent is the requester's timeout to report; a torn one
+                // has already invalidated the connection. The sender is read without
+                // `withLock`: a closure returned through its generic result is wrapped in a
+                // thunk, a heap allocation a request (callgrind).
+                lock.lock()
+                let send = state.closed ? nil : state.send
+                lock.unlock()
+                if let send, let rest = try? send(reply) {
                     try? await rest()
                 }
             }
