@@ -107,6 +107,21 @@ int ipc_futex_wake(uint32_t *address, int count) {
     return (int)syscall(SYS_futex, address, FUTEX_WAKE, count, NULL, NULL, 0);
 }
 
+int ipc_futex_wait_private(uint32_t *address, uint32_t expected, int64_t timeout_ns) {
+    struct timespec timeout;
+    struct timespec *relative = NULL;
+    if (timeout_ns >= 0) {
+        timeout.tv_sec = timeout_ns / 1000000000;
+        timeout.tv_nsec = timeout_ns % 1000000000;
+        relative = &timeout;
+    }
+    return (int)syscall(SYS_futex, address, FUTEX_WAIT_PRIVATE, expected, relative, NULL, 0);
+}
+
+int ipc_futex_wake_private(uint32_t *address, int count) {
+    return (int)syscall(SYS_futex, address, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
+}
+
 uint32_t ipc_futex_counter_post(uint32_t *address) {
     uint32_t old = __atomic_load_n(address, __ATOMIC_RELAXED);
     uint32_t next;

@@ -6,6 +6,7 @@ import Darwin
 #endif
 import DequeModule
 import IPCCore
+import Synchronization
 
 /// A few threads of the engine's own that run request handlers' tasks off the event loop
 /// (``IPCCore/RequestHandlerExecutor/servingThreads``, the default): the loop queues the
@@ -17,12 +18,20 @@ import IPCCore
 /// blocks its thread holds it, as on Swift's global executor, whose pool is as wide. Measured
 /// against that executor in `Reports/serving-threads`.
 public final class ServingExecutor: TaskExecutor, @unchecked Sendable {
-    // @unchecked: `jobs` and `idle` are used only with `lock` held, which is also why their
-    // dynamic exclusivity checks (a runtime call per access) are left out.
-    private let lock = ConditionLock()
-    @exclusivity(unchecked) private var jobs = Deque<UnownedJob>()
-    /// Threads waiting on `lock`'s condition for a job.
-    @exclusivity(unchecked) private var idle = 0
+    // @unchecked: the queue is behind its Mutex, the word is atomic.
+    private struct Queue {
+        var jobs = Deque<UnownedJob>()
+        /// Threads that found no job and sleep, or are about to sleep, on `wakeups`.
+        var idle = 0
+    }
+
+    /// The jobs, behind a `Mutex` (a compare-and-swap when free, inlined): the pthread mutex
+    /// and condition variable this used before cost about 400 instructions more a request, in
+    /// the library calls and the condition's own locking (callgrind, `Scripts/instructions.sh`).
+    private let queue = Mutex(Queue())
+    /// Bumped when a job comes for a sleeping thread; a thread sleeps while it holds the value
+    /// it read with the queue empty, so a job queued after that look always wakes it.
+    private let wakeups = FutexWord()
 
     /// The process's serving threads, or `nil` if the kernel refused the first of them (the
     /// handlers then run on Swift's global executor).
@@ -44,25 +53,32 @@ public final class ServingExecutor: TaskExecutor, @unchecked Sendable {
 
     public func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
-        let wake: Bool = lock.withLock {
-            jobs.append(job)
-            return idle > 0
+        let wake: Bool = queue.withLock { queue in
+            queue.jobs.append(job)
+            return queue.idle > 0
         }
-        // A thread that is awake takes every job queued before it waits again.
-        if wake { lock.signal() }
+        // A thread that is awake takes every job queued before it sleeps again.
+        if wake { wakeups.bump(waking: 1) }
     }
 
     private func work() {
+        var slept = false
         while true {
-            let job: UnownedJob = lock.withLock {
-                while jobs.isEmpty {
-                    idle += 1
-                    lock.wait()
-                    idle -= 1
-                }
-                return jobs.removeFirst()
+            let (job, seen): (UnownedJob?, UInt32) = queue.withLock { queue in
+                if slept { queue.idle -= 1 }
+                if let job = queue.jobs.popFirst() { return (job, 0) }
+                queue.idle += 1
+                // Read with the lock held: a job queued from now on finds this thread idle and
+                // moves the word, so the sleep below ends (or never starts).
+                return (nil, wakeups.value)
             }
-            job.runSynchronously(on: asUnownedTaskExecutor())
+            if let job {
+                slept = false
+                job.runSynchronously(on: asUnownedTaskExecutor())
+            } else {
+                wakeups.wait(whileEquals: seen)
+                slept = true
+            }
         }
     }
 }

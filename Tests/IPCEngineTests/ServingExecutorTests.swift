@@ -33,6 +33,30 @@ struct ServingExecutorTests {
         #expect(names.allSatisfy { $0.hasPrefix("ipc-serve-") }, "\(Set(names))")
     }
 
+    @Test("a job queued while every thread sleeps wakes one: two thousand, one at a time and in pairs from two producers")
+    func jobsWakeSleepingThreads() async throws {
+        let executor = try ServingExecutor(threads: 3)
+        let ran = try await withDeadline(seconds: 120, "jobs queued to sleeping threads") {
+            try await withThrowingTaskGroup(of: Int.self) { producers in
+                for _ in 0..<2 {
+                    producers.addTask {
+                        var count = 0
+                        for round in 0..<1_000 {
+                            // Awaited before the next is queued, so the threads have gone back
+                            // to sleep (or are going): each job must wake one. A lost wake-up
+                            // hangs here until the deadline.
+                            count += await Task(executorPreference: executor) { Self.threadName().hasPrefix("ipc-serve-") ? 1 : 0 }.value
+                            if round.isMultiple(of: 100) { try await Task.sleep(for: .milliseconds(1)) }
+                        }
+                        return count
+                    }
+                }
+                return try await producers.reduce(0, +)
+            }
+        }
+        #expect(ran == 2_000)
+    }
+
     @Test("a job that blocks its thread holds up no job while another thread is free")
     func blockedThreadLeavesTheOthers() async throws {
         let executor = try ServingExecutor(threads: 2)

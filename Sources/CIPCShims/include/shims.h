@@ -56,6 +56,12 @@ int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns);
 /// FUTEX_WAKE: wakes up to count waiters; returns how many were woken, or -1.
 int ipc_futex_wake(uint32_t *address, int count);
 
+/// FUTEX_WAIT_PRIVATE: ipc_futex_wait for a word in this process's own memory (the kernel
+/// keys it by address alone, without looking up the mapping). Same results.
+int ipc_futex_wait_private(uint32_t *address, uint32_t expected, int64_t timeout_ns);
+/// FUTEX_WAKE_PRIVATE: wakes up to count waiters on a word of this process's own memory.
+int ipc_futex_wake_private(uint32_t *address, int count);
+
 /// The waiters flag of a futex counter word: bit 31. The low 31 bits count posts (wrapping);
 /// the flag says that a waiter may be asleep on the word, so that a post makes the FUTEX_WAKE
 /// system call only then.
