@@ -1,5 +1,6 @@
 import DequeModule
 import IPCCore
+import Synchronization
 
 /// Runs one connection's ``RequestHandler`` as tasks off the receive path, as an XPC connection
 /// runs its handlers on its own queue: a slow or stuck handler holds up its own connection
@@ -34,24 +35,33 @@ final class RequestServer: Sendable {
         var roomHandler: (@Sendable () -> Void)?
         /// Set at the first request. Holds the connection until ``close()``: the cycle it forms
         /// (connection, core, server, sender) ends there, as every connection's life does.
-        var send: ReplySender?
+        var send: Sender?
+
+        var isFull: Bool { waiting.count >= limit.messages || waitingBytes >= limit.bytes }
+        let limit: ConnectionOptions.BufferLimit
+    }
+
+    /// The reply sender, boxed: a closure returned through `withLock`'s generic result is
+    /// wrapped in a thunk, a heap allocation each time; a class reference is returned as is.
+    private final class Sender: Sendable {
+        let send: ReplySender
+        init(_ send: @escaping ReplySender) { self.send = send }
     }
 
     private let handler: RequestHandler
     private let concurrency: Int
-    private let limit: ConnectionOptions.BufferLimit
     private let executor: (any TaskExecutor)?
-    private let lock = ConditionLock()
-    /// Guarded by `lock`, so the dynamic exclusivity checks (a runtime call per access) are left out.
-    @exclusivity(unchecked) private nonisolated(unsafe) var state = State()
+    /// A `Mutex` (a compare-and-swap when free, inlined), not a pthread mutex: three locks a
+    /// request, each about 50 instructions cheaper (callgrind).
+    private let state: Mutex<State>
 
     /// - Parameter executor: where the tasks run; `nil` for Swift's global executor.
     init(handler: @escaping RequestHandler, concurrency: Int, limit: ConnectionOptions.BufferLimit, executor: (any TaskExecutor)?) {
         precondition(concurrency > 0, "maximumConcurrentRequests must be at least 1")
         self.handler = handler
         self.concurrency = concurrency
-        self.limit = limit
         self.executor = executor
+        self.state = Mutex(State(limit: limit))
     }
 
     /// A task serving this connection: being started by ``accept(_:send:)``, or started.
@@ -71,20 +81,18 @@ final class RequestServer: Sendable {
         case resume(UnsafeContinuation<Frame?, Never>)
     }
 
-    private var isFull: Bool { state.waiting.count >= limit.messages || state.waitingBytes >= limit.bytes }
-
     /// Takes a request from the receive path: starts a task for it if fewer than the bound run,
     /// else queues it. `send` makes the reply sender (called once per connection). Returns
     /// whether the queue is full now (the caller should stop reading).
     func accept(_ request: Frame, send: () -> ReplySender) -> Bool {
-        let admission: Admission = lock.withLock {
+        let admission: Admission = state.withLock { state in
             guard !state.closed else { return .closed }
-            if state.send == nil { state.send = send() }
+            if state.send == nil { state.send = Sender(send()) }
             if let parked = state.parked.popLast() { return .resume(parked) }
             guard state.running.count < concurrency else {
                 state.waiting.append(request)
                 state.waitingBytes += request.payload.count
-                return .queued(full: isFull)
+                return .queued(full: state.isFull)
             }
             return .start(state.running.insert(.starting))
         }
@@ -104,7 +112,7 @@ final class RequestServer: Sendable {
         // holds the first request in a box the task empties, not the request itself.
         let first = FirstRequest(request)
         let task = Task(executorPreference: executor) { [self] in await serve(first, serial: serial) }
-        let cancel: Bool = lock.withLock {
+        let cancel: Bool = state.withLock { state in
             // A task that finished already has given its slot back.
             guard state.running[serial] != nil else { return false }
             state.running[serial] = .started(task)
@@ -116,8 +124,8 @@ final class RequestServer: Sendable {
 
     /// Runs `handler` once a waiting request has been taken (at once if the queue has room).
     func whenRoom(_ handler: @escaping @Sendable () -> Void) {
-        let now: Bool = lock.withLock {
-            guard isFull, !state.closed else { return true }
+        let now: Bool = state.withLock { state in
+            guard state.isFull, !state.closed else { return true }
             state.roomHandler = handler
             return false
         }
@@ -127,7 +135,7 @@ final class RequestServer: Sendable {
     /// The connection ended: cancels the running handlers (their replies are not sent), drops
     /// the waiting requests, and lets go of the reply sender.
     func close() {
-        let (running, parked): ([Task<Void, Never>], [UnsafeContinuation<Frame?, Never>]) = lock.withLock {
+        let (running, parked): ([Task<Void, Never>], [UnsafeContinuation<Frame?, Never>]) = state.withLock { state in
             state.closed = true
             state.waiting.removeAll()
             state.waitingBytes = 0
@@ -175,26 +183,21 @@ final class RequestServer: Sendable {
                 // Closed: the connection ended, and nobody is there to answer. (Its tasks are
                 // cancelled only once it is closed, so this is also the cancellation check.) A
                 // reply that cannot be sent is the requester's timeout to report; a torn one
-                // has already invalidated the connection. The sender is read without
-                // `withLock`: a closure returned through its generic result is wrapped in a
-                // thunk, a heap allocation a request (callgrind).
-                lock.lock()
-                let send = state.closed ? nil : state.send
-                lock.unlock()
-                if let send, let rest = try? send(reply) {
+                // has already invalidated the connection.
+                if let sender = state.withLock({ $0.closed ? nil : $0.send }), let rest = try? sender.send(reply) {
                     try? await rest()
                 }
             }
             next = await withUnsafeContinuation { parking in
                 var room: (@Sendable () -> Void)?
-                let next: Frame?? = lock.withLock {
+                let next: Frame?? = state.withLock { state in
                     guard !state.closed else { return .some(nil) }
                     guard let next = state.waiting.popFirst() else {
                         state.parked.append(parking)
                         return nil
                     }
                     state.waitingBytes -= next.payload.count
-                    if !isFull {
+                    if !state.isFull {
                         room = state.roomHandler
                         state.roomHandler = nil
                     }
@@ -205,6 +208,6 @@ final class RequestServer: Sendable {
             }
         }
         // The connection ended (while this task answered or was parked).
-        lock.withLock { _ = state.running.remove(serial) }
+        state.withLock { _ = $0.running.remove(serial) }
     }
 }
