@@ -30,6 +30,8 @@ package final class RequestTable: Sendable {
         var continuation: UnsafeContinuation<[UInt8], any Error>?
         /// The outcome came before the task waited: it is in ``State/early``.
         var finishedEarly = false
+        /// The task was cancelled before it stored its continuation: it ends when it comes to.
+        var cancelledEarly = false
         /// Monotonic nanoseconds, once the task waits.
         var deadline: UInt64?
         /// The receive timeout the deadline came from (for the error's message).
@@ -130,8 +132,10 @@ package final class RequestTable: Sendable {
                         return (early.map { $0.mapError { $0 } } ?? .failure(IPCError(code: .receiveTimeout, message: "request \(correlation) is no longer pending")), nil)
                     }
                     // Cancelled before the continuation was stored: the cancellation handler
-                    // found nothing to resume, so the request ends here.
-                    if Task.isCancelled {
+                    // found nothing to resume and marked the entry, so the request ends here.
+                    // (Read from the entry, under the lock the handler takes too: asking
+                    // `Task.isCancelled` costs about 95 instructions a request.)
+                    if entry.cancelledEarly {
                         state.entries.remove(correlation)
                         return (.failure(CancellationError()), nil)
                     }
@@ -150,7 +154,7 @@ package final class RequestTable: Sendable {
                 if let finished { continuation.resume(with: finished) }
             }
         } onCancel: {
-            if let continuation = takeContinuation(correlation) {
+            if let continuation = cancelWaiting(correlation) {
                 continuation.resume(throwing: CancellationError())
             }
         }
@@ -161,9 +165,16 @@ package final class RequestTable: Sendable {
         state.withLock { $0.takeEarly(correlation) }
     }
 
-    private func takeContinuation(_ correlation: UInt64) -> UnsafeContinuation<[UInt8], any Error>? {
+    /// The task waiting for the request was cancelled: returns its continuation, the request
+    /// forgotten, if it waits; if it has not stored its continuation yet, marks the request so
+    /// that it ends when it does.
+    private func cancelWaiting(_ correlation: UInt64) -> UnsafeContinuation<[UInt8], any Error>? {
         state.withLock { state in
-            guard let continuation = state.entries[correlation]?.continuation else { return nil }
+            guard let entry = state.entries[correlation] else { return nil }
+            guard let continuation = entry.continuation else {
+                state.entries.update(correlation) { $0.cancelledEarly = true }
+                return nil
+            }
             state.entries.remove(correlation)
             return continuation
         }
