@@ -1,3 +1,4 @@
+#if canImport(Glibc)
 import CIPCShims
 
 /// A 32-bit word in this process's memory that threads sleep on until another thread moves
@@ -31,3 +32,4 @@ package final class FutexWord: @unchecked Sendable {
         _ = ipc_futex_wait_private(word, seen, -1)
     }
 }
+#endif

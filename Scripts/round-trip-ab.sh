@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Times two builds of the engine against each other, interleaved: the same 64-byte unix-socket
+# round trip (Benchmarks/RoundTripInstructions: a client task on the connection's executor, a
+# server with the on-loop or the default async handler), run by an old and a new binary in turn,
+# round after round, on one core and on two. Interleaving puts both builds under the same drift
+# of a shared VM, so their ratio means something where two separate runs' times do not.
+#
+#   Scripts/round-trip-ab.sh --old BIN --new BIN [--rounds N] [--round-trips N] [--output DIR]
+#     --old, --new    round-trip-instructions binaries, e.g. built from two commits:
+#                       git worktree add /tmp/old COMMIT
+#                       swift build -c release --package-path /tmp/old/Benchmarks/RoundTripInstructions
+#                       (the binary: /tmp/old/Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions)
+#     --rounds        rounds of every pair (default 7); each figure is the median of the rounds' p50s
+#     --round-trips   round trips per run (default 20000, every one timed)
+#     --output        writes ab.json and ab.md there (default: prints the table only)
+#
+# Same core: server and client on CPU 0. Two cores: server on CPU 1, client on CPU 0.
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "$0")/.."
+
+old="" new="" rounds=7 trips=20000 output=""
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --old|--new|--rounds|--round-trips|--output)
+            [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 64; }
+            case "$1" in
+                --old) old="$2" ;; --new) new="$2" ;; --rounds) rounds="$2" ;;
+                --round-trips) trips="$2" ;; --output) output="$2" ;;
+            esac
+            shift ;;
+        *) echo "unknown option $1 (see --help)" >&2; exit 64 ;;
+    esac
+    shift
+done
+[ -n "$old" ] && [ -n "$new" ] || { echo "--old and --new are required (see --help)" >&2; exit 64; }
+for binary in "$old" "$new"; do
+    [ -x "$binary" ] || { echo "not an executable: $binary" >&2; exit 66; }
+done
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive whole number" >&2; exit 64; }
+[[ "$trips" =~ ^[1-9][0-9]*$ ]] || { echo "--round-trips must be a positive whole number" >&2; exit 64; }
+[ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (same core and two cores)" >&2; exit 69; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-ab-XXXXXX")
+cleanup() {
+    [ -f "$work/servers" ] && while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$work/servers"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# time BINARY HANDLER SERVER_CPU CLIENT_CPU: prints "p50 p99" in nanoseconds.
+time_pair() {
+    local binary=$1 handler=$2 server_cpu=$3 client_cpu=$4 group line
+    group=$(mktemp -d "$work/group-XXXXXX")
+    taskset -c "$server_cpu" "$binary" serve "$group" "$handler" > "$group/server.log" 2>&1 &
+    local server=$!
+    echo "$server" >> "$work/servers"
+    local waited=0
+    while [ ! -S "$group/echo.sock" ]; do
+        sleep 0.02
+        waited=$((waited + 1))
+        if [ "$waited" -gt 3000 ] || ! kill -0 "$server" 2>/dev/null; then
+            echo "the server did not start:" >&2; cat "$group/server.log" >&2; return 1
+        fi
+    done
+    if ! line=$(ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$trips" 64 engine 2>&1 | grep '^round trips'); then
+        echo "the client failed ($binary, $handler)" >&2; kill "$server" 2>/dev/null; return 1
+    fi
+    wait "$server" || { echo "the server failed:" >&2; cat "$group/server.log" >&2; return 1; }
+    sed -n 's/.*p50 \([0-9]*\) ns p99 \([0-9]*\) ns.*/\1 \2/p' <<< "$line"
+}
+
+results="$work/results.txt"
+: > "$results"
+for round in $(seq 1 "$rounds"); do
+    echo "round $round of $rounds" >&2
+    for placement in "same-core 0 0" "two-cores 1 0"; do
+        read -r name server_cpu client_cpu <<< "$placement"
+        for handler in on-loop task; do
+            for build in old new; do
+                binary=$old; [ "$build" = new ] && binary=$new
+                echo "$build $handler $name $(time_pair "$binary" "$handler" "$server_cpu" "$client_cpu")" >> "$results"
+            done
+        done
+    done
+done
+
+python3 - "$results" "$output" "$old" "$new" "$rounds" "$trips" <<'PYTHON'
+import json, statistics, sys
+results, output, old, new, rounds, trips = sys.argv[1:7]
+runs = {}
+for line in open(results):
+    build, handler, placement, p50, p99 = line.split()
+    runs.setdefault((handler, placement, build), []).append((int(p50), int(p99)))
+rows = []
+for handler in ("on-loop", "task"):
+    for placement in ("same-core", "two-cores"):
+        row = {"handler": handler, "placement": placement}
+        for build in ("old", "new"):
+            values = runs[(handler, placement, build)]
+            row[build] = {"p50_ns": statistics.median(v[0] for v in values), "p99_ns": statistics.median(v[1] for v in values),
+                          "p50s_ns": [v[0] for v in values]}
+        row["new_over_old_p50"] = round(row["new"]["p50_ns"] / row["old"]["p50_ns"], 3)
+        rows.append(row)
+table = ["| handler | placement | old p50 (p99) | new p50 (p99) | new ÷ old | old p50s | new p50s |", "|---|---|---:|---:|---:|---|---|"]
+for row in rows:
+    o, n = row["old"], row["new"]
+    table.append(f"| {row['handler']} | {row['placement']} | {o['p50_ns']/1000:.2f} µs ({o['p99_ns']/1000:.2f}) | {n['p50_ns']/1000:.2f} µs ({n['p99_ns']/1000:.2f}) | {row['new_over_old_p50']:.3f} | "
+                 + ", ".join(f"{v/1000:.1f}" for v in o["p50s_ns"]) + " | " + ", ".join(f"{v/1000:.1f}" for v in n["p50s_ns"]) + " |")
+text = "\n".join(table) + "\n"
+print(text, end="")
+if output:
+    import os
+    os.makedirs(output, exist_ok=True)
+    json.dump({"old": old, "new": new, "rounds": int(rounds), "round_trips": int(trips), "payload_bytes": 64,
+               "unit": "nanoseconds, medians of the rounds' p50 and p99", "rows": rows}, open(f"{output}/ab.json", "w"), indent=2)
+    open(f"{output}/ab.md", "w").write(f"`Scripts/round-trip-ab.sh --rounds {rounds} --round-trips {trips}`; old: `{old}`, new: `{new}`\n\n" + text)
+PYTHON
