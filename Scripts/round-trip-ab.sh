@@ -14,13 +14,13 @@
 #     --round-trips   round trips per run (default 20000, every one timed)
 #     --output        writes ab.json and ab.md there (default: prints the table only)
 #
-# Same core: server and client on CPU 0. Two cores: server on CPU 1, client on CPU 0.
+# Same core: server and client on CPU 0. Two cores: server on CPU 1, client on CPU 0. Within a
+# round the two builds take turns in both orders (old first in odd rounds, new first in even).
 set -euo pipefail
 shopt -s inherit_errexit
-cd "$(dirname "$0")/.."
 
 old="" new="" rounds=7 trips=20000 output=""
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -37,40 +37,58 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$old" ] && [ -n "$new" ] || { echo "--old and --new are required (see --help)" >&2; exit 64; }
 for binary in "$old" "$new"; do
-    [ -x "$binary" ] || { echo "not an executable: $binary" >&2; exit 66; }
+    [ -f "$binary" ] && [ -x "$binary" ] || { echo "not an executable file: $binary" >&2; exit 66; }
 done
+# Absolute, so that a relative path names the file the caller meant, never one on PATH.
+old=$(realpath "$old") new=$(realpath "$new")
+[ -z "$output" ] || output=$(realpath -m "$output")
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive whole number" >&2; exit 64; }
 [[ "$trips" =~ ^[1-9][0-9]*$ ]] || { echo "--round-trips must be a positive whole number" >&2; exit 64; }
-[ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (same core and two cores)" >&2; exit 69; }
+for cpu in 0 1; do
+    taskset -c "$cpu" true 2> /dev/null || { echo "needs CPUs 0 and 1 (same core and two cores); this process may not run on CPU $cpu" >&2; exit 69; }
+done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-ab-XXXXXX")
+# A server still running (an interrupted or failed pair) is stopped before its folder goes.
 cleanup() {
-    [ -f "$work/servers" ] && while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$work/servers"
+    [ -f "$work/server" ] && kill "$(cat "$work/server")" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# time BINARY HANDLER SERVER_CPU CLIENT_CPU: prints "p50 p99" in nanoseconds.
+# time BINARY HANDLER SERVER_CPU CLIENT_CPU: prints "p50 p99" in nanoseconds; any failure exits
+# the script with the failing process's output.
 time_pair() {
-    local binary=$1 handler=$2 server_cpu=$3 client_cpu=$4 group line
+    local binary=$1 handler=$2 server_cpu=$3 client_cpu=$4 group line pair
     group=$(mktemp -d "$work/group-XXXXXX")
     taskset -c "$server_cpu" "$binary" serve "$group" "$handler" > "$group/server.log" 2>&1 &
     local server=$!
-    echo "$server" >> "$work/servers"
+    echo "$server" > "$work/server"
     local waited=0
     while [ ! -S "$group/echo.sock" ]; do
         sleep 0.02
         waited=$((waited + 1))
         if [ "$waited" -gt 3000 ] || ! kill -0 "$server" 2>/dev/null; then
-            echo "the server did not start:" >&2; cat "$group/server.log" >&2; return 1
+            echo "the server did not start ($binary $handler):" >&2; cat "$group/server.log" >&2; exit 1
         fi
     done
-    if ! line=$(ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$trips" 64 engine 2>&1 | grep '^round trips'); then
-        echo "the client failed ($binary, $handler)" >&2; kill "$server" 2>/dev/null; return 1
+    if ! ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$trips" 64 engine > "$group/client.log" 2>&1; then
+        echo "the client failed ($binary $handler):" >&2; cat "$group/client.log" >&2; exit 1
     fi
-    wait "$server" || { echo "the server failed:" >&2; cat "$group/server.log" >&2; return 1; }
-    sed -n 's/.*p50 \([0-9]*\) ns p99 \([0-9]*\) ns.*/\1 \2/p' <<< "$line"
+    # The server ends when its client has gone; one that does not within a minute has hung.
+    local stopped=0
+    while kill -0 "$server" 2>/dev/null; do
+        sleep 0.02
+        stopped=$((stopped + 1))
+        if [ "$stopped" -gt 3000 ]; then echo "the server did not end ($binary $handler):" >&2; cat "$group/server.log" >&2; exit 1; fi
+    done
+    wait "$server" || { echo "the server failed ($binary $handler):" >&2; cat "$group/server.log" >&2; exit 1; }
+    rm -f "$work/server"
+    line=$(grep '^round trips' "$group/client.log") || { echo "the client printed no times ($binary $handler):" >&2; cat "$group/client.log" >&2; exit 1; }
+    pair=$(sed -n 's/^round trips [0-9]* p50 \([0-9]*\) ns p99 \([0-9]*\) ns$/\1 \2/p' <<< "$line")
+    [[ "$pair" =~ ^[0-9]+\ [0-9]+$ ]] || { echo "unexpected client output ($binary $handler): $line" >&2; exit 1; }
+    echo "$pair"
 }
 
 results="$work/results.txt"
@@ -80,17 +98,20 @@ for round in $(seq 1 "$rounds"); do
     for placement in "same-core 0 0" "two-cores 1 0"; do
         read -r name server_cpu client_cpu <<< "$placement"
         for handler in on-loop task; do
-            for build in old new; do
+            order="old new"; [ $((round % 2)) -eq 0 ] && order="new old"
+            for build in $order; do
                 binary=$old; [ "$build" = new ] && binary=$new
-                echo "$build $handler $name $(time_pair "$binary" "$handler" "$server_cpu" "$client_cpu")" >> "$results"
+                # On a line of its own: a failure inside $(...) given to echo would be ignored.
+                pair=$(time_pair "$binary" "$handler" "$server_cpu" "$client_cpu")
+                echo "$build $handler $name $pair" >> "$results"
             done
         done
     done
 done
 
-python3 - "$results" "$output" "$old" "$new" "$rounds" "$trips" <<'PYTHON'
+python3 - "$results" "$output" "$old" "$new" "$rounds" "$trips" "$(sha256sum < "$old" | cut -c1-64)" "$(sha256sum < "$new" | cut -c1-64)" <<'PYTHON'
 import json, statistics, sys
-results, output, old, new, rounds, trips = sys.argv[1:7]
+results, output, old, new, rounds, trips, old_sha, new_sha = sys.argv[1:9]
 runs = {}
 for line in open(results):
     build, handler, placement, p50, p99 = line.split()
@@ -115,7 +136,7 @@ print(text, end="")
 if output:
     import os
     os.makedirs(output, exist_ok=True)
-    json.dump({"old": old, "new": new, "rounds": int(rounds), "round_trips": int(trips), "payload_bytes": 64,
+    json.dump({"old": old, "new": new, "old_sha256": old_sha, "new_sha256": new_sha, "rounds": int(rounds), "round_trips": int(trips), "payload_bytes": 64,
                "unit": "nanoseconds, medians of the rounds' p50 and p99", "rows": rows}, open(f"{output}/ab.json", "w"), indent=2)
     open(f"{output}/ab.md", "w").write(f"`Scripts/round-trip-ab.sh --rounds {rounds} --round-trips {trips}`; old: `{old}`, new: `{new}`\n\n" + text)
 PYTHON

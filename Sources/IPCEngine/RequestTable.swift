@@ -20,9 +20,9 @@ import Synchronization
 /// The continuations are unchecked (a checked one allocates per request): each is taken out of
 /// the table under its lock before it is resumed, so it is resumed exactly once.
 package final class RequestTable: Sendable {
-    /// One request. Plain data (no reference counting, no enum payload), so that the table's
+    /// One request. Trivial data (nothing reference-counted), so that the table's
     /// inserts, lookups and removals copy it as bytes: an entry holding its outcome inline was
-    /// copied and destroyed through the runtime's generic value witnesses, about 500
+    /// copied and destroyed through the runtime's generic value witnesses, about 400
     /// instructions a request (callgrind). An outcome that arrives before its task waits is kept
     /// apart, in ``State/early``.
     private struct Entry {
@@ -84,7 +84,8 @@ package final class RequestTable: Sendable {
     /// The number of requests still waiting for a reply.
     package var pendingCount: Int { state.withLock { $0.entries.count } }
 
-    /// Whether a task waits, suspended, for the request's reply.
+    /// Whether a task waits for the request's reply: it has stored its continuation (and
+    /// suspends, or has suspended).
     package func isWaiting(_ correlation: UInt64) -> Bool {
         state.withLock { $0.entries[correlation]?.continuation != nil }
     }

@@ -70,7 +70,7 @@ public struct BinaryFrameEncoder: FrameEncoder {
     /// The header as a value on the stack: the same 20 bytes as ``withEncodedHeader(_:_:)``,
     /// through no generic code, for a sender that encodes every frame's header (the first of
     /// ``BinaryFrameHeaderBytes/count`` bytes of its storage are the header).
-    /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is above the maximum.
+    /// - Throws: ``IPCError/Code/payloadTooLarge`` if the length is negative or above the maximum.
     @inlinable @inline(__always)
     public func headerBytes(_ header: FrameHeader) throws -> BinaryFrameHeaderBytes {
         try checkLength(header)

@@ -87,6 +87,7 @@ struct RequestTableTests {
         await #expect(throws: IPCError.self) { try await table.reply(to: unwaited, timeout: .seconds(600)) }
         #expect(throws: IPCError.self) { try table.register() }
         #expect(table.pendingCount == 0)
+        #expect(table.keptOutcomeCount == 0)
     }
 
     @Test("a cancelled request ends with CancellationError, cancelled before or while it waits; a request that ends keeps nothing behind")
@@ -96,8 +97,9 @@ struct RequestTableTests {
         // Cancelled while it waits: the cancellation handler resumes it.
         let waiting = try table.register()
         let waiter = Task { try await table.reply(to: waiting, timeout: .seconds(600)) }
-        // Generous: the waiter must have suspended, so that this is the handler's path.
-        for _ in 0..<60_000 where !table.isWaiting(waiting) { try await Task.sleep(for: .milliseconds(10)) }
+        // Generous (60 s; the suite's limit is 2 minutes): the waiter must have stored its
+        // continuation, so that this is the handler's path.
+        for _ in 0..<6_000 where !table.isWaiting(waiting) { try await Task.sleep(for: .milliseconds(10)) }
         #expect(table.isWaiting(waiting))
         waiter.cancel()
         await #expect(throws: CancellationError.self) { try await waiter.value }

@@ -33,28 +33,42 @@ struct ServingExecutorTests {
         #expect(names.allSatisfy { $0.hasPrefix("ipc-serve-") }, "\(Set(names))")
     }
 
-    @Test("a job queued while every thread sleeps wakes one: two thousand, one at a time and in pairs from two producers")
+    /// What the producers of ``jobsWakeSleepingThreads()`` report, shared with the test.
+    private final class Progress: Sendable {
+        let ran = Atomic<Int>(0)
+        let producersDone = Atomic<Int>(0)
+    }
+
+    @Test("a job queued while every thread sleeps wakes one: 200 from one producer after a pause each, then 2,000 from two producers")
     func jobsWakeSleepingThreads() async throws {
         let executor = try ServingExecutor(threads: 3)
-        let ran = try await withDeadline(seconds: 120, "jobs queued to sleeping threads") {
-            try await withThrowingTaskGroup(of: Int.self) { producers in
-                for _ in 0..<2 {
-                    producers.addTask {
-                        var count = 0
-                        for round in 0..<1_000 {
-                            // Awaited before the next is queued, so the threads have gone back
-                            // to sleep (or are going): each job must wake one. A lost wake-up
-                            // hangs here until the deadline.
-                            count += await Task(executorPreference: executor) { Self.threadName().hasPrefix("ipc-serve-") ? 1 : 0 }.value
-                            if round.isMultiple(of: 100) { try await Task.sleep(for: .milliseconds(1)) }
-                        }
-                        return count
+        let progress = Progress()
+        // Each job is awaited before the next is queued, so the threads have gone back to sleep
+        // (or are going): each job must wake one. The producers are tasks of their own, which a
+        // lost wake-up leaves waiting for good: the test then fails at its deadline instead of
+        // hanging the run.
+        Task.detached {
+            for _ in 0..<200 {
+                try? await Task.sleep(for: .milliseconds(1))
+                if await Task(executorPreference: executor, operation: { Self.threadName().hasPrefix("ipc-serve-") }).value { progress.ran.add(1, ordering: .relaxed) }
+            }
+            progress.producersDone.add(1, ordering: .sequentiallyConsistent)
+            for _ in 0..<2 {
+                Task.detached {
+                    for round in 0..<1_000 {
+                        if await Task(executorPreference: executor, operation: { Self.threadName().hasPrefix("ipc-serve-") }).value { progress.ran.add(1, ordering: .relaxed) }
+                        if round.isMultiple(of: 100) { try? await Task.sleep(for: .milliseconds(1)) }
                     }
+                    progress.producersDone.add(1, ordering: .sequentiallyConsistent)
                 }
-                return try await producers.reduce(0, +)
             }
         }
-        #expect(ran == 2_000)
+        let deadline = ContinuousClock.now + .seconds(120)
+        while progress.producersDone.load(ordering: .sequentiallyConsistent) < 3, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(progress.producersDone.load(ordering: .sequentiallyConsistent) == 3, "a job queued to sleeping threads did not run within 120 s")
+        #expect(progress.ran.load(ordering: .sequentiallyConsistent) == 2_200)
     }
 
     @Test("a job that blocks its thread holds up no job while another thread is free")
