@@ -92,7 +92,8 @@ int ipc_atomic_compare_exchange_u32(uint32_t *address, uint32_t expected, uint32
     return __atomic_compare_exchange_n(address, &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
-int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns) {
+/// FUTEX_WAIT or FUTEX_WAIT_PRIVATE (op), with a relative timeout (negative: none).
+static int futex_wait_op(uint32_t *address, int op, uint32_t expected, int64_t timeout_ns) {
     struct timespec timeout;
     struct timespec *relative = NULL;
     if (timeout_ns >= 0) {
@@ -100,7 +101,11 @@ int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns) {
         timeout.tv_nsec = timeout_ns % 1000000000;
         relative = &timeout;
     }
-    return (int)syscall(SYS_futex, address, FUTEX_WAIT, expected, relative, NULL, 0);
+    return (int)syscall(SYS_futex, address, op, expected, relative, NULL, 0);
+}
+
+int ipc_futex_wait(uint32_t *address, uint32_t expected, int64_t timeout_ns) {
+    return futex_wait_op(address, FUTEX_WAIT, expected, timeout_ns);
 }
 
 int ipc_futex_wake(uint32_t *address, int count) {
@@ -108,14 +113,7 @@ int ipc_futex_wake(uint32_t *address, int count) {
 }
 
 int ipc_futex_wait_private(uint32_t *address, uint32_t expected, int64_t timeout_ns) {
-    struct timespec timeout;
-    struct timespec *relative = NULL;
-    if (timeout_ns >= 0) {
-        timeout.tv_sec = timeout_ns / 1000000000;
-        timeout.tv_nsec = timeout_ns % 1000000000;
-        relative = &timeout;
-    }
-    return (int)syscall(SYS_futex, address, FUTEX_WAIT_PRIVATE, expected, relative, NULL, 0);
+    return futex_wait_op(address, FUTEX_WAIT_PRIVATE, expected, timeout_ns);
 }
 
 int ipc_futex_wake_private(uint32_t *address, int count) {
