@@ -3,7 +3,11 @@
 # under test really is instrumented, and runs each target for SECONDS_PER_TARGET (default 60) with
 # its committed seed corpus and dictionary, then replays everything it kept with leak detection.
 #
-#   Scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+#   Scripts/fuzz.sh [--jobs N] [SECONDS_PER_TARGET] [TARGET...]
+#
+# --jobs N runs N targets at a time (default: the number of CPUs). Each target is one libFuzzer
+# process on one thread, so each still gets its SECONDS_PER_TARGET of one CPU; the summary lines
+# come in the targets' order whatever order they finish in.
 #
 # New corpus entries go to Fuzz/.build/fuzz-corpus/<target>/ (kept between runs, never into the
 # committed Fuzz/Corpus/); logs to Fuzz/.build/fuzz-logs/, the summary to Fuzz/.build/fuzz-report.txt.
@@ -14,6 +18,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+jobs=$(nproc 2>/dev/null || echo 1)
+if [ "${1:-}" = "--jobs" ]; then
+    [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: --jobs needs a positive whole number" >&2; exit 64; }
+    jobs=$2
+    shift 2
+fi
 seconds=${1:-60}
 shift || true
 all_targets=(
@@ -80,13 +90,19 @@ run() {
 for target in "${targets[@]}"; do
     [ -x "$bin/$target" ] || fail "no fuzz target $target (targets: ${all_targets[*]})"
     nm "$bin/$target" | grep -c __sanitizer_cov_8bit_counters_init >/dev/null || fail "$target does not link the coverage runtime"
+done
+
+# Fuzzes one target, then writes its summary line (and, if it failed, what failed) to
+# fuzz-logs/<target>.summary and its exit status to fuzz-logs/<target>.status. Runs in a
+# background job: it never writes the shared report itself.
+fuzz_target() {
+    local target=$1 status=0 started=$SECONDS left segment elapsed
+    local log=Fuzz/.build/fuzz-logs/$target.log summary=Fuzz/.build/fuzz-logs/$target.summary
     mkdir -p "Fuzz/.build/fuzz-corpus/$target"
-    log=Fuzz/.build/fuzz-logs/$target.log
     : >"$log"
+    : >"$summary"
     echo "=== $target: $seconds s"
 
-    status=0
-    started=$SECONDS
     if [[ $leaky_targets == *" $target "* ]]; then
         left=$seconds
         while [ "$left" -gt 0 ] && [ "$status" -eq 0 ]; do
@@ -115,18 +131,38 @@ for target in "${targets[@]}"; do
     fi
 
     printf '%-24s %5ss  execs %9s  exec/s %6s  cov %5s  ft %6s  corpus %-11s  counters %5s  peak rss %sMb\n' \
-        "$target" "$elapsed" "${runs:-0}" "$(( ${runs:-0} / elapsed ))" "${cov:-?}" "${ft:-?}" "${corpus:-?}" "$counters" "${rss:-?}" | tee -a "$report"
+        "$target" "$elapsed" "${runs:-0}" "$(( ${runs:-0} / elapsed ))" "${cov:-?}" "${ft:-?}" "${corpus:-?}" "$counters" "${rss:-?}" >>"$summary"
 
     artifacts=$(ls Fuzz/Crashes/"$target"-* 2>/dev/null || true)
     if [ "$status" -ne 0 ] || [ -n "$artifacts" ]; then
-        echo "$target FAILED (exit $status); log: $log; inputs: ${artifacts:-none}" | tee -a "$report"
-        grep -E '==ERROR|^SUMMARY|Fatal error|Precondition failed|deadly signal|timeout|out-of-memory' "$log" | head -n 5 || true
+        [ "$status" -ne 0 ] || status=1
+        echo "$target FAILED (exit $status); log: $log; inputs: ${artifacts:-none}" >>"$summary"
+        grep -E '==ERROR|^SUMMARY|Fatal error|Precondition failed|deadly signal|timeout|out-of-memory' "$log" | head -n 5 >>"$summary" || true
         # A timeout is measured in wall time, so a stalled machine can cause one: say how long the
         # input takes now, to tell a slow input from a stall. It still fails the run.
         for input in Fuzz/Crashes/"$target"-timeout-*; do
             [ -e "$input" ] || continue
-            "$bin/$target" -timeout=10 "$input" 2>&1 | grep -E '^Executed|ERROR' | sed "s|^|replay: |" || true
+            "$bin/$target" -timeout=10 "$input" 2>&1 | grep -E '^Executed|ERROR' | sed "s|^|replay: |" >>"$summary" || true
         done
+    fi
+    echo "$status" >"Fuzz/.build/fuzz-logs/$target.status"
+}
+
+rm -f Fuzz/.build/fuzz-logs/*.status
+for target in "${targets[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    fuzz_target "$target" &
+done
+wait
+
+# The summaries in the targets' order; a target without a status ended early (its failure is at
+# the end of its log).
+for target in "${targets[@]}"; do
+    summary=Fuzz/.build/fuzz-logs/$target.summary
+    [ -s "$summary" ] && tee -a "$report" <"$summary"
+    status=$(cat "Fuzz/.build/fuzz-logs/$target.status" 2>/dev/null || echo "none")
+    if [ "$status" != 0 ]; then
+        [ "$status" != none ] || echo "$target FAILED: it ended without a status; see Fuzz/.build/fuzz-logs/$target.log" | tee -a "$report"
         failed+=("$target")
     fi
 done
