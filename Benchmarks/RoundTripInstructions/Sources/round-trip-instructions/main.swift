@@ -3,8 +3,8 @@
 // 3.19 crashes on a Swift program whose `main` is `async` (its main thread parks in libdispatch's
 // signal thread), so the async work runs in a task and `main` waits for it.
 //
-//   round-trip-instructions serve  <group directory> <on-loop|task|floor|floor-task>
-//   round-trip-instructions client <group directory> <round trips> <payload bytes> [engine|floor|floor-cancellable]
+//   round-trip-instructions serve  <group directory> <on-loop|task|sink|floor|floor-task>
+//   round-trip-instructions client <group directory> <round trips> <payload bytes> [engine|stream|floor|floor-cancellable]
 //
 // The server listens at `<group>/echo` over unix-socket (binary framing), echoes every request,
 // and exits once its one client has gone. The client connects (retrying until the server is
@@ -13,6 +13,12 @@
 // the engine (SwiftFloor.swift): the same frames, with nothing but what any Swift program
 // needs for them. With `ROUND_TRIP_TIMES` set, a client prints its round trips' median and 99th
 // percentile (the counted runs leave it unset: no clock is read).
+//
+// `stream` (a client) and `sink` (a server) are the one-way stream instead: the client sends its
+// count of messages, one `send` each, from a task on the connection's executor, as the harness's
+// throughput rows do; then one request, which the server answers with the number of messages it
+// took (8 bytes, big-endian), so the client checks that none was lost. The server takes each
+// message in place on its loop, with a borrowing handler, as the harness's sink peer does.
 import Dispatch
 import Foundation
 import IPCCore
@@ -41,7 +47,7 @@ final class LockedError: @unchecked Sendable {
 }
 
 func usage() -> Never {
-    FileHandle.standardError.write(Data("usage: round-trip-instructions serve <group directory> <on-loop|task|floor|floor-task> | client <group directory> <round trips> <payload bytes> [engine|floor|floor-cancellable]\n".utf8))
+    FileHandle.standardError.write(Data("usage: round-trip-instructions serve <group directory> <on-loop|task|sink|floor|floor-task> | client <group directory> <round trips> <payload bytes> [engine|stream|floor|floor-cancellable]\n".utf8))
     exit(64)
 }
 
@@ -55,6 +61,20 @@ do {
     exit(64)
 }
 let transport = UnixSocketTransport(framing: .binary)
+/// The stream's one-way messages' msgid.
+let streamMessage: UInt32 = 2
+
+/// Connects to the server, retrying for up to 120 s while its socket is not there yet.
+@Sendable func connectRetrying(_ transport: UnixSocketTransport, to endpoint: Endpoint) async throws -> any MessageConnection {
+    let deadline = ContinuousClock.now + .seconds(120)
+    while true {
+        do {
+            return try await transport.connect(to: endpoint, options: .defaults)
+        } catch let error as IPCError where error.code == .endpointNotFound && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
 
 switch arguments[1] {
 case "serve" where arguments[3] == "floor" || arguments[3] == "floor-task":
@@ -69,6 +89,20 @@ case "serve":
     switch arguments[3] {
     case "on-loop": options = .defaults { $0.onLoopRequestHandler = { _, payload in payload } }
     case "task": options = .defaults { $0.requestHandler = { _, payload in payload } }
+    case "sink":
+        // Touched only on the connection's loop: the handlers below both run there.
+        final class Taken: @unchecked Sendable { var messages: UInt64 = 0 }
+        let taken = Taken()
+        options = .defaults {
+            $0.makeOnLoopBorrowingMessageHandler = {
+                { msgid, _, _ in
+                    guard msgid == streamMessage else { return false }
+                    taken.messages += 1
+                    return true
+                }
+            }
+            $0.onLoopRequestHandler = { _, _ in withUnsafeBytes(of: taken.messages.bigEndian) { Array($0) } }
+        }
     default: usage()
     }
     runAndWait {
@@ -78,6 +112,23 @@ case "serve":
             // Serves the one client until it goes.
             for await _ in connection.messages {}
             return
+        }
+    }
+case "client" where arguments.count == 6 && arguments[5] == "stream":
+    guard let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0 else { usage() }
+    runAndWait {
+        let connection = try await connectRetrying(transport, to: endpoint)
+        defer { connection.invalidate() }
+        let payload = [UInt8](repeating: 0x5A, count: size)
+        try await withTaskExecutorPreference(connection.preferredTaskExecutor) {
+            for _ in 0..<count {
+                try await connection.send(payload, msgid: streamMessage, timeout: .seconds(60))
+            }
+            let reply = try await connection.request([], msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
+            let taken = reply.count == 8 ? reply.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } : nil
+            guard taken == UInt64(count) else {
+                throw IPCError(code: .malformedPayload, message: "the server took \(taken.map(String.init) ?? "an unreadable count of") messages of \(count)")
+            }
         }
     }
 case "client" where arguments.count == 6 && arguments[5] != "engine":
@@ -92,16 +143,7 @@ case "client" where arguments.count == 6 && arguments[5] != "engine":
 case "client":
     guard (5...6).contains(arguments.count), let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0 else { usage() }
     runAndWait {
-        var connection: (any MessageConnection)?
-        let deadline = ContinuousClock.now + .seconds(120)
-        while connection == nil {
-            do {
-                connection = try await transport.connect(to: endpoint, options: .defaults)
-            } catch let error as IPCError where error.code == .endpointNotFound && ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(20))
-            }
-        }
-        guard let connection else { return }
+        let connection = try await connectRetrying(transport, to: endpoint)
         defer { connection.invalidate() }
         let payload = [UInt8](repeating: 0xA5, count: size)
         try await withTaskExecutorPreference(connection.preferredTaskExecutor) {
