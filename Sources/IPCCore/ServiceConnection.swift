@@ -187,7 +187,7 @@ public final class ServiceConnection: Sendable {
     /// Sends a one-way message to the service, connecting first if needed.
     /// - Throws: ``IPCError/Code/invalidated`` after ``invalidate()``; ``IPCError/Code/interrupted``
     ///   if the service went away while it was being sent; what connecting and sending throw.
-    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+    public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         let (connection, generation) = try await currentConnection(within: timeout)
         do {
             try await connection.send(payload, msgid: msgid, timeout: timeout)
@@ -200,7 +200,7 @@ public final class ServiceConnection: Sendable {
     /// Sends a request to the service and waits for its reply, connecting first if needed.
     /// - Throws: ``IPCError/Code/invalidated`` after ``invalidate()``; ``IPCError/Code/interrupted``
     ///   if the service went away before it answered; what connecting and requesting throw.
-    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+    public nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         let (connection, generation) = try await currentConnection(within: sendTimeout)
         do {
             let reply = try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)

@@ -216,8 +216,14 @@ public protocol MessageConnection: AnyObject, Sendable {
     /// full. Cancelling the task fails a send whose frame has not begun to be written with
     /// `CancellationError`; one already begun is finished (or times out), so the stream is never
     /// torn. A transport without a suspending path gets a default that calls the synchronous send.
+    ///
+    /// `nonisolated(nonsending)`, as ``send(contentsOf:msgid:timeout:)`` and
+    /// ``request(_:msgid:sendTimeout:receiveTimeout:)`` are: it runs on the caller's executor (the
+    /// caller's actor, or the connection's loop for a task that prefers it), so it starts
+    /// without an executor check, and it must never block that executor. A conforming type may
+    /// implement it as a plain `async` function, which then runs on the global executor.
     /// - Throws: what the synchronous send throws; `CancellationError`.
-    func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws
+    nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws
 
     /// Sends one-way messages, in order, each with `msgid`, suspending while the peer's buffer
     /// is full: what a loop of ``send(_:msgid:timeout:)-async`` over `payloads` does, and the
@@ -227,7 +233,7 @@ public protocol MessageConnection: AnyObject, Sendable {
     /// - Throws: what the asynchronous send throws, for the first message that failed: the
     ///   messages before it were sent, it and those after it were not (a message begun and not
     ///   finished invalidates the connection, as a send's does).
-    func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws
+    nonisolated(nonsending) func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws
 
     /// The executor on which a task should run to have its replies delivered without a thread
     /// hand-over (the event loop that reads this connection), or `nil` if the transport has none.
@@ -239,7 +245,7 @@ public protocol MessageConnection: AnyObject, Sendable {
     ///   if no reply arrived in time (the connection stays valid); ``IPCError/Code/peerInvalidated``
     ///   if the connection became invalid while waiting; ``IPCError/Code/transportFailure`` if the
     ///   peer's handler failed.
-    func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8]
+    nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8]
 
     /// Sets the handler that runs once, when the connection becomes invalid. If it already is,
     /// the handler runs at once, on the calling thread.
@@ -253,6 +259,8 @@ public protocol MessageConnection: AnyObject, Sendable {
 }
 
 extension MessageConnection {
+    /// Not `nonisolated(nonsending)`, unlike the requirement: the synchronous send it calls may
+    /// wait on its thread, which must not be the caller's actor or event loop.
     public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         try Task.checkCancellation()
         // A non-async closure, so that the synchronous overload is the one called.
@@ -262,7 +270,7 @@ extension MessageConnection {
 
     public var preferredTaskExecutor: (any TaskExecutor)? { nil }
 
-    public func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws {
+    public nonisolated(nonsending) func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws {
         for payload in payloads {
             try await send(payload, msgid: msgid, timeout: timeout)
         }

@@ -89,7 +89,7 @@ package final class ConnectionCore: Sendable {
     /// Waits for the reply to `request`, whose frame was sent (suspended: the thread that reads
     /// the reply resumes the request).
     @inline(__always)
-    package func reply(to request: Frame, receiveTimeout: Duration) async throws -> [UInt8] {
+    package nonisolated(nonsending) func reply(to request: Frame, receiveTimeout: Duration) async throws -> [UInt8] {
         try await requests.reply(to: request.correlation, timeout: receiveTimeout, strategy: options.waitStrategy)
     }
 

@@ -267,7 +267,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     public var bufferedMessageCount: Int { core.bufferedMessageCount }
 
     /// Sends a one-way message, suspending while the peer's buffer is full.
-    public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+    public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         // The common case writes at once, with no async call: each one costs the task two
         // executor checks (swift_task_switch) here.
         if let rest = try startSending(Frame(kind: .message, msgid: msgid, payload: payload)) {
@@ -282,7 +282,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// ``EngineChannel/gathersWrites`` (a send each otherwise); see
     /// ``MessageConnection/send(contentsOf:msgid:timeout:)``. A message the kernel had no room
     /// for waits as ``send(_:msgid:timeout:)-async``'s does, then the rest go on.
-    public func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws {
+    public nonisolated(nonsending) func send(contentsOf payloads: [[UInt8]], msgid: UInt32, timeout: Duration) async throws {
         var next = payloads.startIndex
         while next < payloads.endIndex {
             if gathers, payloads.endIndex - next > 1, let (sent, rest) = try startSendingGathered(payloads[next...], msgid: msgid) {
@@ -346,7 +346,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     }
 
 
-    public func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
+    public nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         let frame = try core.startRequest(payload, msgid: msgid)
         do {
             if let rest = try startSending(frame) { try await finishSending(rest, timeout: sendTimeout) }

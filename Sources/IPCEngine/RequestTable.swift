@@ -114,7 +114,7 @@ package final class RequestTable: Sendable {
     /// - Throws: ``IPCError/Code/receiveTimeout`` after `timeout`; the invalidation error if
     ///   the connection becomes invalid first; `CancellationError` if the task is cancelled.
     @inline(__always)
-    package func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
+    package nonisolated(nonsending) func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
         // Never spin on the loop's own thread: the loop reads the reply once this task suspends.
         if !loop.inEventLoop, let finished = SpinWait.poll(strategy, { takeFinished(correlation) }) {
             return try finished.get()
