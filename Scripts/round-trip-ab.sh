@@ -5,13 +5,20 @@
 # round after round, on one core and on two. Interleaving puts both builds under the same drift
 # of a shared VM, so their ratio means something where two separate runs' times do not.
 #
-#   Scripts/round-trip-ab.sh --old BIN --new BIN [--rounds N] [--round-trips N] [--output DIR]
+# With --stream, also the one-way stream (`client ... stream` against `serve ... sink`): 64-byte
+# messages sent one `send` each from a task on the connection's executor, taken in place on the
+# server's loop; its figure is messages per second, from the first send until the server has
+# taken the last. Both binaries must have the stream mode (from 88345b5 on).
+#
+#   Scripts/round-trip-ab.sh --old BIN --new BIN [--rounds N] [--round-trips N] [--stream] [--messages N] [--output DIR]
 #     --old, --new    round-trip-instructions binaries, e.g. built from two commits:
 #                       git worktree add /tmp/old COMMIT
 #                       swift build -c release --package-path /tmp/old/Benchmarks/RoundTripInstructions
 #                       (the binary: /tmp/old/Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions)
 #     --rounds        rounds of every pair (default 7); each figure is the median of the rounds' p50s
 #     --round-trips   round trips per run (default 20000, every one timed)
+#     --stream        also times the one-way stream, on both placements
+#     --messages      messages per stream run (default 200000)
 #     --output        writes ab.json and ab.md there (default: prints the table only)
 #
 # Same core: server and client on CPU 0. Two cores: server on CPU 1, client on CPU 0. Within a
@@ -19,16 +26,17 @@
 set -euo pipefail
 shopt -s inherit_errexit
 
-old="" new="" rounds=7 trips=20000 output=""
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+old="" new="" rounds=7 trips=20000 output="" stream=0 messages=200000
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
-        --old|--new|--rounds|--round-trips|--output)
+        --stream) stream=1; shift; continue ;;
+        --old|--new|--rounds|--round-trips|--messages|--output)
             [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 64; }
             case "$1" in
                 --old) old="$2" ;; --new) new="$2" ;; --rounds) rounds="$2" ;;
-                --round-trips) trips="$2" ;; --output) output="$2" ;;
+                --round-trips) trips="$2" ;; --messages) messages="$2" ;; --output) output="$2" ;;
             esac
             shift ;;
         *) echo "unknown option $1 (see --help)" >&2; exit 64 ;;
@@ -44,6 +52,7 @@ old=$(realpath "$old") new=$(realpath "$new")
 [ -z "$output" ] || output=$(realpath -m "$output")
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive whole number" >&2; exit 64; }
 [[ "$trips" =~ ^[1-9][0-9]*$ ]] || { echo "--round-trips must be a positive whole number" >&2; exit 64; }
+[[ "$messages" =~ ^[1-9][0-9]*$ ]] || { echo "--messages must be a positive whole number" >&2; exit 64; }
 for cpu in 0 1; do
     taskset -c "$cpu" true 2> /dev/null || { echo "needs CPUs 0 and 1 (same core and two cores); this process may not run on CPU $cpu" >&2; exit 69; }
 done
@@ -62,7 +71,9 @@ trap 'exit 130' INT TERM
 time_pair() {
     local binary=$1 handler=$2 server_cpu=$3 client_cpu=$4 group line pair
     group=$(mktemp -d "$work/group-XXXXXX")
-    taskset -c "$server_cpu" "$binary" serve "$group" "$handler" > "$group/server.log" 2>&1 &
+    local server_mode=$handler client_mode=engine count=$trips
+    [ "$handler" != stream ] || { server_mode=sink client_mode=stream count=$messages; }
+    taskset -c "$server_cpu" "$binary" serve "$group" "$server_mode" > "$group/server.log" 2>&1 &
     local server=$!
     echo "$server" > "$work/server"
     local waited=0
@@ -73,7 +84,7 @@ time_pair() {
             echo "the server did not start ($binary $handler):" >&2; cat "$group/server.log" >&2; exit 1
         fi
     done
-    if ! ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$trips" 64 engine > "$group/client.log" 2>&1; then
+    if ! ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$count" 64 "$client_mode" > "$group/client.log" 2>&1; then
         echo "the client failed ($binary $handler):" >&2; cat "$group/client.log" >&2; exit 1
     fi
     # The server ends when its client has gone; one that does not within a minute has hung.
@@ -85,6 +96,15 @@ time_pair() {
     done
     wait "$server" || { echo "the server failed ($binary $handler):" >&2; cat "$group/server.log" >&2; exit 1; }
     rm -f "$work/server"
+    if [ "$handler" = stream ]; then
+        # "messages/s 0": the stream's figure in the p50 column, nothing in the p99 one.
+        line=$(grep '^stream ' "$group/client.log") || { echo "the client printed no time ($binary stream):" >&2; cat "$group/client.log" >&2; exit 1; }
+        pair=$(sed -n 's/^stream \([0-9]*\) messages \([0-9]*\) ns$/\1 \2/p' <<< "$line")
+        [[ "$pair" =~ ^[0-9]+\ [1-9][0-9]*$ ]] || { echo "unexpected client output ($binary stream): $line" >&2; exit 1; }
+        read -r count elapsed <<< "$pair"
+        echo "$((count * 1000000000 / elapsed)) 0"
+        return
+    fi
     line=$(grep '^round trips' "$group/client.log") || { echo "the client printed no times ($binary $handler):" >&2; cat "$group/client.log" >&2; exit 1; }
     pair=$(sed -n 's/^round trips [0-9]* p50 \([0-9]*\) ns p99 \([0-9]*\) ns$/\1 \2/p' <<< "$line")
     [[ "$pair" =~ ^[0-9]+\ [0-9]+$ ]] || { echo "unexpected client output ($binary $handler): $line" >&2; exit 1; }
@@ -97,7 +117,9 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round of $rounds" >&2
     for placement in "same-core 0 0" "two-cores 1 0"; do
         read -r name server_cpu client_cpu <<< "$placement"
-        for handler in on-loop task; do
+        handlers="on-loop task"
+        [ "$stream" -eq 0 ] || handlers="$handlers stream"
+        for handler in $handlers; do
             order="old new"; [ $((round % 2)) -eq 0 ] && order="new old"
             for build in $order; do
                 binary=$old; [ "$build" = new ] && binary=$new
@@ -109,9 +131,9 @@ for round in $(seq 1 "$rounds"); do
     done
 done
 
-python3 - "$results" "$output" "$old" "$new" "$rounds" "$trips" "$(sha256sum < "$old" | cut -c1-64)" "$(sha256sum < "$new" | cut -c1-64)" <<'PYTHON'
+python3 - "$results" "$output" "$old" "$new" "$rounds" "$trips" "$(sha256sum < "$old" | cut -c1-64)" "$(sha256sum < "$new" | cut -c1-64)" "$stream" "$messages" <<'PYTHON'
 import json, statistics, sys
-results, output, old, new, rounds, trips, old_sha, new_sha = sys.argv[1:9]
+results, output, old, new, rounds, trips, old_sha, new_sha, stream, messages = sys.argv[1:11]
 runs = {}
 for line in open(results):
     build, handler, placement, p50, p99 = line.split()
@@ -131,12 +153,27 @@ for row in rows:
     o, n = row["old"], row["new"]
     table.append(f"| {row['handler']} | {row['placement']} | {o['p50_ns']/1000:.2f} µs ({o['p99_ns']/1000:.2f}) | {n['p50_ns']/1000:.2f} µs ({n['p99_ns']/1000:.2f}) | {row['new_over_old_p50']:.3f} | "
                  + ", ".join(f"{v/1000:.1f}" for v in o["p50s_ns"]) + " | " + ", ".join(f"{v/1000:.1f}" for v in n["p50s_ns"]) + " |")
+streams = []
+if stream == "1":
+    table += ["", "| one-way stream | placement | old messages/s | new messages/s | new ÷ old | old rounds (k/s) | new rounds (k/s) |", "|---|---|---:|---:|---:|---|---|"]
+    for placement in ("same-core", "two-cores"):
+        row = {"placement": placement}
+        for build in ("old", "new"):
+            values = [v[0] for v in runs[("stream", placement, build)]]
+            row[build] = {"messages_per_second": statistics.median(values), "rounds": values}
+        row["new_over_old"] = round(row["new"]["messages_per_second"] / row["old"]["messages_per_second"], 3)
+        streams.append(row)
+        o, n = row["old"], row["new"]
+        table.append(f"| unix-socket binary 64 B | {placement} | {o['messages_per_second']:,.0f} | {n['messages_per_second']:,.0f} | {row['new_over_old']:.3f} | "
+                     + ", ".join(f"{v/1000:.0f}" for v in o["rounds"]) + " | " + ", ".join(f"{v/1000:.0f}" for v in n["rounds"]) + " |")
 text = "\n".join(table) + "\n"
 print(text, end="")
 if output:
     import os
     os.makedirs(output, exist_ok=True)
     json.dump({"old": old, "new": new, "old_sha256": old_sha, "new_sha256": new_sha, "rounds": int(rounds), "round_trips": int(trips), "payload_bytes": 64,
-               "unit": "nanoseconds, medians of the rounds' p50 and p99", "rows": rows}, open(f"{output}/ab.json", "w"), indent=2)
-    open(f"{output}/ab.md", "w").write(f"`Scripts/round-trip-ab.sh --rounds {rounds} --round-trips {trips}`; old: `{old}`, new: `{new}`\n\n" + text)
+               "unit": "nanoseconds, medians of the rounds' p50 and p99", "rows": rows,
+               **({"stream_messages": int(messages), "streams": streams} if streams else {})}, open(f"{output}/ab.json", "w"), indent=2)
+    command = f"Scripts/round-trip-ab.sh --rounds {rounds} --round-trips {trips}" + (f" --stream --messages {messages}" if streams else "")
+    open(f"{output}/ab.md", "w").write(f"`{command}`; old: `{old}`, new: `{new}`\n\n" + text)
 PYTHON

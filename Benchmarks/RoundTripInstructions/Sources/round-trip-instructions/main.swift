@@ -19,6 +19,7 @@
 // throughput rows do; then one request, which the server answers with the number of messages it
 // took (8 bytes, big-endian), so the client checks that none was lost. The server takes each
 // message in place on its loop, with a borrowing handler, as the harness's sink peer does.
+// With `ROUND_TRIP_TIMES` set, it prints the time from its first send to the reply.
 import Dispatch
 import Foundation
 import IPCCore
@@ -121,10 +122,13 @@ case "client" where arguments.count == 6 && arguments[5] == "stream":
         defer { connection.invalidate() }
         let payload = [UInt8](repeating: 0x5A, count: size)
         try await withTaskExecutorPreference(connection.preferredTaskExecutor) {
+            let start = RoundTripTimes.now()
             for _ in 0..<count {
                 try await connection.send(payload, msgid: streamMessage, timeout: .seconds(60))
             }
             let reply = try await connection.request([], msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
+            // Until the server has taken every message (it answers the request after them).
+            if RoundTripTimes.enabled { print("stream \(count) messages \(RoundTripTimes.now() - start) ns") }
             let taken = reply.count == 8 ? reply.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } : nil
             guard taken == UInt64(count) else {
                 throw IPCError(code: .malformedPayload, message: "the server took \(taken.map(String.init) ?? "an unreadable count of") messages of \(count)")
