@@ -16,7 +16,9 @@ import Synchronization
 /// table fails what has expired and arms the next. A completed request leaves nothing behind.
 ///
 /// A waiting request's continuation is resumed on the thread that completes it; the task then
-/// runs on its preferred executor, which is that same thread when the task prefers the loop.
+/// runs on its caller's executor (the wait is `nonisolated(nonsending)`): the caller's actor,
+/// else its preferred executor, which is that same thread when the task prefers the loop, else
+/// the global executor.
 /// The continuations are unchecked (a checked one allocates per request): each is taken out of
 /// the table under its lock before it is resumed, so it is resumed exactly once.
 package final class RequestTable: Sendable {
@@ -116,7 +118,7 @@ package final class RequestTable: Sendable {
     @inline(__always)
     package nonisolated(nonsending) func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
         // Never spin on the loop's own thread: the loop reads the reply once this task suspends.
-        if !loop.inEventLoop, let finished = SpinWait.poll(strategy, { takeFinished(correlation) }) {
+        if strategy.spins, !loop.inEventLoop, let finished = await spinForFinished(correlation, strategy) {
             return try finished.get()
         }
         let now = monotonicNanoseconds()
@@ -159,6 +161,13 @@ package final class RequestTable: Sendable {
                 continuation.resume(throwing: CancellationError())
             }
         }
+    }
+
+    /// Polls for the request's outcome for the strategy's spin time. `@concurrent`, unlike the
+    /// wait that calls it: it runs on the generic executor (the task's preferred one, else the
+    /// global), so that a request made on an actor never spins on the actor's thread.
+    @concurrent private func spinForFinished(_ correlation: UInt64, _ strategy: WaitStrategy) async -> Result<[UInt8], IPCError>? {
+        SpinWait.poll(strategy) { takeFinished(correlation) }
     }
 
     /// The outcome of a request that has one, which is then forgotten.

@@ -65,6 +65,41 @@ struct WaitStrategyTests {
         }
     }
 
+    /// An actor whose request spins: `request` runs on its caller's executor, and the wait's
+    /// spin must leave the actor free.
+    actor Requester {
+        func delayedEcho(_ connection: any MessageConnection, milliseconds: UInt32) async throws -> [UInt8] {
+            let payload = withUnsafeBytes(of: milliseconds.bigEndian) { Array($0) }
+            return try await connection.request(payload, msgid: PeerRequest.delayedEcho, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        }
+
+        func ping() -> Bool { true }
+    }
+
+    @Test("a request made on an actor spins off the actor: the actor serves other calls while its request spins")
+    func spinningRequestLeavesItsActorFree() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("\(group.directory.identifier).spin-actor")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server, waitStrategy: Self.strategy)
+        defer { peer.stop() }
+        // Spins for 2 s, for a reply that comes after 3 s: a spin on the actor's thread would hold
+        // the actor for those 2 s.
+        let connection = try await TransportCatalog.transport(named: "unix-socket", framing: .binary)
+            .connect(to: endpoint, options: .defaults { $0.waitStrategy = .spinThenBlock(.seconds(2)) })
+        defer { connection.invalidate() }
+        let requester = Requester()
+        let reply = Task { try await requester.delayedEcho(connection, milliseconds: 3000) }
+        try await Task.sleep(for: .milliseconds(100))
+        let start = ContinuousClock.now
+        let pinged = await requester.ping()
+        let waited = ContinuousClock.now - start
+        #expect(pinged)
+        // Generous: the spin, had it held the actor, had 1.9 s left.
+        #expect(waited < .milliseconds(1000), "the actor was held for \(waited) while its request spun")
+        let echoed = try await withDeadline(seconds: 30, "the delayed echo") { try await reply.value }
+        #expect(echoed == withUnsafeBytes(of: UInt32(3000).bigEndian) { Array($0) })
+    }
+
     @Test("one-way messages reach the peer's consumer, counted by its sink", arguments: spinning)
     func sink(transportName: String) async throws {
         let group = try TestGroup()
