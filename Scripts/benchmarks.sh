@@ -6,7 +6,8 @@
 #                                 outer iteration: 1000 operations where a benchmark scales)
 #   thresholds-check.txt          malloc counts checked against Benchmarks/Thresholds/<Swift x.y>
 #   instructions.json, .md        instructions per round trip between two processes (callgrind),
-#                                 checked against Benchmarks/Thresholds/instructions-<Swift x.y>.json
+#                                 checked against Benchmarks/Thresholds/instructions-<Swift x.y>.json,
+#                                 and per message of a one-way stream (not checked)
 #   floor-crosscheck-N.json       the native floor timed by Google Benchmark, round N (its
 #                                 compare.py reads these)
 #   ipcbench-floor-N/results.json the same floor timed by ipcbench (`ipcbench floor`), round N

@@ -35,7 +35,11 @@ all_targets=(
     FuzzKeyedArchivePayload
     FuzzBinaryCodablePayload
 )
-targets=("${@:-${all_targets[@]}}")
+targets=()
+for target in "${@:-${all_targets[@]}}"; do
+    # Once each: two jobs of one target would share its log, corpus and status.
+    [[ " ${targets[*]} " == *" $target "* ]] || targets+=("$target")
+done
 
 # Targets whose inputs mostly reach a known, suppressed leak (Fuzz/lsan-suppressions.txt). libFuzzer
 # runs LeakSanitizer after every input that leaks, which would slow these twentyfold, so they fuzz
@@ -148,10 +152,13 @@ fuzz_target() {
     echo "$status" >"Fuzz/.build/fuzz-logs/$target.status"
 }
 
-rm -f Fuzz/.build/fuzz-logs/*.status
+rm -f Fuzz/.build/fuzz-logs/*.status Fuzz/.build/fuzz-logs/*.summary
+# Jobs still fuzzing when the script ends early (interrupted, or a failure here) are stopped.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 for target in "${targets[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-    fuzz_target "$target" &
+    # The job's own errors (a check of its run that fails ends it) go to its log.
+    fuzz_target "$target" 2>>"Fuzz/.build/fuzz-logs/$target.log" &
 done
 wait
 

@@ -64,8 +64,9 @@ swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
 binary="$work/round-trip-instructions"
 strip --strip-debug -o "$binary" "Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions"
 
-# count SERVER CLIENT ROUND_TRIPS: runs a server (on-loop, task or floor) and a client (engine,
-# floor or floor-cancellable) under callgrind; prints "server client".
+# count SERVER CLIENT ROUND_TRIPS: runs a server (on-loop, task, sink, floor or floor-task) and a
+# client (engine, stream, floor or floor-cancellable) under callgrind; prints "server client".
+# For the stream, ROUND_TRIPS is its number of messages.
 count() {
     local handler=$1 client=$2 trips=$3 group
     group=$(mktemp -d "$work/group-XXXXXX")
@@ -133,7 +134,7 @@ for name, pair in pairs.items():
                   "pairs": {side: [round(value) for value in values] for side, values in pair.items()}}
 json.dump({"unit": "instructions per round trip, the one-way row per message (user space, callgrind)", "rows": rows}, open(f"{output}/instructions.json", "w"), indent=2)
 with open(f"{output}/instructions.md", "w") as markdown:
-    markdown.write("| round trip | client | server | both | client, server of each pair |\n|---|---:|---:|---:|---|\n")
+    markdown.write("| round trip (one-way: a message) | client | server | both | client, server of each pair |\n|---|---:|---:|---:|---|\n")
     for name, row in rows.items():
         spread = ", ".join(f"{c:,}/{s:,}" for c, s in zip(row["pairs"]["client"], row["pairs"]["server"]))
         markdown.write(f"| {name} | {row['client']:,} | {row['server']:,} | {row['both']:,} | {spread} |\n")

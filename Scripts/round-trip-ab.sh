@@ -7,8 +7,10 @@
 #
 # With --stream, also the one-way stream (`client ... stream` against `serve ... sink`): 64-byte
 # messages sent one `send` each from a task on the connection's executor, taken in place on the
-# server's loop; its figure is messages per second, from the first send until the server has
-# taken the last. Both binaries must have the stream mode (from 88345b5 on).
+# server's loop; its figure is messages per second, from the first send until the reply to a
+# last request, which the server answers after it has taken every message. Both binaries must
+# time their stream (4916a71 on; for an older engine, build it with that commit's
+# Benchmarks/RoundTripInstructions/Sources/round-trip-instructions/main.swift).
 #
 #   Scripts/round-trip-ab.sh --old BIN --new BIN [--rounds N] [--round-trips N] [--stream] [--messages N] [--output DIR]
 #     --old, --new    round-trip-instructions binaries, e.g. built from two commits:
@@ -27,7 +29,7 @@ set -euo pipefail
 shopt -s inherit_errexit
 
 old="" new="" rounds=7 trips=20000 output="" stream=0 messages=200000
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;

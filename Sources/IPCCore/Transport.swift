@@ -221,7 +221,8 @@ public protocol MessageConnection: AnyObject, Sendable {
     /// ``request(_:msgid:sendTimeout:receiveTimeout:)`` are: it runs on the caller's executor (the
     /// caller's actor, or the connection's loop for a task that prefers it), so it starts
     /// without an executor check, and it must never block that executor. A conforming type may
-    /// implement it as a plain `async` function, which then runs on the global executor.
+    /// implement it as a plain `async` function, which then runs on the generic executor (the
+    /// task's preferred executor, else the global one).
     /// - Throws: what the synchronous send throws; `CancellationError`.
     nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws
 
@@ -260,7 +261,9 @@ public protocol MessageConnection: AnyObject, Sendable {
 
 extension MessageConnection {
     /// Not `nonisolated(nonsending)`, unlike the requirement: the synchronous send it calls may
-    /// wait on its thread, which must not be the caller's actor or event loop.
+    /// wait on its thread, and a plain `async` function keeps that wait off the caller's actor.
+    /// (A task that prefers an event loop still runs it there: transports on the engine have a
+    /// suspending send of their own.)
     public func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         try Task.checkCancellation()
         // A non-async closure, so that the synchronous overload is the one called.

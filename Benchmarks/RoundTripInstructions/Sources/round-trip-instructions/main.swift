@@ -6,8 +6,8 @@
 //   round-trip-instructions serve  <group directory> <on-loop|task|sink|floor|floor-task>
 //   round-trip-instructions client <group directory> <round trips> <payload bytes> [engine|stream|floor|floor-cancellable]
 //
-// The server listens at `<group>/echo` over unix-socket (binary framing), echoes every request,
-// and exits once its one client has gone. The client connects (retrying until the server is
+// The server listens at `<group>/echo` over unix-socket (binary framing), echoes every request
+// (`sink`: see below), and exits once its one client has gone. The client connects (retrying until the server is
 // there), then makes its round trips from a task on the connection's executor, one at a time.
 // `floor`, `floor-task` (a server) and `floor`, `floor-cancellable` (a client) are the Swift floor instead of
 // the engine (SwiftFloor.swift): the same frames, with nothing but what any Swift program
