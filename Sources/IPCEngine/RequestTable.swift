@@ -118,6 +118,7 @@ package final class RequestTable: Sendable {
     @inline(__always)
     package nonisolated(nonsending) func reply(to correlation: UInt64, timeout: Duration, strategy: WaitStrategy = .blocking) async throws -> [UInt8] {
         // Never spin on the loop's own thread: the loop reads the reply once this task suspends.
+        // (Checked here too, so that a task on the loop makes no hop to find that out.)
         if strategy.spins, !loop.inEventLoop, let finished = await spinForFinished(correlation, strategy) {
             return try finished.get()
         }
@@ -165,9 +166,12 @@ package final class RequestTable: Sendable {
 
     /// Polls for the request's outcome for the strategy's spin time. `@concurrent`, unlike the
     /// wait that calls it: it runs on the generic executor (the task's preferred one, else the
-    /// global), so that a request made on an actor never spins on the actor's thread.
+    /// global), so that a request made on an actor never spins on the actor's thread. That
+    /// executor may be the loop (a task on an actor that prefers the loop), where it must not
+    /// spin either: the loop reads the reply once the task suspends.
     @concurrent private func spinForFinished(_ correlation: UInt64, _ strategy: WaitStrategy) async -> Result<[UInt8], IPCError>? {
-        SpinWait.poll(strategy) { takeFinished(correlation) }
+        guard !loop.inEventLoop else { return nil }
+        return SpinWait.poll(strategy) { takeFinished(correlation) }
     }
 
     /// The outcome of a request that has one, which is then forgotten.
