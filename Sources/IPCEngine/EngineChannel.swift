@@ -102,6 +102,14 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// 256 KiB a call), and a frame a call otherwise. `false` unless the channel says otherwise.
     var gathersWrites: Bool { get }
 
+    /// For a channel that ``gathersWrites``: the most bytes of frames (each counted by
+    /// ``encodedLength(of:)``) the engine may hold back from one-way `async` sends made on the
+    /// loop's thread, to write them together in one call at the end of the loop's round
+    /// (``EngineConnection/send(_:msgid:timeout:)-async``), or at once when the next would go
+    /// over. Choose the size below which one call of that many bytes costs the kernel about
+    /// what one small frame's does. 0 (the default): every send writes at once.
+    var heldWriteLimit: Int { get }
+
     /// Writes as much of `frames`' encodings, one after another, from byte `offset` of the
     /// first, as the kernel takes now, without blocking; returns how many bytes it took in all
     /// (0 if none). Called, for a channel that ``gathersWrites``, with frames whose
@@ -203,6 +211,7 @@ extension EngineChannel {
     public func ending(_ reason: InvalidationReason) {}
 
     public var gathersWrites: Bool { false }
+    public var heldWriteLimit: Int { 0 }
 
     public func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
         var written = 0

@@ -24,6 +24,12 @@ import SystemPackage
 /// - ``send(_:msgid:timeout:)``, the synchronous send, waits on the caller's thread — or, on the
 ///   loop's own thread (a handler, or a task that prefers the loop), returns at once and leaves
 ///   the loop to write the rest.
+/// - the `async` ``send(_:msgid:timeout:)-async``, made on the loop's thread (a task that
+///   prefers the loop), over a channel with a ``EngineChannel/heldWriteLimit``, holds a small
+///   frame back and returns: the frames such sends hold in one round of the loop go in one
+///   write at the end of that round, before the loop next waits, or as soon as the next one
+///   would take them over the limit. A held frame is written before any frame sent after it,
+///   and before the connection closes when this side invalidates it.
 /// A frame not written by its timeout fails with ``IPCError/Code/sendTimeout`` if none of it
 /// was written, and invalidates the connection if part of it was (the stream cannot carry
 /// another frame after a torn one) or if nobody waits for it (a send from the loop's thread:
@@ -76,6 +82,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     private let doorbell: Bool
     /// The channel writes several frames in one call (``EngineChannel/gathersWrites``).
     private let gathers: Bool
+    /// The most bytes the `async` one-way sends made on the loop's thread hold back for one
+    /// write at the end of the loop's round (``EngineChannel/heldWriteLimit``); 0: none.
+    private let heldLimit: Int
 
     private struct WriteState {
         /// The descriptor is closed, or is closed as soon as the active writer stops.
@@ -94,6 +103,15 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         /// is armed, and the delay it was armed with (0 after a flush that emptied the queue).
         var retryArmed = false
         var retryDelay: UInt64 = 0
+        /// The queue holds frames held back by sends on the loop's thread (``hold(_:timeout:)``),
+        /// and only those and frames queued behind them, for the write at the end of the loop's
+        /// round; `heldBytes` of them, the first held when the clock read `heldSince`.
+        var holding = false
+        var heldBytes = 0
+        var heldSince: UInt64 = 0
+        /// Invalidated off the loop's thread with nothing held: the descriptor was shut down,
+        /// and a send from the loop must not hold a frame that could no longer be written.
+        var shutDown = false
     }
 
     private let writeState = Mutex(WriteState())
@@ -105,6 +123,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     private let readiness: ReadinessHandler
     @exclusivity(unchecked) private var bytesRead: UInt64 = 0
     @exclusivity(unchecked) private var stallTimerArmed = false
+    /// The write of held frames is asked of the loop for the end of its round.
+    @exclusivity(unchecked) private var heldWriteArmed = false
     /// What a request delivered through ``messages`` replies with: weak, so that a request
     /// kept by the application does not keep the connection; made the first time one is.
     private lazy var responder: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in
@@ -152,6 +172,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         self.outboundLimit = options.messageBufferLimit.bytes
         self.doorbell = channel.readiness == .doorbell
         self.gathers = channel.gathersWrites
+        self.heldLimit = channel.gathersWrites ? max(0, channel.heldWriteLimit) : 0
         let readsDescriptor = channel.inbound == .descriptor
         let separateWriter = channel.writeDescriptor != channel.descriptor
         self.readsDescriptor = readsDescriptor
@@ -267,10 +288,15 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     public var bufferedMessageCount: Int { core.bufferedMessageCount }
 
     /// Sends a one-way message, suspending while the peer's buffer is full.
+    /// On the loop's thread, over a channel with a ``EngineChannel/heldWriteLimit``, a frame
+    /// within it is held back for one write with the others of the loop's round (see the type's
+    /// notes on sending).
     public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
+        let frame = Frame(kind: .message, msgid: msgid, payload: payload)
+        if heldLimit > 0, eventLoop.inEventLoop, try hold(frame, timeout: timeout) { return }
         // The common case writes at once, with no async call: each one costs the task two
         // executor checks (swift_task_switch) here.
-        if let rest = try startSending(Frame(kind: .message, msgid: msgid, payload: payload)) {
+        if let rest = try startSending(frame) {
             try await finishSending(rest, timeout: timeout)
         }
     }
@@ -378,8 +404,14 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         if eventLoop.inEventLoop {
             finish(reason)
         } else {
-            // Wake a writer waiting on its own thread; the loop does the rest.
-            channel.shutdown()
+            // Wake a writer waiting on its own thread; the loop does the rest. Not while frames
+            // are held for the loop's write (no writer waits on its thread then): the loop writes
+            // them before it closes.
+            let holding = writeState.withLock { state in
+                if !state.holding { state.shutDown = true }
+                return state.holding
+            }
+            if !holding { channel.shutdown() }
             eventLoop.execute { [self] in finish(reason) }
         }
     }
@@ -388,6 +420,10 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// writer still active), fails queued writes, then reports through the core.
     private func finish(_ reason: InvalidationReason) {
         guard !finished else { return }
+        // Frames this side accepted and the kernel has not yet taken (held back for the round's
+        // write, or queued by the loop's own sends): a local end writes what the kernel takes of
+        // them now, before anything is stopped or closed.
+        if (core.latch.reason ?? reason).kind == .invalidatedLocally { flush() }
         finished = true
         readiness.probing = false
         // The connection and its handler keep each other: this ends the cycle.
@@ -674,6 +710,70 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         if retriesWrites { armWriteRetry() }
     }
 
+    /// Holds `frame` back for one write with the others held in this round of the loop (loop
+    /// thread; see the type's notes on sending): when it is within ``heldLimit`` and nothing but
+    /// held frames is queued. Writes the held frames first when this one would take them over
+    /// the limit. Returns `false` if the frame must be sent at once instead: too large, another
+    /// writer active, or frames waiting for room (the send then waits its turn as usual).
+    /// - Throws: what ``checkWritable(_:)`` throws, or ``IPCError/Code/invalidated`` once the
+    ///   connection is closed or shut down.
+    private func hold(_ frame: Frame, timeout: Duration) throws -> Bool {
+        let total = try checkWritable(frame)
+        guard total <= heldLimit else { return false }
+        enum Step { case sendNow, held, heldFirst, writeHeldFirst }
+        while true {
+            let step: Step = try writeState.withLock { state in
+                if state.closed || state.shutDown { throw IPCError(code: .invalidated, message: "the connection is closed") }
+                if state.writerActive { return .sendNow }
+                let first = !state.holding
+                if first {
+                    guard state.queue.isEmpty else { return .sendNow }
+                    state.heldSince = monotonicNanoseconds()
+                } else if state.heldBytes + total > heldLimit {
+                    return .writeHeldFirst
+                }
+                // A deadline, as a queued frame's, in case the round's write finds no room for it.
+                state.queue.append(PendingWrite(frame: frame, total: total, written: 0, deadline: state.heldSince &+ timeout.wholeNanoseconds, completion: .none))
+                state.queuedBytes += total
+                state.heldBytes += total
+                state.holding = true
+                return first ? .heldFirst : .held
+            }
+            switch step {
+            case .sendNow:
+                return false
+            case .held:
+                return true
+            case .heldFirst:
+                if !heldWriteArmed {
+                    heldWriteArmed = true
+                    eventLoop.beforeWaiting { [self] in
+                        heldWriteArmed = false
+                        writeHeld()
+                    }
+                }
+                return true
+            case .writeHeldFirst:
+                writeHeld()
+            }
+        }
+    }
+
+    /// Writes the held frames, with whatever queued behind them (loop thread). Frames the
+    /// kernel had no room for wait as the loop's own sends do: the loop watches for room, and
+    /// the queue's timer ends the connection at the deadline of one still unwritten.
+    private func writeHeld() {
+        flush()
+        let deadline: UInt64? = writeState.withLock { state in
+            guard !state.closed, !state.queue.isEmpty else { return nil }
+            let earliest = state.queue.reduce(UInt64.max) { min($0, $1.deadline) }
+            guard state.deadlineTimer.map({ earliest < $0 }) ?? true else { return nil }
+            state.deadlineTimer = earliest
+            return earliest
+        }
+        if let deadline { armDeadlineTimer(deadline) }
+    }
+
     /// Writes what the kernel takes now. Errors invalidate the connection when they must.
     private func writeNow(_ frame: Frame, from offset: Int) throws -> Int {
         do {
@@ -843,7 +943,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             state.queuedBytes += write.total - write.written
             let arm = state.deadlineTimer.map { write.deadline < $0 } ?? true
             if arm { state.deadlineTimer = write.deadline }
-            if !state.writerActive, !state.watchingWritable {
+            // Behind held frames, the loop's write at the end of its round takes it too.
+            if !state.writerActive, !state.watchingWritable, !state.holding {
                 state.watchingWritable = true
                 applyInterest(state)
                 return (false, doorbell, arm)
@@ -952,6 +1053,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// Writes queued frames while the kernel takes them (loop thread, on a writable event).
     private func flush() {
         let mayWrite: Bool = writeState.withLock { state in
+            // Whatever was held goes now, with the rest of the queue.
+            state.holding = false
+            state.heldBytes = 0
             guard !state.closed, !state.writerActive else { return false }
             // A doorbell's ring comes with every message: most find nothing queued.
             guard !state.queue.isEmpty else {

@@ -123,6 +123,12 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// The jobs being run, taken from `state` in one swap; touched on the loop's thread only
     /// (so without dynamic exclusivity checks).
     @exclusivity(unchecked) private var draining = Deque<Job>()
+    /// Work to run on the loop's thread once the jobs and timers of this round are done and
+    /// before the loop asks the kernel for events (``beforeWaiting(_:)``); loop thread only.
+    @exclusivity(unchecked) private var beforeWaitingWork: [() -> Void] = []
+    /// The work of ``beforeWaitingWork`` being run, swapped out so that neither array's
+    /// storage is copied or given up.
+    @exclusivity(unchecked) private var beforeWaitingRunning: [() -> Void] = []
     /// The loop is about to block, or blocks, in the poller: a job from another thread must wake it.
     private let sleeping = Atomic<Bool>(false)
     /// The loop thread's identity, once it runs.
@@ -193,6 +199,15 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// Runs `work` on the loop's thread, after what is already queued. It must not block.
     public func execute(_ work: @escaping @Sendable () -> Void) {
         push(.closure(work))
+    }
+
+    /// Runs `work` on the loop's thread after the jobs and timers of the loop's current round,
+    /// before it next asks the kernel for events (and so before it sleeps): for work that
+    /// gathers what this round's jobs did, as a connection writes the frames its sends held
+    /// back in one call. Call it on the loop's thread only; `work` must not block.
+    package func beforeWaiting(_ work: @escaping () -> Void) {
+        assert(inEventLoop, "beforeWaiting is for the loop's thread")
+        beforeWaitingWork.append(work)
     }
 
     private func push(_ job: Job) {
@@ -404,6 +419,14 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                 }
             }
             timerFired = false
+            // What this round's jobs held back for the end of the round (the frames a
+            // connection's sends kept for one write); it may queue jobs, which the next round runs
+            // (the poll below does not sleep then).
+            while !beforeWaitingWork.isEmpty {
+                swap(&beforeWaitingWork, &beforeWaitingRunning)
+                for work in beforeWaitingRunning { work() }
+                beforeWaitingRunning.removeAll(keepingCapacity: true)
+            }
             events.removeAll(keepingCapacity: true)
             let spin = spinNanoseconds.load(ordering: .relaxed)
             // Registrations that poll themselves are asked directly while the loop spins (in

@@ -20,8 +20,12 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
     /// Whether several frames go in one `send` (``write(_:from:)-(ArraySlice<Frame>,_)``);
     /// otherwise the channel keeps ``EngineChannel``'s default, a frame a call.
     let gathers: Bool
+    /// ``EngineChannel/heldWriteLimit``: what sends on the loop's thread may hold back (0: none).
+    let held: Int
     /// What the gathering writes did, for the tests to look at.
     struct Gathering {
+        /// Every write call that sent something, of one frame or several.
+        var writes = 0
         /// Calls given more than one frame, and the most frames one was given.
         var calls = 0
         var mostFrames = 0
@@ -32,9 +36,10 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
     }
     let gathering = Mutex(Gathering())
 
-    init(fd: CInt, gathers: Bool = false) {
+    init(fd: CInt, gathers: Bool = false, held: Int = 0) {
         descriptor = FileDescriptor(rawValue: fd)
         self.gathers = gathers
+        self.held = held
     }
 
     func readAvailable() throws -> Int? {
@@ -99,6 +104,9 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
     func write(_ frame: Frame, from offset: Int) throws -> Int {
         let bytes = Self.encode(frame)
         let count = bytes[offset...].withUnsafeBytes { send(descriptor.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+        if count > 0 {
+            gathering.withLock { $0.writes += 1 }
+        }
         if count >= 0 { return count }
         if errno == EAGAIN || errno == EINTR { return 0 }
         if errno == EPIPE || errno == ECONNRESET { throw IPCError(code: .peerInvalidated, message: "the peer closed") }
@@ -106,6 +114,7 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
     }
 
     var gathersWrites: Bool { gathers }
+    var heldWriteLimit: Int { held }
 
     func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
         guard frames.count > 1 else { return try write(frames.first!, from: offset) }
@@ -126,6 +135,7 @@ final class PairChannel: EngineChannel, @unchecked Sendable {
         }
         let stoppedInside = index > 0 && index < encoded.count && end > 0
         gathering.withLock {
+            if count > 0 { $0.writes += 1 }
             $0.calls += 1
             $0.mostFrames = max($0.mostFrames, frames.count)
             if stoppedInside { $0.tornInside += 1 }
@@ -162,7 +172,7 @@ final class PairPeer: @unchecked Sendable {
     }
 
     /// A connected pair: the engine's end as a channel, and the peer's end.
-    static func make(sendBuffer: Int? = nil, gathers: Bool = false) throws -> (PairChannel, PairPeer) {
+    static func make(sendBuffer: Int? = nil, gathers: Bool = false, held: Int = 0) throws -> (PairChannel, PairPeer) {
         var fds: [CInt] = [0, 0]
         guard socketpair(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0, &fds) == 0 else {
             throw IPCError(code: .transportFailure, message: "socketpair failed: errno \(errno)")
@@ -173,7 +183,7 @@ final class PairPeer: @unchecked Sendable {
                 setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<CInt>.size))
             }
         }
-        return (PairChannel(fd: fds[0], gathers: gathers), PairPeer(fd: fds[1]))
+        return (PairChannel(fd: fds[0], gathers: gathers, held: held), PairPeer(fd: fds[1]))
     }
 
     func send(_ frame: Frame) {

@@ -145,6 +145,15 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
 
     var gathersWrites: Bool { true }
 
+    /// Binary framing: frames up to ``coalescedFrameLimit`` bytes together, which a gathered
+    /// write copies into one buffer and writes with one `send` (so holding them back trades a
+    /// system call each for one copy each). HTTP framing: none, since its gathered write is a
+    /// `sendmsg` of two segments a frame.
+    var heldWriteLimit: Int {
+        if case .binary = encoding { return Self.coalescedFrameLimit }
+        return 0
+    }
+
     /// The frames one after another: copied whole into one buffer and written with one `send`
     /// when they are begun now and come to at most ``coalescedFrameLimit`` bytes together (a
     /// `sendmsg` costs the kernel more for every segment), else one gathering `sendmsg` whose
