@@ -24,6 +24,12 @@ struct HeldWriteTests {
         (0..<100).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ index) }
     }
 
+    /// Returns once the loop has finished the round it is in: a write's count is taken after its
+    /// system call returns, so the peer may read the bytes before the count moves.
+    private static func settled(_ connection: EngineConnection) async {
+        await withTaskExecutorPreference(connection.eventLoop) {}
+    }
+
     private static func readAll(_ peer: PairPeer, _ count: Int) async -> [Frame] {
         await blocking { (0..<count).compactMap { _ in peer.readFrame() } }
     }
@@ -49,6 +55,7 @@ struct HeldWriteTests {
             #expect(channel.gathering.withLock { $0.writes } == 0)
         }
         Self.expectInOrder(await Self.readAll(peer, count), count)
+        await Self.settled(connection)
         let gathering = channel.gathering.withLock { $0 }
         #expect(gathering.writes == 1)
         #expect(gathering.mostFrames == count)
@@ -69,6 +76,7 @@ struct HeldWriteTests {
             #expect(channel.gathering.withLock { $0.writes } == 12)
         }
         Self.expectInOrder(await Self.readAll(peer, count), count)
+        await Self.settled(connection)
         let gathering = channel.gathering.withLock { $0 }
         #expect(gathering.writes == 13)
         #expect(gathering.mostFrames == 8)
