@@ -102,12 +102,13 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// 256 KiB a call), and a frame a call otherwise. `false` unless the channel says otherwise.
     var gathersWrites: Bool { get }
 
-    /// For a channel that ``gathersWrites``: the most bytes of frames (each counted by
+    /// For a channel that ``gathersWrites``: the most bytes of small frames (each counted by
     /// ``encodedLength(of:)``) the engine may hold back from one-way `async` sends made on the
     /// loop's thread, to write them together in one call at the end of the loop's round
     /// (``EngineConnection/send(_:msgid:timeout:)-async``), or at once when the next would go
-    /// over. Choose the size below which one call of that many bytes costs the kernel about
-    /// what one small frame's does. 0 (the default): every send writes at once.
+    /// over. Frames above it, up to 32 KiB, are held in batches of their own, at most 8 frames
+    /// and 64 KiB. Choose the size up to which the channel writes frames together as one copy.
+    /// 0 (the default): every send writes at once.
     var heldWriteLimit: Int { get }
 
     /// Writes as much of `frames`' encodings, one after another, from byte `offset` of the

@@ -108,6 +108,10 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         /// round; `heldBytes` of them, the first held when the clock read `heldSince`.
         var holding = false
         var heldBytes = 0
+        /// How many frames are held, and whether they are larger than ``heldLimit`` (a batch
+        /// holds small frames or larger ones, never both).
+        var heldCount = 0
+        var heldLarge = false
         var heldSince: UInt64 = 0
         /// Invalidated off the loop's thread with nothing held: the descriptor was shut down,
         /// and a send from the loop must not hold a frame that could no longer be written.
@@ -710,16 +714,27 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         if retriesWrites { armWriteRetry() }
     }
 
+    /// Frames above ``heldLimit`` are held too, up to this size, in batches of at most
+    /// ``heldLargeFrameLimit`` frames and ``heldLargeByteLimit`` bytes: a gathering write of
+    /// eight 4 KiB frames cost the sender's kernel 6.8 µs on this repository's VM, one of a
+    /// single frame 1.9 µs (Benchmarks/SendSegments; docs/ENGINE.md, "Held writes").
+    static let heldLargeFrameBytes = 32 * 1024
+    static let heldLargeFrameLimit = 8
+    static let heldLargeByteLimit = 64 * 1024
+
     /// Holds `frame` back for one write with the others held in this round of the loop (loop
-    /// thread; see the type's notes on sending): when it is within ``heldLimit`` and nothing but
-    /// held frames is queued. Writes the held frames first when this one would take them over
-    /// the limit. Returns `false` if the frame must be sent at once instead: too large, another
+    /// thread; see the type's notes on sending): when nothing but held frames is queued, and it
+    /// is within ``heldLimit`` (a batch of small frames, at most that many bytes together) or
+    /// ``heldLargeFrameBytes`` (a batch of larger ones). Writes the held frames first when this
+    /// one would take them over their batch's limits or is of the other kind. Returns `false` if the frame must be sent at once instead: too large, another
     /// writer active, or frames waiting for room (the send then waits its turn as usual).
     /// - Throws: what ``checkWritable(_:)`` throws, or ``IPCError/Code/invalidated`` once the
     ///   connection is closed or shut down.
     private func hold(_ frame: Frame, timeout: Duration) throws -> Bool {
         let total = try checkWritable(frame)
-        guard total <= heldLimit else { return false }
+        let large = total > heldLimit
+        guard !large || total <= Self.heldLargeFrameBytes else { return false }
+        let limit = large ? Self.heldLargeByteLimit : heldLimit
         enum Step { case sendNow, held, heldFirst, writeHeldFirst }
         while true {
             let step: Step = try writeState.withLock { state in
@@ -729,13 +744,15 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                 if first {
                     guard state.queue.isEmpty else { return .sendNow }
                     state.heldSince = monotonicNanoseconds()
-                } else if state.heldBytes + total > heldLimit {
+                    state.heldLarge = large
+                } else if state.heldLarge != large || state.heldBytes + total > limit || (large && state.heldCount == Self.heldLargeFrameLimit) {
                     return .writeHeldFirst
                 }
                 // A deadline, as a queued frame's, in case the round's write finds no room for it.
                 state.queue.append(PendingWrite(frame: frame, total: total, written: 0, deadline: state.heldSince &+ timeout.wholeNanoseconds, completion: .none))
                 state.queuedBytes += total
                 state.heldBytes += total
+                state.heldCount += 1
                 state.holding = true
                 return first ? .heldFirst : .held
             }
@@ -1056,6 +1073,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             // Whatever was held goes now, with the rest of the queue.
             state.holding = false
             state.heldBytes = 0
+            state.heldCount = 0
             guard !state.closed, !state.writerActive else { return false }
             // A doorbell's ring comes with every message: most find nothing queued.
             guard !state.queue.isEmpty else {

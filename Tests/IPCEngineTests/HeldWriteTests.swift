@@ -82,6 +82,34 @@ struct HeldWriteTests {
         #expect(gathering.mostFrames == 8)
     }
 
+    @Test("frames above the limit are held in batches of their own, of at most eight; a batch never mixes them with small ones")
+    func largeFramesHeldInEights() async throws {
+        // 1,024 bytes for small frames; a 2,000-byte payload makes a larger frame.
+        let (connection, channel, peer) = try connect(held: 1024)
+        defer { connection.invalidate(); peer.close() }
+        let large = (0..<20).map { index in [UInt8](repeating: UInt8(index), count: 2000) }
+        try await withTaskExecutorPreference(connection.eventLoop) {
+            for (index, payload) in large.enumerated() {
+                try await connection.send(payload, msgid: UInt32(index), timeout: .seconds(60))
+            }
+            // The ninth and the 17th each wrote the eight before them.
+            #expect(channel.gathering.withLock { $0.writes } == 2)
+            // A small frame writes the four larger ones held before it, and is held alone.
+            try await connection.send(Self.payload(0), msgid: 100, timeout: .seconds(60))
+            #expect(channel.gathering.withLock { $0.writes } == 3)
+            // A larger frame after it writes it.
+            try await connection.send(large[0], msgid: 101, timeout: .seconds(60))
+            #expect(channel.gathering.withLock { $0.writes } == 4)
+        }
+        let frames = await Self.readAll(peer, 22)
+        #expect(frames.map(\.msgid) == Array(0..<20) + [100, 101])
+        #expect(frames.map(\.payload) == large + [Self.payload(0), large[0]])
+        await Self.settled(connection)
+        let gathering = channel.gathering.withLock { $0 }
+        #expect(gathering.writes == 5)
+        #expect(gathering.mostFrames == 8)
+    }
+
     @Test("frames sent after held ones by the other sends, on the loop, go after them, in order")
     func otherSendsQueueBehindHeld() async throws {
         let (connection, channel, peer) = try connect(held: 4096)

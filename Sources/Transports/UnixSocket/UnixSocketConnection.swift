@@ -145,14 +145,10 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
 
     var gathersWrites: Bool { true }
 
-    /// Binary framing: frames up to ``coalescedFrameLimit`` bytes together, which a gathered
-    /// write copies into one buffer and writes with one `send` (so holding them back trades a
-    /// system call each for one copy each). HTTP framing: none, since its gathered write is a
-    /// `sendmsg` of two segments a frame.
-    var heldWriteLimit: Int {
-        if case .binary = encoding { return Self.coalescedFrameLimit }
-        return 0
-    }
+    /// ``coalescedFrameLimit``: small frames held together up to it go as one copy and one
+    /// `send` (a system call each traded for a copy each); larger frames as one gathering
+    /// `sendmsg` of their segments.
+    var heldWriteLimit: Int { Self.coalescedFrameLimit }
 
     /// The frames one after another: copied whole into one buffer and written with one `send`
     /// when they are begun now and come to at most ``coalescedFrameLimit`` bytes together (a
