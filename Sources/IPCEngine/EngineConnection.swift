@@ -103,16 +103,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         /// is armed, and the delay it was armed with (0 after a flush that emptied the queue).
         var retryArmed = false
         var retryDelay: UInt64 = 0
-        /// The queue holds frames held back by sends on the loop's thread (``hold(_:timeout:)``),
-        /// and only those and frames queued behind them, for the write at the end of the loop's
-        /// round; `heldBytes` of them, the first held when the clock read `heldSince`.
+        /// Frames are held back by sends on the loop's thread (``hold(_:timeout:)``), outside the
+        /// queue: no other writer may begin, and the loop's flush waits, until they are written.
         var holding = false
-        var heldBytes = 0
-        /// How many frames are held, and whether they are larger than ``heldLimit`` (a batch
-        /// holds small frames or larger ones, never both).
-        var heldCount = 0
-        var heldLarge = false
-        var heldSince: UInt64 = 0
         /// Invalidated off the loop's thread with nothing held: the descriptor was shut down,
         /// and a send from the loop must not hold a frame that could no longer be written.
         var shutDown = false
@@ -129,6 +122,20 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     @exclusivity(unchecked) private var stallTimerArmed = false
     /// The write of held frames is asked of the loop for the end of its round.
     @exclusivity(unchecked) private var heldWriteArmed = false
+    /// The frames held back by sends on the loop's thread, in order, with their encoded lengths
+    /// (``hold(_:timeout:)``): `heldBytes` in all, larger than ``heldLimit`` each or not
+    /// (`heldLarge`), the first held when the clock read `heldSince` with `heldTimeout`; the
+    /// batch is written by `heldDeadline` or the connection ends. Loop thread only.
+    @exclusivity(unchecked) private var heldFrames: [Frame] = []
+    @exclusivity(unchecked) private var heldTotals: [Int] = []
+    @exclusivity(unchecked) private var heldBytes = 0
+    @exclusivity(unchecked) private var heldLarge = false
+    @exclusivity(unchecked) private var heldSince: UInt64 = 0
+    @exclusivity(unchecked) private var heldTimeout: Duration = .zero
+    @exclusivity(unchecked) private var heldDeadline: UInt64 = 0
+    /// A frame was queued while frames were held (by another thread, or by another kind of send
+    /// on this one): the batch takes no more, so that nothing sent after that frame goes before it.
+    private let queuedBehindHeld = Atomic<Bool>(false)
     /// What a request delivered through ``messages`` replies with: weak, so that a request
     /// kept by the application does not keep the connection; made the first time one is.
     private lazy var responder: @Sendable (Frame) throws -> Void = { [weak self, replySendTimeout] frame in
@@ -427,7 +434,10 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         // Frames this side accepted and the kernel has not yet taken (held back for the round's
         // write, or queued by the loop's own sends): a local end writes what the kernel takes of
         // them now, before anything is stopped or closed.
-        if (core.latch.reason ?? reason).kind == .invalidatedLocally { flush() }
+        if (core.latch.reason ?? reason).kind == .invalidatedLocally {
+            writeHeld()
+            flush()
+        }
         finished = true
         readiness.probing = false
         // The connection and its handler keep each other: this ends the cycle.
@@ -690,7 +700,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     private func beginWriting() throws -> Bool {
         try writeState.withLock { state in
             if state.closed { throw IPCError(code: .invalidated, message: "the connection is closed") }
-            guard state.queue.isEmpty, !state.writerActive else { return false }
+            guard state.queue.isEmpty, !state.writerActive, !state.holding else { return false }
             state.writerActive = true
             return true
         }
@@ -723,72 +733,107 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     static let heldLargeByteLimit = 64 * 1024
 
     /// Holds `frame` back for one write with the others held in this round of the loop (loop
-    /// thread; see the type's notes on sending): when nothing but held frames is queued, and it
-    /// is within ``heldLimit`` (a batch of small frames, at most that many bytes together) or
-    /// ``heldLargeFrameBytes`` (a batch of larger ones). Writes the held frames first when this
-    /// one would take them over their batch's limits or is of the other kind. Returns `false` if the frame must be sent at once instead: too large, another
-    /// writer active, or frames waiting for room (the send then waits its turn as usual).
+    /// thread; see the type's notes on sending): when nobody else writes and nothing is queued,
+    /// and it is within ``heldLimit`` (a batch of small frames, at most that many bytes together)
+    /// or ``heldLargeFrameBytes`` (a batch of larger ones). Writes the held frames first when
+    /// this one would take them over their batch's limits, is of the other kind, or a frame was
+    /// queued behind them. Returns `false` if the frame must be sent the usual way instead (it
+    /// then waits its turn behind what is queued).
     /// - Throws: what ``checkWritable(_:)`` throws, or ``IPCError/Code/invalidated`` once the
     ///   connection is closed or shut down.
     private func hold(_ frame: Frame, timeout: Duration) throws -> Bool {
         let total = try checkWritable(frame)
         let large = total > heldLimit
         guard !large || total <= Self.heldLargeFrameBytes else { return false }
-        let limit = large ? Self.heldLargeByteLimit : heldLimit
-        enum Step { case sendNow, held, heldFirst, writeHeldFirst }
-        while true {
-            let step: Step = try writeState.withLock { state in
-                if state.closed || state.shutDown { throw IPCError(code: .invalidated, message: "the connection is closed") }
-                if state.writerActive { return .sendNow }
-                let first = !state.holding
-                if first {
-                    guard state.queue.isEmpty else { return .sendNow }
-                    state.heldSince = monotonicNanoseconds()
-                    state.heldLarge = large
-                } else if state.heldLarge != large || state.heldBytes + total > limit || (large && state.heldCount == Self.heldLargeFrameLimit) {
-                    return .writeHeldFirst
-                }
-                // A deadline, as a queued frame's, in case the round's write finds no room for it.
-                state.queue.append(PendingWrite(frame: frame, total: total, written: 0, deadline: state.heldSince &+ timeout.wholeNanoseconds, completion: .none))
-                state.queuedBytes += total
-                state.heldBytes += total
-                state.heldCount += 1
-                state.holding = true
-                return first ? .heldFirst : .held
+        if !heldFrames.isEmpty {
+            let full = large ? heldFrames.count == Self.heldLargeFrameLimit || heldBytes + total > Self.heldLargeByteLimit : heldBytes + total > heldLimit
+            if heldLarge == large, !full, !queuedBehindHeld.load(ordering: .acquiring) {
+                heldFrames.append(frame)
+                heldTotals.append(total)
+                heldBytes += total
+                // The batch's deadline is its earliest frame's.
+                if timeout != heldTimeout { heldDeadline = min(heldDeadline, heldSince &+ timeout.wholeNanoseconds) }
+                return true
             }
-            switch step {
-            case .sendNow:
-                return false
-            case .held:
-                return true
-            case .heldFirst:
-                if !heldWriteArmed {
-                    heldWriteArmed = true
-                    eventLoop.beforeWaiting { [self] in
-                        heldWriteArmed = false
-                        writeHeld()
-                    }
-                }
-                return true
-            case .writeHeldFirst:
+            writeHeld()
+        }
+        // A batch begins only when nobody writes and nothing waits to be written.
+        let begun: Bool = try writeState.withLock { state in
+            if state.closed || state.shutDown { throw IPCError(code: .invalidated, message: "the connection is closed") }
+            guard !state.writerActive, state.queue.isEmpty else { return false }
+            state.holding = true
+            return true
+        }
+        guard begun else { return false }
+        heldSince = monotonicNanoseconds()
+        heldTimeout = timeout
+        heldDeadline = heldSince &+ timeout.wholeNanoseconds
+        heldLarge = large
+        heldFrames.append(frame)
+        heldTotals.append(total)
+        heldBytes = total
+        if !heldWriteArmed {
+            heldWriteArmed = true
+            eventLoop.beforeWaiting { [self] in
+                heldWriteArmed = false
                 writeHeld()
             }
         }
+        return true
     }
 
-    /// Writes the held frames, with whatever queued behind them (loop thread). Frames the
-    /// kernel had no room for wait as the loop's own sends do: the loop watches for room, and
-    /// the queue's timer ends the connection at the deadline of one still unwritten.
+    /// Writes the held frames (loop thread), then what was queued behind them. While frames are
+    /// held no other writer begins, so the descriptor is this call's. What the kernel had no
+    /// room for goes to the front of the queue, in order, as frames nobody waits for: the loop
+    /// writes them as room appears, and the queue's timer ends the connection if one is still
+    /// unwritten at the batch's deadline. A write that fails has invalidated the connection
+    /// (``writeNow(_:from:)``); the frames end with it.
     private func writeHeld() {
-        flush()
-        let deadline: UInt64? = writeState.withLock { state in
-            guard !state.closed, !state.queue.isEmpty else { return nil }
-            let earliest = state.queue.reduce(UInt64.max) { min($0, $1.deadline) }
-            guard state.deadlineTimer.map({ earliest < $0 }) ?? true else { return nil }
-            state.deadlineTimer = earliest
-            return earliest
+        guard !heldFrames.isEmpty else { return }
+        var written = 0
+        var failed = false
+        if !finished {
+            do {
+                written = heldFrames.count == 1 ? try writeNow(heldFrames[0], from: 0) : try writeNow(heldFrames[...], from: 0)
+            } catch {
+                failed = true
+            }
         }
-        if let deadline { armDeadlineTimer(deadline) }
+        var rest: [PendingWrite] = []
+        if !failed, !finished, written < heldBytes {
+            var skipped = 0
+            for (frame, total) in zip(heldFrames, heldTotals) {
+                let taken = min(max(written - skipped, 0), total)
+                skipped += total
+                if taken < total {
+                    rest.append(PendingWrite(frame: frame, total: total, written: taken, deadline: heldDeadline, completion: .none))
+                }
+            }
+        }
+        let remaining = written < heldBytes ? heldBytes - written : 0
+        let deadline = heldDeadline
+        heldFrames.removeAll(keepingCapacity: true)
+        heldTotals.removeAll(keepingCapacity: true)
+        heldBytes = 0
+        let (flushQueue, armTimer): (Bool, Bool) = writeState.withLock { state in
+            state.holding = false
+            queuedBehindHeld.store(false, ordering: .relaxed)
+            guard !state.closed else { return (false, false) }
+            if !rest.isEmpty {
+                state.queue.insert(contentsOf: rest, at: 0)
+                state.queuedBytes += remaining
+                let arm = state.deadlineTimer.map { deadline < $0 } ?? true
+                if arm { state.deadlineTimer = deadline }
+                if !state.watchingWritable {
+                    state.watchingWritable = true
+                    applyInterest(state)
+                }
+                return (false, arm)
+            }
+            return (!state.queue.isEmpty, false)
+        }
+        if armTimer { armDeadlineTimer(deadline) }
+        if flushQueue { flush() }
     }
 
     /// Writes what the kernel takes now. Errors invalidate the connection when they must.
@@ -960,7 +1005,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             state.queuedBytes += write.total - write.written
             let arm = state.deadlineTimer.map { write.deadline < $0 } ?? true
             if arm { state.deadlineTimer = write.deadline }
-            // Behind held frames, the loop's write at the end of its round takes it too.
+            // Behind held frames, the loop's write of them takes it too, and they take no more.
+            if state.holding { queuedBehindHeld.store(true, ordering: .releasing) }
             if !state.writerActive, !state.watchingWritable, !state.holding {
                 state.watchingWritable = true
                 applyInterest(state)
@@ -1070,11 +1116,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// Writes queued frames while the kernel takes them (loop thread, on a writable event).
     private func flush() {
         let mayWrite: Bool = writeState.withLock { state in
-            // Whatever was held goes now, with the rest of the queue.
-            state.holding = false
-            state.heldBytes = 0
-            state.heldCount = 0
-            guard !state.closed, !state.writerActive else { return false }
+            // Frames held by the loop's sends go first: their write flushes the queue after them.
+            guard !state.closed, !state.writerActive, !state.holding else { return false }
             // A doorbell's ring comes with every message: most find nothing queued.
             guard !state.queue.isEmpty else {
                 if state.watchingWritable {

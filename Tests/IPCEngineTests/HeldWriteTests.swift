@@ -119,9 +119,11 @@ struct HeldWriteTests {
             // The synchronous send on the loop's thread queues behind the held frame.
             let sendNow: () throws -> Void = { try connection.send(Self.payload(1), msgid: 1, timeout: .seconds(60)) }
             try sendNow()
-            // Held again, behind both.
-            try await connection.send(Self.payload(2), msgid: 2, timeout: .seconds(60))
             #expect(channel.gathering.withLock { $0.writes } == 0)
+            // The batch takes nothing after a queued frame: this send writes the held frame,
+            // then the queued one, and is held in a batch of its own.
+            try await connection.send(Self.payload(2), msgid: 2, timeout: .seconds(60))
+            #expect(channel.gathering.withLock { $0.writes } == 2)
             // A batched send waits for its frames to be written: the round's end writes all.
             try await connection.send(contentsOf: [Self.payload(3), Self.payload(4)], msgid: 3, timeout: .seconds(60))
         }
