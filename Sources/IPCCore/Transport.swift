@@ -217,6 +217,12 @@ public protocol MessageConnection: AnyObject, Sendable {
     /// `CancellationError`; one already begun is finished (or times out), so the stream is never
     /// torn. A transport without a suspending path gets a default that calls the synchronous send.
     ///
+    /// It returns once the transport has accepted the message: the kernel has it, or the
+    /// transport holds it for a write it makes itself, before any message sent after it (the
+    /// engine's transports hold the one-way messages a task sends on their event loop's thread
+    /// and write them together at the end of the loop's round; docs/ENGINE.md, "Held writes").
+    /// A message accepted that way and never written ends the connection; it is not dropped.
+    ///
     /// `nonisolated(nonsending)`, as ``send(contentsOf:msgid:timeout:)`` and
     /// ``request(_:msgid:sendTimeout:receiveTimeout:)`` are: it runs on the caller's executor (the
     /// caller's actor, or the connection's loop for a task that prefers it), so it starts

@@ -418,11 +418,12 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             // Wake a writer waiting on its own thread; the loop does the rest. Not while frames
             // are held for the loop's write (no writer waits on its thread then): the loop writes
             // them before it closes.
-            let holding = writeState.withLock { state in
-                if !state.holding { state.shutDown = true }
-                return state.holding
+            // Under the lock, so that it never meets a descriptor the loop closed meanwhile.
+            writeState.withLock { state in
+                guard !state.holding, !state.closed else { return }
+                state.shutDown = true
+                channel.shutdown()
             }
-            if !holding { channel.shutdown() }
             eventLoop.execute { [self] in finish(reason) }
         }
     }
@@ -452,7 +453,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             channel.ending(final)
             let failed: [PendingWrite] = writeState.withLock { state in
                 state.closed = true
-                if !state.writerActive { channel.close() }
+                // A writer still active waits on its own thread (an off-loop send): it is woken
+                // and closes when it stops.
+                if !state.writerActive { channel.close() } else { channel.shutdown() }
                 defer { state.queue.removeAll(); state.queuedBytes = 0 }
                 return Array(state.queue)
             }
@@ -797,6 +800,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                 written = heldFrames.count == 1 ? try writeNow(heldFrames[0], from: 0) : try writeNow(heldFrames[...], from: 0)
             } catch {
                 failed = true
+                // Their senders were told they were sent: the connection must not go on without
+                // them (a closed peer's end is reported by writeNow, after what it wrote is read).
+                if (error as? IPCError)?.code != .peerInvalidated, core.latch.isValid {
+                    invalidate(InvalidationReason(.transportFailure, error: error as? IPCError ?? IPCError(code: .transportFailure, message: "writing held frames failed: \(error)")))
+                }
             }
         }
         var rest: [PendingWrite] = []
@@ -833,6 +841,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             return (!state.queue.isEmpty, false)
         }
         if armTimer { armDeadlineTimer(deadline) }
+        if !rest.isEmpty, retriesWrites { armWriteRetry() }
         if flushQueue { flush() }
     }
 
