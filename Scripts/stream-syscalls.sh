@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Counts what the one-way stream of Benchmarks/RoundTripInstructions costs the kernel per
+# message: system calls (perf's raw_syscalls:sys_enter) and context switches of its client and
+# its server, both pinned to CPU 0, 64-byte messages unless --bytes says. Each figure is the difference between a
+# long and a short stream divided by the difference in messages, so start-up and the final
+# request cancel out. Counts, not times: a busy machine changes them little.
+#   Scripts/stream-syscalls.sh BIN [BIN...] [--rounds N] [--messages LONG] [--short SHORT] [--bytes B]
+#     BIN         a build of the binary: Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+#     --rounds    pairs of streams per binary (default 3); the table gives each pair and the median
+#     --messages  the long stream (default 200000); --short the short one (default 20000);
+#     --bytes     each message's payload (default 64)
+# Needs perf (Debian: apt-get install linux-perf) and perf_event_paranoid <= 1 or root.
+set -euo pipefail
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+binaries=()
+rounds=3
+long=200000
+short=20000
+bytes=64
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --rounds) rounds=${2:?--rounds needs a number}; shift 2 ;;
+        --messages) long=${2:?--messages needs a number}; shift 2 ;;
+        --short) short=${2:?--short needs a number}; shift 2 ;;
+        --bytes) bytes=${2:?--bytes needs a number}; shift 2 ;;
+        -*) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
+        *) binaries+=("$1"); shift ;;
+    esac
+done
+[ ${#binaries[@]} -gt 0 ] || { usage >&2; exit 2; }
+for number in "$rounds" "$long" "$short" "$bytes"; do
+    [[ "$number" =~ ^[1-9][0-9]*$ ]] || { echo "not a positive number: $number" >&2; exit 2; }
+done
+[ "$long" -gt "$short" ] || { echo "--messages must be above --short" >&2; exit 2; }
+command -v perf > /dev/null || { echo "perf is not installed (Debian: apt-get install linux-perf)" >&2; exit 1; }
+for binary in "${binaries[@]}"; do
+    [ -x "$binary" ] || { echo "not an executable: $binary" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# stream BIN MESSAGES: prints "client-syscalls client-switches server-syscalls server-switches".
+stream() {
+    local binary=$1 messages=$2 dir
+    dir=$(mktemp -d "$work/stream-XXXXXX")
+    taskset -c 0 perf stat -x, -e raw_syscalls:sys_enter,context-switches -o "$dir/server.perf" "$binary" serve "$dir" sink > "$dir/server.log" 2>&1 &
+    local server=$! waited=0
+    while [ ! -S "$dir/echo.sock" ]; do
+        sleep 0.05
+        waited=$((waited + 1))
+        if [ "$waited" -gt 600 ] || ! kill -0 "$server" 2>/dev/null; then
+            echo "the server did not start:" >&2; cat "$dir/server.log" >&2; kill "$server" 2>/dev/null; return 1
+        fi
+    done
+    if ! taskset -c 0 perf stat -x, -e raw_syscalls:sys_enter,context-switches -o "$dir/client.perf" "$binary" client "$dir" "$messages" "$bytes" stream > "$dir/client.log" 2>&1; then
+        echo "the client failed:" >&2; cat "$dir/client.log" >&2; kill "$server" 2>/dev/null; return 1
+    fi
+    wait "$server" || { echo "the server failed:" >&2; cat "$dir/server.log" >&2; return 1; }
+    local field
+    for side in client server; do
+        for event in raw_syscalls:sys_enter context-switches; do
+            field=$(grep ",$event," "$dir/$side.perf" | cut -d, -f1)
+            [[ "$field" =~ ^[0-9]+$ ]] || { echo "perf counted nothing for $event ($side): is perf allowed here?" >&2; cat "$dir/$side.perf" >&2; return 1; }
+            printf '%s ' "$field"
+        done
+    done
+    echo
+}
+
+echo "| binary | client system calls / message | client switches / message | server system calls / message | server switches / message | pairs (client calls, server calls) |"
+echo "|---|---:|---:|---:|---:|---|"
+for binary in "${binaries[@]}"; do
+    : > "$work/pairs"
+    for _ in $(seq "$rounds"); do
+        read -r lc lx ls lsx <<< "$(stream "$binary" "$long")"
+        read -r sc sx ss ssx <<< "$(stream "$binary" "$short")"
+        echo "$lc $lx $ls $lsx $sc $sx $ss $ssx" >> "$work/pairs"
+    done
+    python3 - "$binary" "$long" "$short" "$work/pairs" <<'PY'
+import statistics, sys
+binary, long, short, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rows = [list(map(int, line.split())) for line in open(path) if line.strip()]
+per = [[(r[i] - r[i + 4]) / (long - short) for i in range(4)] for r in rows]
+median = [statistics.median(p[i] for p in per) for i in range(4)]
+pairs = ", ".join(f"{p[0]:.3f}/{p[2]:.3f}" for p in per)
+print(f"| {binary} | {median[0]:.3f} | {median[1]:.3f} | {median[2]:.3f} | {median[3]:.3f} | {pairs} |")
+PY
+done
