@@ -25,11 +25,13 @@ import SystemPackage
 ///   loop's own thread (a handler, or a task that prefers the loop), returns at once and leaves
 ///   the loop to write the rest.
 /// - the `async` ``send(_:msgid:timeout:)-async``, made on the loop's thread (a task that
-///   prefers the loop), over a channel with a ``EngineChannel/heldWriteLimit``, holds a small
-///   frame back and returns: the frames such sends hold in one round of the loop go in one
-///   write at the end of that round, before the loop next waits, or as soon as the next one
-///   would take them over the limit. A held frame is written before any frame sent after it,
-///   and before the connection closes when this side invalidates it.
+///   prefers the loop), over a channel with a ``EngineChannel/heldWriteLimit``, holds a frame of
+///   up to 32 KiB back and returns: the frames such sends hold in one round of the loop go in
+///   one write at the end of that round, before the loop next waits, or as soon as the next one
+///   would take them over their batch's limits (docs/ENGINE.md, "Held writes"). A held frame is
+///   written before any frame sent after it, and before the connection closes when this side
+///   invalidates it (what the kernel has room for then; there is no lingering close); one the
+///   kernel has no room for waits in the queue as a frame sent on the loop's thread does.
 /// A frame not written by its timeout fails with ``IPCError/Code/sendTimeout`` if none of it
 /// was written, and invalidates the connection if part of it was (the stream cannot carry
 /// another frame after a torn one) or if nobody waits for it (a send from the loop's thread:
@@ -299,9 +301,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     public var bufferedMessageCount: Int { core.bufferedMessageCount }
 
     /// Sends a one-way message, suspending while the peer's buffer is full.
-    /// On the loop's thread, over a channel with a ``EngineChannel/heldWriteLimit``, a frame
-    /// within it is held back for one write with the others of the loop's round (see the type's
-    /// notes on sending).
+    /// On the loop's thread, over a channel with a ``EngineChannel/heldWriteLimit``, a frame of
+    /// up to 32 KiB is held back for one write with the others of the loop's round, and this
+    /// returns before it reaches the kernel (see the type's notes on sending).
     public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         let frame = Frame(kind: .message, msgid: msgid, payload: payload)
         if heldLimit > 0, eventLoop.inEventLoop, try hold(frame, timeout: timeout) { return }
