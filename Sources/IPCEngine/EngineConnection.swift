@@ -124,12 +124,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     @exclusivity(unchecked) private var stallTimerArmed = false
     /// The write of held frames is asked of the loop for the end of its round.
     @exclusivity(unchecked) private var heldWriteArmed = false
-    /// The frames held back by sends on the loop's thread, in order, with their encoded lengths
-    /// (``hold(_:timeout:)``): `heldBytes` in all, larger than ``heldLimit`` each or not
+    /// The frames held back by sends on the loop's thread, in order (``hold(_:timeout:)``):
+    /// `heldBytes` encoded in all, larger than ``heldLimit`` each or not
     /// (`heldLarge`), the first held when the clock read `heldSince` with `heldTimeout`; the
     /// batch is written by `heldDeadline` or the connection ends. Loop thread only.
     @exclusivity(unchecked) private var heldFrames: [Frame] = []
-    @exclusivity(unchecked) private var heldTotals: [Int] = []
     @exclusivity(unchecked) private var heldBytes = 0
     @exclusivity(unchecked) private var heldLarge = false
     @exclusivity(unchecked) private var heldSince: UInt64 = 0
@@ -754,7 +753,6 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             let full = large ? heldFrames.count == Self.heldLargeFrameLimit || heldBytes + total > Self.heldLargeByteLimit : heldBytes + total > heldLimit
             if heldLarge == large, !full, !queuedBehindHeld.load(ordering: .acquiring) {
                 heldFrames.append(frame)
-                heldTotals.append(total)
                 heldBytes += total
                 // The batch's deadline is its earliest frame's.
                 if timeout != heldTimeout { heldDeadline = min(heldDeadline, heldSince &+ timeout.wholeNanoseconds) }
@@ -775,7 +773,6 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         heldDeadline = heldSince &+ timeout.wholeNanoseconds
         heldLarge = large
         heldFrames.append(frame)
-        heldTotals.append(total)
         heldBytes = total
         if !heldWriteArmed {
             heldWriteArmed = true
@@ -811,19 +808,27 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
         var rest: [PendingWrite] = []
         if !failed, !finished, written < heldBytes {
+            // The rare path (the kernel took part of the batch): each frame's length again, which
+            // its encoder computed when it was held and computes the same now.
             var skipped = 0
-            for (frame, total) in zip(heldFrames, heldTotals) {
-                let taken = min(max(written - skipped, 0), total)
-                skipped += total
-                if taken < total {
-                    rest.append(PendingWrite(frame: frame, total: total, written: taken, deadline: heldDeadline, completion: .none))
+            do {
+                for frame in heldFrames {
+                    let total = try channel.encodedLength(of: frame)
+                    let taken = min(max(written - skipped, 0), total)
+                    skipped += total
+                    if taken < total {
+                        rest.append(PendingWrite(frame: frame, total: total, written: taken, deadline: heldDeadline, completion: .none))
+                    }
                 }
+            } catch {
+                // Not expected; the frames must not be left behind unseen, so the connection ends.
+                rest.removeAll()
+                invalidate(InvalidationReason(.transportFailure, error: IPCError(code: .transportFailure, message: "a held frame's length changed: \(error)")))
             }
         }
         let remaining = written < heldBytes ? heldBytes - written : 0
         let deadline = heldDeadline
         heldFrames.removeAll(keepingCapacity: true)
-        heldTotals.removeAll(keepingCapacity: true)
         heldBytes = 0
         let (flushQueue, armTimer): (Bool, Bool) = writeState.withLock { state in
             state.holding = false
