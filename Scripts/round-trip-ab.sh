@@ -12,7 +12,8 @@
 # time their stream (4916a71 on; for an older engine, build it with that commit's
 # Benchmarks/RoundTripInstructions/Sources/round-trip-instructions/main.swift).
 #
-#   Scripts/round-trip-ab.sh --old BIN --new BIN [--rounds N] [--round-trips N] [--stream] [--messages N] [--output DIR]
+#   Scripts/round-trip-ab.sh --old BIN --new BIN [--rounds N] [--round-trips N] [--stream] [--messages N]
+#                            [--stream-bytes B] [--stream-only] [--output DIR]
 #     --old, --new    round-trip-instructions binaries, e.g. built from two commits:
 #                       git worktree add /tmp/old COMMIT
 #                       swift build -c release --package-path /tmp/old/Benchmarks/RoundTripInstructions
@@ -21,6 +22,8 @@
 #     --round-trips   round trips per run (default 20000, every one timed)
 #     --stream        also times the one-way stream, on both placements
 #     --messages      messages per stream run (default 200000)
+#     --stream-bytes  each stream message's payload (default 64; implies --stream)
+#     --stream-only   times the stream only, no round trips (implies --stream)
 #     --output        writes ab.json and ab.md there (default: prints the table only)
 #
 # Same core: server and client on CPU 0. Two cores: server on CPU 1, client on CPU 0. Within a
@@ -28,17 +31,19 @@
 set -euo pipefail
 shopt -s inherit_errexit
 
-old="" new="" rounds=7 trips=20000 output="" stream=0 messages=200000
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+old="" new="" rounds=7 trips=20000 output="" stream=0 messages=200000 stream_bytes=64 stream_only=0
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
         --stream) stream=1; shift; continue ;;
-        --old|--new|--rounds|--round-trips|--messages|--output)
+        --stream-only) stream=1; stream_only=1; shift; continue ;;
+        --old|--new|--rounds|--round-trips|--messages|--stream-bytes|--output)
             [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 64; }
             case "$1" in
                 --old) old="$2" ;; --new) new="$2" ;; --rounds) rounds="$2" ;;
                 --round-trips) trips="$2" ;; --messages) messages="$2" ;; --output) output="$2" ;;
+                --stream-bytes) stream_bytes="$2"; stream=1 ;;
             esac
             shift ;;
         *) echo "unknown option $1 (see --help)" >&2; exit 64 ;;
@@ -55,6 +60,7 @@ old=$(realpath "$old") new=$(realpath "$new")
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive whole number" >&2; exit 64; }
 [[ "$trips" =~ ^[1-9][0-9]*$ ]] || { echo "--round-trips must be a positive whole number" >&2; exit 64; }
 [[ "$messages" =~ ^[1-9][0-9]*$ ]] || { echo "--messages must be a positive whole number" >&2; exit 64; }
+[[ "$stream_bytes" =~ ^(0|[1-9][0-9]*)$ ]] && [ "${#stream_bytes}" -le 9 ] || { echo "--stream-bytes must be a whole number of bytes below 1 GB" >&2; exit 64; }
 for cpu in 0 1; do
     taskset -c "$cpu" true 2> /dev/null || { echo "needs CPUs 0 and 1 (same core and two cores); this process may not run on CPU $cpu" >&2; exit 69; }
 done
@@ -73,8 +79,8 @@ trap 'exit 130' INT TERM
 time_pair() {
     local binary=$1 handler=$2 server_cpu=$3 client_cpu=$4 group line pair
     group=$(mktemp -d "$work/group-XXXXXX")
-    local server_mode=$handler client_mode=engine count=$trips
-    [ "$handler" != stream ] || { server_mode=sink client_mode=stream count=$messages; }
+    local server_mode=$handler client_mode=engine count=$trips bytes=64
+    [ "$handler" != stream ] || { server_mode=sink client_mode=stream count=$messages bytes=$stream_bytes; }
     taskset -c "$server_cpu" "$binary" serve "$group" "$server_mode" > "$group/server.log" 2>&1 &
     local server=$!
     echo "$server" > "$work/server"
@@ -86,7 +92,7 @@ time_pair() {
             echo "the server did not start ($binary $handler):" >&2; cat "$group/server.log" >&2; exit 1
         fi
     done
-    if ! ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$count" 64 "$client_mode" > "$group/client.log" 2>&1; then
+    if ! ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$count" "$bytes" "$client_mode" > "$group/client.log" 2>&1; then
         echo "the client failed ($binary $handler):" >&2; cat "$group/client.log" >&2; exit 1
     fi
     # The server ends when its client has gone; one that does not within a minute has hung.
@@ -121,6 +127,7 @@ for round in $(seq 1 "$rounds"); do
         read -r name server_cpu client_cpu <<< "$placement"
         handlers="on-loop task"
         [ "$stream" -eq 0 ] || handlers="$handlers stream"
+        [ "$stream_only" -eq 0 ] || handlers="stream"
         for handler in $handlers; do
             order="old new"; [ $((round % 2)) -eq 0 ] && order="new old"
             for build in $order; do
@@ -133,15 +140,15 @@ for round in $(seq 1 "$rounds"); do
     done
 done
 
-python3 - "$results" "$output" "$old" "$new" "$rounds" "$trips" "$(sha256sum < "$old" | cut -c1-64)" "$(sha256sum < "$new" | cut -c1-64)" "$stream" "$messages" <<'PYTHON'
+python3 - "$results" "$output" "$old" "$new" "$rounds" "$trips" "$(sha256sum < "$old" | cut -c1-64)" "$(sha256sum < "$new" | cut -c1-64)" "$stream" "$messages" "$stream_bytes" "$stream_only" <<'PYTHON'
 import json, statistics, sys
-results, output, old, new, rounds, trips, old_sha, new_sha, stream, messages = sys.argv[1:11]
+results, output, old, new, rounds, trips, old_sha, new_sha, stream, messages, stream_bytes, stream_only = sys.argv[1:13]
 runs = {}
 for line in open(results):
     build, handler, placement, p50, p99 = line.split()
     runs.setdefault((handler, placement, build), []).append((int(p50), int(p99)))
 rows = []
-for handler in ("on-loop", "task"):
+for handler in () if stream_only == "1" else ("on-loop", "task"):
     for placement in ("same-core", "two-cores"):
         row = {"handler": handler, "placement": placement}
         for build in ("old", "new"):
@@ -150,14 +157,14 @@ for handler in ("on-loop", "task"):
                           "p50s_ns": [v[0] for v in values]}
         row["new_over_old_p50"] = round(row["new"]["p50_ns"] / row["old"]["p50_ns"], 3)
         rows.append(row)
-table = ["| handler | placement | old p50 (p99) | new p50 (p99) | new ÷ old | old p50s | new p50s |", "|---|---|---:|---:|---:|---|---|"]
+table = [] if stream_only == "1" else ["| handler | placement | old p50 (p99) | new p50 (p99) | new ÷ old | old p50s | new p50s |", "|---|---|---:|---:|---:|---|---|"]
 for row in rows:
     o, n = row["old"], row["new"]
     table.append(f"| {row['handler']} | {row['placement']} | {o['p50_ns']/1000:.2f} µs ({o['p99_ns']/1000:.2f}) | {n['p50_ns']/1000:.2f} µs ({n['p99_ns']/1000:.2f}) | {row['new_over_old_p50']:.3f} | "
                  + ", ".join(f"{v/1000:.1f}" for v in o["p50s_ns"]) + " | " + ", ".join(f"{v/1000:.1f}" for v in n["p50s_ns"]) + " |")
 streams = []
 if stream == "1":
-    table += ["", "| one-way stream | placement | old messages/s | new messages/s | new ÷ old | old rounds (k/s) | new rounds (k/s) |", "|---|---|---:|---:|---:|---|---|"]
+    table += ([] if stream_only == "1" else [""]) + ["| one-way stream | placement | old messages/s | new messages/s | new ÷ old | old rounds (k/s) | new rounds (k/s) |", "|---|---|---:|---:|---:|---|---|"]
     for placement in ("same-core", "two-cores"):
         row = {"placement": placement}
         for build in ("old", "new"):
@@ -166,7 +173,7 @@ if stream == "1":
         row["new_over_old"] = round(row["new"]["messages_per_second"] / row["old"]["messages_per_second"], 3)
         streams.append(row)
         o, n = row["old"], row["new"]
-        table.append(f"| unix-socket binary 64 B | {placement} | {o['messages_per_second']:,.0f} | {n['messages_per_second']:,.0f} | {row['new_over_old']:.3f} | "
+        table.append(f"| unix-socket binary {stream_bytes} B | {placement} | {o['messages_per_second']:,.0f} | {n['messages_per_second']:,.0f} | {row['new_over_old']:.3f} | "
                      + ", ".join(f"{v/1000:.0f}" for v in o["rounds"]) + " | " + ", ".join(f"{v/1000:.0f}" for v in n["rounds"]) + " |")
 text = "\n".join(table) + "\n"
 print(text, end="")
@@ -175,7 +182,8 @@ if output:
     os.makedirs(output, exist_ok=True)
     json.dump({"old": old, "new": new, "old_sha256": old_sha, "new_sha256": new_sha, "rounds": int(rounds), "round_trips": int(trips), "payload_bytes": 64,
                "unit": "nanoseconds, medians of the rounds' p50 and p99", "rows": rows,
-               **({"stream_messages": int(messages), "streams": streams} if streams else {})}, open(f"{output}/ab.json", "w"), indent=2)
-    command = f"Scripts/round-trip-ab.sh --rounds {rounds} --round-trips {trips}" + (f" --stream --messages {messages}" if streams else "")
+               **({"stream_messages": int(messages), "stream_payload_bytes": int(stream_bytes), "streams": streams} if streams else {})}, open(f"{output}/ab.json", "w"), indent=2)
+    command = f"Scripts/round-trip-ab.sh --rounds {rounds}" + ("" if stream_only == "1" else f" --round-trips {trips}") + (
+        (" --stream-only" if stream_only == "1" else " --stream") + f" --messages {messages}" + (f" --stream-bytes {stream_bytes}" if stream_bytes != "64" else "") if streams else "")
     open(f"{output}/ab.md", "w").write(f"`{command}`; old: `{old}`, new: `{new}`\n\n" + text)
 PYTHON
