@@ -106,8 +106,8 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// ``encodedLength(of:)``) the engine may hold back from one-way `async` sends made on the
     /// loop's thread, to write them together in one call at the end of the loop's round
     /// (``EngineConnection/send(_:msgid:timeout:)-async``), or at once when the next would go
-    /// over. Frames above it, up to 32 KiB, are held in batches of their own, at most 8 frames
-    /// and 64 KiB. Choose the size up to which the channel writes frames together as one copy.
+    /// over. Frames above it, up to 65 KiB (a 64 KiB payload and its header), are held in batches
+    /// of their own, at most 8 frames and 256 KiB. Choose the size up to which the channel writes frames together as one copy.
     /// 0 (the default): every send writes at once.
     var heldWriteLimit: Int { get }
 

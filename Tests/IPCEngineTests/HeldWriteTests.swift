@@ -110,6 +110,38 @@ struct HeldWriteTests {
         #expect(gathering.mostFrames == 8)
     }
 
+    @Test("frames with payloads of 64 KiB are held, three to a batch (256 KiB); a frame above 65 KiB is written by its own send")
+    func largestHeldFrames() async throws {
+        let (connection, channel, peer) = try connect(held: 1024)
+        defer { connection.invalidate(); peer.close() }
+        // 65,553 bytes a frame with the pair channel's header: three fit in 256 KiB, four do not.
+        let payloads = (0..<7).map { index in [UInt8](repeating: UInt8(index), count: 64 * 1024) }
+        // The peer reads as the frames come: the socket holds about three.
+        let reader = Task { await Self.readAll(peer, payloads.count) }
+        try await withTaskExecutorPreference(connection.eventLoop) {
+            for (index, payload) in payloads.enumerated() {
+                try await connection.send(payload, msgid: UInt32(index), timeout: .seconds(60))
+            }
+        }
+        let frames = await reader.value
+        #expect(frames.map(\.msgid) == Array(0..<7))
+        #expect(frames.map(\.payload) == payloads)
+        await Self.settled(connection)
+        // The fourth send wrote the first three in one call (a partial write's rest goes a frame a call).
+        #expect(channel.gathering.withLock { $0.mostFrames } == 3)
+        // Above the size held: its send writes it before it returns, in the round it is made in.
+        let beyond = [UInt8](repeating: 0xEE, count: 64 * 1024 + 1024)
+        let before = channel.gathering.withLock { $0.writes }
+        try await withTaskExecutorPreference(connection.eventLoop) {
+            try await connection.send(beyond, msgid: 7, timeout: .seconds(60))
+            #expect(channel.gathering.withLock { $0.writes } == before + 1)
+        }
+        let last = await Self.readAll(peer, 1)
+        #expect(last.map(\.msgid) == [7])
+        #expect(last.first?.payload == beyond)
+        #expect(connection.invalidationReason == nil)
+    }
+
     @Test("frames sent after held ones by the other sends, on the loop, go after them, in order")
     func otherSendsQueueBehindHeld() async throws {
         let (connection, channel, peer) = try connect(held: 4096)
