@@ -163,6 +163,9 @@ for row in rows:
     table.append(f"| {row['handler']} | {row['placement']} | {o['p50_ns']/1000:.2f} µs ({o['p99_ns']/1000:.2f}) | {n['p50_ns']/1000:.2f} µs ({n['p99_ns']/1000:.2f}) | {row['new_over_old_p50']:.3f} | "
                  + ", ".join(f"{v/1000:.1f}" for v in o["p50s_ns"]) + " | " + ", ".join(f"{v/1000:.1f}" for v in n["p50s_ns"]) + " |")
 streams = []
+def thousands(value):
+    """A round's messages a second in thousands: a decimal below 100 k, so large messages' rounds differ."""
+    return f"{value/1000:.1f}" if value < 100_000 else f"{value/1000:.0f}"
 if stream == "1":
     table += ([] if stream_only == "1" else [""]) + ["| one-way stream | placement | old messages/s | new messages/s | new ÷ old | old rounds (k/s) | new rounds (k/s) |", "|---|---|---:|---:|---:|---|---|"]
     for placement in ("same-core", "two-cores"):
@@ -174,7 +177,7 @@ if stream == "1":
         streams.append(row)
         o, n = row["old"], row["new"]
         table.append(f"| unix-socket binary {stream_bytes} B | {placement} | {o['messages_per_second']:,.0f} | {n['messages_per_second']:,.0f} | {row['new_over_old']:.3f} | "
-                     + ", ".join(f"{v/1000:.0f}" for v in o["rounds"]) + " | " + ", ".join(f"{v/1000:.0f}" for v in n["rounds"]) + " |")
+                     + ", ".join(map(thousands, o["rounds"])) + " | " + ", ".join(map(thousands, n["rounds"])) + " |")
 text = "\n".join(table) + "\n"
 print(text, end="")
 if output:
