@@ -85,7 +85,8 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// - Throws: ``IPCError/Code/truncatedFrame`` if it ended inside a frame.
     func finishReading() throws
 
-    /// The number of bytes `frame` takes on the wire.
+    /// The number of bytes `frame` takes on the wire: the same every time for the same frame
+    /// (the engine computes it again for held frames the kernel took part of).
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the payload is above what the channel
     ///   carries; the frame is then not sent.
     func encodedLength(of frame: Frame) throws -> Int

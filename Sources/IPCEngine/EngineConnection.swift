@@ -810,9 +810,13 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             }
         }
         var rest: [PendingWrite] = []
+        // Set if the batch's lengths no longer add up: what was queued behind it must not follow
+        // a torn frame onto the stream.
+        var broken = false
         if !failed, !finished, written < heldBytes {
             // The rare path (the kernel took part of the batch): each frame's length again, which
-            // its encoder computed when it was held and computes the same now.
+            // its channel computed when it was held and must compute the same now
+            // (EngineChannel.encodedLength(of:)).
             var skipped = 0
             do {
                 for frame in heldFrames {
@@ -823,10 +827,14 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                         rest.append(PendingWrite(frame: frame, total: total, written: taken, deadline: heldDeadline, completion: .none))
                     }
                 }
+                if skipped != heldBytes {
+                    throw IPCError(code: .transportFailure, message: "they add up to \(skipped) bytes, not the \(heldBytes) held")
+                }
             } catch {
                 // Not expected; the frames must not be left behind unseen, so the connection ends.
                 rest.removeAll()
-                invalidate(InvalidationReason(.transportFailure, error: IPCError(code: .transportFailure, message: "a held frame's length changed: \(error)")))
+                broken = true
+                invalidate(InvalidationReason(.transportFailure, error: IPCError(code: .transportFailure, message: "the held frames' lengths could not be computed again: \(error)")))
             }
         }
         let remaining = written < heldBytes ? heldBytes - written : 0
@@ -837,6 +845,13 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             state.holding = false
             queuedBehindHeld.store(false, ordering: .relaxed)
             guard !state.closed else { return (false, false) }
+            if broken {
+                // Already invalidated from another thread (so its finish is still to run): stop
+                // every later write here.
+                state.shutDown = true
+                channel.shutdown()
+                return (false, false)
+            }
             if !rest.isEmpty {
                 state.queue.insert(contentsOf: rest, at: 0)
                 state.queuedBytes += remaining

@@ -116,19 +116,29 @@ struct HeldWriteTests {
         defer { connection.invalidate(); peer.close() }
         // 65,553 bytes a frame with the pair channel's header: three fit in 256 KiB, four do not.
         let payloads = (0..<7).map { index in [UInt8](repeating: UInt8(index), count: 64 * 1024) }
-        // The peer reads as the frames come: the socket holds about three.
-        let reader = Task { await Self.readAll(peer, payloads.count) }
+        // The peer reads as the frames come (the socket holds about three), on a thread started
+        // now, whatever the test's executors are doing.
+        let (read, delivered) = AsyncStream<[Frame]>.makeStream()
+        onThread {
+            delivered.yield((0..<payloads.count).compactMap { _ in peer.readFrame() })
+            delivered.finish()
+        }
         try await withTaskExecutorPreference(connection.eventLoop) {
             for (index, payload) in payloads.enumerated() {
                 try await connection.send(payload, msgid: UInt32(index), timeout: .seconds(60))
+                if index == 3 {
+                    // The fourth send wrote the first three, in one call, and nothing else has
+                    // written yet (later, the rest of a partial write may gather more frames).
+                    let gathering = channel.gathering.withLock { $0 }
+                    #expect(gathering.writes == 1 && gathering.mostFrames == 3)
+                }
             }
         }
-        let frames = await reader.value
+        var reading = read.makeAsyncIterator()
+        let frames = await reading.next() ?? []
         #expect(frames.map(\.msgid) == Array(0..<7))
         #expect(frames.map(\.payload) == payloads)
         await Self.settled(connection)
-        // The fourth send wrote the first three in one call (a partial write's rest goes a frame a call).
-        #expect(channel.gathering.withLock { $0.mostFrames } == 3)
         // Above the size held: its send writes it before it returns, in the round it is made in.
         let beyond = [UInt8](repeating: 0xEE, count: 64 * 1024 + 1024)
         let before = channel.gathering.withLock { $0.writes }
