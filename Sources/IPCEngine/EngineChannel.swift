@@ -85,8 +85,7 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// - Throws: ``IPCError/Code/truncatedFrame`` if it ended inside a frame.
     func finishReading() throws
 
-    /// The number of bytes `frame` takes on the wire: the same every time for the same frame
-    /// (the engine computes it again for held frames the kernel took part of).
+    /// The number of bytes `frame` takes on the wire.
     /// - Throws: ``IPCError/Code/payloadTooLarge`` if the payload is above what the channel
     ///   carries; the frame is then not sent.
     func encodedLength(of frame: Frame) throws -> Int
@@ -108,7 +107,8 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// loop's thread, to write them together in one call at the end of the loop's round
     /// (``EngineConnection/send(_:msgid:timeout:)-async``), or at once when the next would go
     /// over. Frames above it, up to 65 KiB (a 64 KiB payload and its header), are held in batches
-    /// of their own, at most 8 frames and 256 KiB. Choose the size up to which the channel writes frames together as one copy.
+    /// of their own, at most 8 frames and 256 KiB. Choose the size up to which the channel writes
+    /// frames together as one copy.
     /// 0 (the default): every send writes at once.
     var heldWriteLimit: Int { get }
 

@@ -26,9 +26,9 @@ import SystemPackage
 ///   the loop to write the rest.
 /// - the `async` ``send(_:msgid:timeout:)-async``, made on the loop's thread (a task that
 ///   prefers the loop), over a channel with a ``EngineChannel/heldWriteLimit``, holds a frame of
-///   up to 65 KiB (a 64 KiB payload and its header) back and returns: the frames such sends hold in one round of the loop go in
-///   one write at the end of that round, before the loop next waits, or as soon as the next one
-///   would take them over their batch's limits (docs/ENGINE.md, "Held writes"). A held frame is
+///   up to 65 KiB (a 64 KiB payload and its header) back and returns: the frames such sends
+///   hold in one round of the loop go in one write at the end of that round, before the loop
+///   next waits, or as soon as the next one would take them over their batch's limits (docs/ENGINE.md, "Held writes"). A held frame is
 ///   written before any frame sent after it, and before the connection closes when this side
 ///   invalidates it (what the kernel has room for then; there is no lingering close); one the
 ///   kernel has no room for waits in the queue as a frame sent on the loop's thread does.
@@ -124,11 +124,12 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     @exclusivity(unchecked) private var stallTimerArmed = false
     /// The write of held frames is asked of the loop for the end of its round.
     @exclusivity(unchecked) private var heldWriteArmed = false
-    /// The frames held back by sends on the loop's thread, in order (``hold(_:timeout:)``):
-    /// `heldBytes` encoded in all, larger than ``heldLimit`` each or not
+    /// The frames held back by sends on the loop's thread, in order, with their encoded lengths
+    /// (``hold(_:timeout:)``): `heldBytes` in all, larger than ``heldLimit`` each or not
     /// (`heldLarge`), the first held when the clock read `heldSince` with `heldTimeout`; the
     /// batch is written by `heldDeadline` or the connection ends. Loop thread only.
     @exclusivity(unchecked) private var heldFrames: [Frame] = []
+    @exclusivity(unchecked) private var heldTotals: [Int] = []
     @exclusivity(unchecked) private var heldBytes = 0
     @exclusivity(unchecked) private var heldLarge = false
     @exclusivity(unchecked) private var heldSince: UInt64 = 0
@@ -301,8 +302,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
 
     /// Sends a one-way message, suspending while the peer's buffer is full.
     /// On the loop's thread, over a channel with a ``EngineChannel/heldWriteLimit``, a frame of
-    /// up to 65 KiB (a 64 KiB payload and its header) is held back for one write with the others of the loop's round, and this
-    /// returns before it reaches the kernel (see the type's notes on sending).
+    /// up to 65 KiB (a 64 KiB payload and its header) is held back for one write with the others
+    /// of the loop's round, and this returns before it reaches the kernel (see the type's notes
+    /// on sending).
     public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         let frame = Frame(kind: .message, msgid: msgid, payload: payload)
         if heldLimit > 0, eventLoop.inEventLoop, try hold(frame, timeout: timeout) { return }
@@ -733,7 +735,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// ``heldLargeByteLimit`` bytes (three 64 KiB frames): a gathering write of eight 4 KiB frames
     /// cost the sender's kernel 6.8 µs on this repository's VM, one of a single frame 1.9 µs
     /// (Benchmarks/SendSegments), and holding 64 KiB frames three to a batch made their stream
-    /// 11–12 % faster; 1 MiB frames gained nothing, so they are not held, and a batch accepts at
+    /// about 9 % faster (Reports/large-streams); 1 MiB frames gained nothing, so they are not held, and a batch accepts at
     /// most 256 KiB beyond what the kernel took (docs/ENGINE.md, "Held writes").
     static let heldLargeFrameBytes = 65 * 1024
     static let heldLargeFrameLimit = 8
@@ -756,6 +758,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             let full = large ? heldFrames.count == Self.heldLargeFrameLimit || heldBytes + total > Self.heldLargeByteLimit : heldBytes + total > heldLimit
             if heldLarge == large, !full, !queuedBehindHeld.load(ordering: .acquiring) {
                 heldFrames.append(frame)
+                heldTotals.append(total)
                 heldBytes += total
                 // The batch's deadline is its earliest frame's.
                 if timeout != heldTimeout { heldDeadline = min(heldDeadline, heldSince &+ timeout.wholeNanoseconds) }
@@ -776,6 +779,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         heldDeadline = heldSince &+ timeout.wholeNanoseconds
         heldLarge = large
         heldFrames.append(frame)
+        heldTotals.append(total)
         heldBytes = total
         if !heldWriteArmed {
             heldWriteArmed = true
@@ -810,48 +814,25 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             }
         }
         var rest: [PendingWrite] = []
-        // Set if the batch's lengths no longer add up: what was queued behind it must not follow
-        // a torn frame onto the stream.
-        var broken = false
         if !failed, !finished, written < heldBytes {
-            // The rare path (the kernel took part of the batch): each frame's length again, which
-            // its channel computed when it was held and must compute the same now
-            // (EngineChannel.encodedLength(of:)).
             var skipped = 0
-            do {
-                for frame in heldFrames {
-                    let total = try channel.encodedLength(of: frame)
-                    let taken = min(max(written - skipped, 0), total)
-                    skipped += total
-                    if taken < total {
-                        rest.append(PendingWrite(frame: frame, total: total, written: taken, deadline: heldDeadline, completion: .none))
-                    }
+            for (frame, total) in zip(heldFrames, heldTotals) {
+                let taken = min(max(written - skipped, 0), total)
+                skipped += total
+                if taken < total {
+                    rest.append(PendingWrite(frame: frame, total: total, written: taken, deadline: heldDeadline, completion: .none))
                 }
-                if skipped != heldBytes {
-                    throw IPCError(code: .transportFailure, message: "they add up to \(skipped) bytes, not the \(heldBytes) held")
-                }
-            } catch {
-                // Not expected; the frames must not be left behind unseen, so the connection ends.
-                rest.removeAll()
-                broken = true
-                invalidate(InvalidationReason(.transportFailure, error: IPCError(code: .transportFailure, message: "the held frames' lengths could not be computed again: \(error)")))
             }
         }
         let remaining = written < heldBytes ? heldBytes - written : 0
         let deadline = heldDeadline
         heldFrames.removeAll(keepingCapacity: true)
+        heldTotals.removeAll(keepingCapacity: true)
         heldBytes = 0
         let (flushQueue, armTimer): (Bool, Bool) = writeState.withLock { state in
             state.holding = false
             queuedBehindHeld.store(false, ordering: .relaxed)
             guard !state.closed else { return (false, false) }
-            if broken {
-                // Already invalidated from another thread (so its finish is still to run): stop
-                // every later write here.
-                state.shutDown = true
-                channel.shutdown()
-                return (false, false)
-            }
             if !rest.isEmpty {
                 state.queue.insert(contentsOf: rest, at: 0)
                 state.queuedBytes += remaining
