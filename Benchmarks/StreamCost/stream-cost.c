@@ -7,10 +7,14 @@
 // and, per message, each side's user and system CPU time (getrusage) and its voluntary and
 // involuntary context switches. With a send-buffer size, the sender sets SO_SNDBUF to it first
 // (the kernel doubles it, at most net.core.wmem_max doubled) and prints what it got.
+// With --frames the receiver does what a message receiver must: it puts each message whole in
+// one place, reading header and payload into one buffer of their size (the same buffer for
+// every message, and no read past a message's end), instead of draining the stream into the
+// start of its buffer.
 // The C side of docs/ENGINE.md, "Where the large streams' time goes". Not built by the package:
 //
 //   cc -O2 -o /tmp/stream-cost Benchmarks/StreamCost/stream-cost.c
-//   taskset -c 0 /tmp/stream-cost <payload bytes> <messages> [send buffer bytes]
+//   taskset -c 0 /tmp/stream-cost [--frames] <payload bytes> <messages> [send buffer bytes]
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -63,16 +67,20 @@ static void wait_for(int poller, int fd) {
     if (count != 1 || event.data.fd != fd) fail("epoll_wait");
 }
 
-static void receive(int fd, size_t payload, long messages) {
+static void receive(int fd, size_t payload, long messages, int frames) {
     int poller = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event event = {.events = EPOLLIN, .data.fd = fd};
     if (poller < 0 || epoll_ctl(poller, EPOLL_CTL_ADD, fd, &event) != 0) fail("epoll (receiver)");
-    unsigned char *buffer = malloc(READ_SIZE);
+    // --frames: one message's header and payload, at the offset the bytes have in their message.
+    size_t frame = HEADER + payload;
+    unsigned char *buffer = malloc(frames ? frame : READ_SIZE);
     if (buffer == NULL) fail("malloc");
-    size_t remaining = (size_t)messages * (HEADER + payload);
+    size_t remaining = (size_t)messages * frame;
     while (remaining > 0) {
         wait_for(poller, fd);
-        ssize_t count = read(fd, buffer, remaining < READ_SIZE ? remaining : READ_SIZE);
+        size_t at = frames ? frame - (remaining - 1) % frame - 1 : 0;
+        size_t wanted = frames ? frame - at : (remaining < READ_SIZE ? remaining : READ_SIZE);
+        ssize_t count = read(fd, buffer + at, wanted);
         if (count < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         if (count <= 0) {
             fprintf(stderr, "stream-cost: the stream ended %zu bytes early\n", remaining);
@@ -114,8 +122,11 @@ static void send_all(int fd, int poller, size_t payload_length, const unsigned c
 }
 
 int main(int argc, char **argv) {
+    int frames = argc > 1 && strcmp(argv[1], "--frames") == 0;
+    argc -= frames;
+    argv += frames;
     if (argc < 3 || argc > 4) {
-        fprintf(stderr, "usage: stream-cost <payload bytes> <messages> [send buffer bytes]\n");
+        fprintf(stderr, "usage: stream-cost [--frames] <payload bytes> <messages> [send buffer bytes]\n");
         return 2;
     }
     size_t payload_length = (size_t)parse(argv[1], "the payload", 1, 64L << 20);
@@ -132,7 +143,7 @@ int main(int argc, char **argv) {
     if (child < 0) fail("fork");
     if (child == 0) {
         close(sockets[0]);
-        receive(sockets[1], payload_length, messages);
+        receive(sockets[1], payload_length, messages, frames);
         _exit(0);
     }
     close(sockets[1]);
@@ -157,7 +168,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     double seconds = (end.tv_sec - start.tv_sec) + (end.tv_nsec - start.tv_nsec) * 1e-9;
-    printf("%zu-byte payloads, SO_SNDBUF %d: %.0f messages/s\n", payload_length, granted, messages / seconds);
+    printf("%zu-byte payloads, SO_SNDBUF %d, %s: %.0f messages/s\n", payload_length, granted, frames ? "each message read whole into one buffer" : "the stream drained", messages / seconds);
     report("sender", messages);
     return 0;
 }
