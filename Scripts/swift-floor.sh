@@ -26,9 +26,29 @@
 # floor that does the same work: `unix-stream+epoll+handoff` for the pairs whose server hands
 # requests to a task, `unix-stream+epoll` for the others.
 #
-#   Scripts/swift-floor.sh [--rounds N] [--round-trips N] [--placement same-core|split-cores]... [--output DIR]
+# With --stream BYTES, the one-way stream instead (docs/ENGINE.md, "Where the large streams' time
+# goes"): messages of BYTES sent one `send` each, then a request the server answers with the
+# number it took. Each round runs these pairs, then the C epoll stream (Benchmarks/StreamCost,
+# compiled here with cc), and the table gives messages a second, the median over the rounds of
+# each round's ratio to the C stream, and the same ratio to the Swift floor's pair:
+#
+#   server      client         what it is
+#   floor-sink  floor-stream   the Swift floor: a task on a task executor of its own (one
+#                              thread, epoll) writes each message with one writev and waits for
+#                              room on a continuation; a synchronous epoll loop counts the
+#                              messages whole in its read buffer
+#   floor-sink  stream         the engine's client (held writes), the Swift floor's sink
+#   sink        floor-stream   the Swift floor's client, the engine's sink (a borrowing handler)
+#   sink        stream         both the engine's: the harness's throughput row
+#
+# On split-cores the C stream's two processes share CPUs 0 and 1 unpinned (it forks its receiver).
+#
+#   Scripts/swift-floor.sh [--rounds N] [--round-trips N] [--stream BYTES [--messages N]]
+#                          [--placement same-core|split-cores]... [--output DIR]
 #     --rounds       rounds of every pair (default 5)
 #     --round-trips  round trips a pair makes in a round (default 20000)
+#     --stream       the one-way stream of BYTES-byte messages instead of round trips
+#     --messages     messages a stream pair sends in a round (default: 2.5 GB worth, at most 200,000)
 #     --placement    same-core (both processes on CPU 0) or split-cores (client on CPU 0, server
 #                    on CPU 1); repeat for both (the default)
 #     --output       writes swift-floor.json and swift-floor.md there (default: a temporary folder)
@@ -36,16 +56,18 @@ set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
-rounds=5 trips=20000 output="" placements=()
-usage="usage: $0 [--rounds N] [--round-trips N] [--placement same-core|split-cores]... [--output DIR]"
+rounds=5 trips=20000 output="" placements=() stream="" messages=""
+usage="usage: $0 [--rounds N] [--round-trips N] [--stream BYTES [--messages N]] [--placement same-core|split-cores]... [--output DIR]"
 while [ $# -gt 0 ]; do
     case "$1" in
-        --rounds|--round-trips|--placement|--output)
+        --rounds|--round-trips|--stream|--messages|--placement|--output)
             [ $# -ge 2 ] || { echo "$1 needs a value" >&2; echo "$usage" >&2; exit 64; } ;;
     esac
     case "$1" in
         --rounds) rounds="$2"; shift ;;
         --round-trips) trips="$2"; shift ;;
+        --stream) stream="$2"; shift ;;
+        --messages) messages="$2"; shift ;;
         --placement) placements+=("$2"); shift ;;
         --output) output="$2"; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -64,6 +86,14 @@ for placement in "${placements[@]}"; do
 done
 case "$rounds$trips" in *[!0-9]*) echo "--rounds and --round-trips take whole numbers" >&2; exit 64 ;; esac
 [ "$rounds" -ge 1 ] && [ "$trips" -ge 100 ] || { echo "--rounds must be at least 1 and --round-trips at least 100" >&2; exit 64; }
+if [ -n "$stream" ]; then
+    case "$stream$messages" in *[!0-9]*) echo "--stream and --messages take whole numbers" >&2; exit 64 ;; esac
+    [ "$stream" -ge 1 ] && [ "$stream" -le $((64 << 20)) ] || { echo "--stream takes 1 to 67108864 bytes" >&2; exit 64; }
+    messages=${messages:-$(( 2500000000 / stream < 200000 ? 2500000000 / stream : 200000 ))}
+    [ "$messages" -ge 100 ] || { echo "--messages must be at least 100" >&2; exit 64; }
+elif [ -n "$messages" ]; then
+    echo "--messages is for --stream" >&2; exit 64
+fi
 [ "$(nproc)" -ge 2 ] || [[ " ${placements[*]} " != *" split-cores "* ]] || { echo "split-cores needs two CPUs; this machine has $(nproc)" >&2; exit 64; }
 
 Scripts/install-system-packages.sh
@@ -81,30 +111,94 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# One pair: starts SERVER_MODE, runs CLIENT_MODE against it with ARGUMENTS, prints the client's line.
+run_pair() {
+    local server=$1 client=$2 server_cpu=$3 group line waited=0
+    shift 3
+    group=$(mktemp -d "$work/group-XXXXXX")
+    taskset -c "$server_cpu" "$binary" serve "$group" "$server" > "$group/server.log" 2>&1 &
+    echo $! > "$work/server"
+    while [ ! -S "$group/echo.sock" ]; do
+        sleep 0.02
+        waited=$((waited + 1))
+        if [ "$waited" -gt 3000 ] || ! kill -0 "$(cat "$work/server")" 2>/dev/null; then
+            echo "the $server server did not start:" >&2; cat "$group/server.log" >&2; exit 1
+        fi
+    done
+    if ! line=$(ROUND_TRIP_TIMES=1 taskset -c 0 "$binary" client "$group" "$@" "$client" 2> "$group/client.log"); then
+        echo "the $client client failed against the $server server:" >&2; cat "$group/client.log" >&2; exit 1
+    fi
+    wait "$(cat "$work/server")" || { echo "the $server server failed:" >&2; cat "$group/server.log" >&2; exit 1; }
+    rm -f "$work/server"
+    echo "$line"
+}
+
 samples="$work/samples.txt"
 : > "$samples"
+if [ -n "$stream" ]; then
+    ${CC:-cc} -O2 -o "$work/stream-cost" Benchmarks/StreamCost/stream-cost.c
+    for placement in "${placements[@]}"; do
+        if [ "$placement" = same-core ]; then server_cpu=0 c_cpus=0; else server_cpu=1 c_cpus=0,1; fi
+        for round in $(seq 1 "$rounds"); do
+            echo "== $placement, $stream-byte stream, round $round of $rounds" >&2
+            for pair in "floor-sink floor-stream" "floor-sink stream" "sink floor-stream" "sink stream"; do
+                read -r server client <<< "$pair"
+                line=$(run_pair "$server" "$client" "$server_cpu" "$messages" "$stream")
+                echo "$placement $server $client $line" >> "$samples"
+            done
+            line=$(taskset -c "$c_cpus" "$work/stream-cost" "$stream" "$messages" | grep messages/s)
+            echo "$placement C epoll $line" >> "$samples"
+        done
+    done
+    python3 - "$samples" "$output" "$rounds" "$messages" "$stream" <<'PYTHON'
+import json, re, statistics, sys
+samples, output, rounds, messages, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+names = {
+    ("floor-sink", "floor-stream"): "Swift floor",
+    ("floor-sink", "stream"): "engine client, Swift floor sink",
+    ("sink", "floor-stream"): "Swift floor client, engine sink",
+    ("sink", "stream"): "engine (the harness's row)",
+    ("C", "epoll"): "C epoll stream (Benchmarks/StreamCost)",
+}
+rates = {}
+for line in open(samples):
+    fields = line.split()
+    timed = re.search(r"stream (\d+) messages (\d+) ns", line)
+    counted = re.search(r"(\d+) messages/s", line)
+    if timed:
+        rate = int(timed[1]) / (int(timed[2]) / 1e9)
+    elif counted:
+        rate = float(counted[1])
+    else:
+        sys.exit(f"unreadable sample: {line!r}")
+    rates.setdefault(fields[0], {}).setdefault(names[(fields[1], fields[2])], []).append(rate)
+result = {"unit": f"messages a second, unix-socket binary, {size}-byte payloads", "rounds": rounds, "messagesPerRound": messages, "placements": {}}
+lines = []
+for placement, table in rates.items():
+    c, floor = table[names[("C", "epoll")]], table[names[("floor-sink", "floor-stream")]]
+    lines += [f"### {placement}, {size}-byte messages", "", "| pair | messages/s (median of rounds) | rounds | ÷ C epoll stream (median of rounds' ratios) | ÷ Swift floor |", "|---|---:|---|---:|---:|"]
+    entries = {}
+    for name, values in table.items():
+        to_c = statistics.median(a / b for a, b in zip(values, c))
+        to_floor = statistics.median(a / b for a, b in zip(values, floor))
+        entries[name] = {"median": round(statistics.median(values)), "rounds": [round(v) for v in values], "ratioToC": round(to_c, 3), "ratioToSwiftFloor": round(to_floor, 3)}
+        lines.append(f"| {name} | {statistics.median(values):,.0f} | {', '.join(f'{v / 1000:.1f}k' for v in values)} | {to_c:.3f} | {to_floor:.3f} |")
+    result["placements"][placement] = entries
+    lines.append("")
+json.dump(result, open(f"{output}/swift-floor.json", "w"), indent=2)
+open(f"{output}/swift-floor.md", "w").write("\n".join(lines))
+print("\n".join(lines))
+PYTHON
+    echo "wrote $output" >&2
+    exit 0
+fi
 for placement in "${placements[@]}"; do
     if [ "$placement" = same-core ]; then server_cpu=0; else server_cpu=1; fi
     for round in $(seq 1 "$rounds"); do
         echo "== $placement, round $round of $rounds" >&2
         for pair in "floor floor" "floor floor-cancellable" "on-loop floor-cancellable" "floor engine" "on-loop engine" "floor-task floor-cancellable" "task engine"; do
             read -r server client <<< "$pair"
-            group=$(mktemp -d "$work/group-XXXXXX")
-            taskset -c "$server_cpu" "$binary" serve "$group" "$server" > "$group/server.log" 2>&1 &
-            echo $! > "$work/server"
-            waited=0
-            while [ ! -S "$group/echo.sock" ]; do
-                sleep 0.02
-                waited=$((waited + 1))
-                if [ "$waited" -gt 3000 ] || ! kill -0 "$(cat "$work/server")" 2>/dev/null; then
-                    echo "the $server server did not start:" >&2; cat "$group/server.log" >&2; exit 1
-                fi
-            done
-            if ! line=$(ROUND_TRIP_TIMES=1 taskset -c 0 "$binary" client "$group" "$trips" 64 "$client" 2> "$group/client.log"); then
-                echo "the $client client failed against the $server server:" >&2; cat "$group/client.log" >&2; exit 1
-            fi
-            wait "$(cat "$work/server")" || { echo "the $server server failed:" >&2; cat "$group/server.log" >&2; exit 1; }
-            rm -f "$work/server"
+            line=$(run_pair "$server" "$client" "$server_cpu" "$trips" 64)
             echo "$placement $server $client $line" >> "$samples"
         done
         .build/release/ipcbench floor --mechanism unix-stream+epoll --mechanism unix-stream+epoll+handoff --mechanism unix-stream --placement "$placement" --size 64 \

@@ -2,7 +2,7 @@
 // own instructions from what any async Swift client must spend (Scripts/instructions.sh, the
 // "floor:" rows; docs/ENGINE.md, "What it costs").
 //
-// - `FloorClient`: an `async` request on a task executor of its own, as the engine's client
+// - `FloorClient`: an `async` request on a task executor of its own (`FloorLoop`), as the engine's client
 //   makes it, with nothing else: one thread that runs the executor's jobs and waits in
 //   `epoll_wait` for the socket (and for an eventfd that other threads ring when they enqueue),
 //   one request outstanding, no request table, no timeouts, no write queue. A request writes its
@@ -164,40 +164,36 @@ func floorWrite(_ fd: CInt, header: FloorHeader, payload: UnsafeRawBufferPointer
     }
 }
 
-/// The minimal async client: a task executor on one thread that waits in `epoll_wait`.
-final class FloorClient: TaskExecutor, @unchecked Sendable {
-    // @unchecked: `jobs` is behind a Mutex and `sleeping`, `stopped` are atomics; every other
-    // field is touched on the loop's thread only (the task runs there).
-    private let fd: CInt
+/// A task executor on one thread that waits in `epoll_wait`: it runs the jobs of the tasks that
+/// prefer it and hands the events of every descriptor it watches to ``run(_:)``'s handler. A
+/// thread that enqueues a job while the loop sleeps rings an eventfd the loop watches too.
+final class FloorLoop: TaskExecutor, @unchecked Sendable {
+    // @unchecked: `jobs` is behind a Mutex and `sleeping`, `stopped` are atomics; `draining` is
+    // the loop's thread's only.
     private let epoll: CInt
     private let wake: CInt
     private let jobs = Mutex<[UnownedJob]>([])
     private let sleeping = Atomic<Bool>(false)
     private let stopped = Atomic<Bool>(false)
     private var draining: [UnownedJob] = []
-    private var waiting: UnsafeContinuation<[UInt8], any Error>?
-    private var waitingCorrelation: UInt64 = 0
-    private var buffer: [UInt8]
-    private var buffered = 0
-    private let scratch = makeFloorScratch()
 
-    init(path: String, maximumPayload: Int) throws {
-        fd = try floorConnect(path: path)
+    init() throws {
         epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
         wake = eventfd(0, CInt(EFD_CLOEXEC))
         guard epoll >= 0, wake >= 0 else {
             let error = FloorError.errno("epoll_create1 or eventfd")
-            for descriptor in [fd, epoll, wake] where descriptor >= 0 { close(descriptor) }
-            scratch.deallocate()
+            for descriptor in [epoll, wake] where descriptor >= 0 { close(descriptor) }
             throw error
         }
-        buffer = [UInt8](repeating: 0, count: FloorHeader.count + maximumPayload)
-        for descriptor in [fd, wake] {
-            var event = epoll_event()
-            event.events = EPOLLIN.rawValue
-            event.data.fd = descriptor
-            guard epoll_ctl(epoll, EPOLL_CTL_ADD, descriptor, &event) == 0 else { throw FloorError.errno("epoll_ctl") }
-        }
+        try watch(wake, for: EPOLLIN.rawValue, adding: true)
+    }
+
+    /// Watches `descriptor` for `events` (epoll's bits), adding it or changing what it is watched for.
+    func watch(_ descriptor: CInt, for events: UInt32, adding: Bool) throws {
+        var event = epoll_event()
+        event.events = events
+        event.data.fd = descriptor
+        guard epoll_ctl(epoll, adding ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, descriptor, &event) == 0 else { throw FloorError.errno("epoll_ctl") }
     }
 
     func enqueue(_ job: consuming ExecutorJob) {
@@ -216,8 +212,9 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
         ring()
     }
 
-    /// Runs jobs and reads replies until ``stop()``; call on the thread that is to be the loop's.
-    func run() throws {
+    /// Runs jobs, and gives `handle` each event of a watched descriptor, until ``stop()``; call
+    /// on the thread that is to be the loop's.
+    func run(_ handle: (epoll_event) throws -> Void) throws {
         var events = (epoll_event(), epoll_event())
         while !stopped.load(ordering: .sequentiallyConsistent) {
             jobs.withLock { swap(&$0, &draining) }
@@ -239,15 +236,49 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
                 throw FloorError.errno("epoll_wait")
             }
             for index in 0..<Int(count) {
-                let descriptor = withUnsafeBytes(of: &events) { $0.load(fromByteOffset: index * MemoryLayout<epoll_event>.stride, as: epoll_event.self).data.fd }
-                if descriptor == wake {
+                let event = withUnsafeBytes(of: &events) { $0.load(fromByteOffset: index * MemoryLayout<epoll_event>.stride, as: epoll_event.self) }
+                if event.data.fd == wake {
                     var value: UInt64 = 0
                     _ = read(wake, &value, 8)
                 } else {
-                    try readReply()
+                    try handle(event)
                 }
             }
         }
+    }
+
+    deinit {
+        close(epoll)
+        close(wake)
+    }
+}
+
+/// The minimal async client: requests from a task on a ``FloorLoop`` of its own, which reads the replies.
+final class FloorClient: @unchecked Sendable {
+    // @unchecked: every field but `loop` is touched on the loop's thread only (the task runs there).
+    let loop: FloorLoop
+    private let fd: CInt
+    private var waiting: UnsafeContinuation<[UInt8], any Error>?
+    private var waitingCorrelation: UInt64 = 0
+    private var buffer: [UInt8]
+    private var buffered = 0
+    private let scratch = makeFloorScratch()
+
+    init(path: String, maximumPayload: Int) throws {
+        do {
+            loop = try FloorLoop()
+            fd = try floorConnect(path: path)
+        } catch {
+            scratch.deallocate()
+            throw error
+        }
+        buffer = [UInt8](repeating: 0, count: FloorHeader.count + maximumPayload)
+        try loop.watch(fd, for: EPOLLIN.rawValue, adding: true)
+    }
+
+    /// Runs the loop on the calling thread until ``FloorLoop/stop()``.
+    func run() throws {
+        try loop.run { _ in try readReply() }
     }
 
     /// Reads what the socket has; a whole reply frame resumes the waiting request.
@@ -281,7 +312,7 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
         return error
     }
 
-    /// Sends a request and waits for its reply; the task must run on this executor.
+    /// Sends a request and waits for its reply; the task must run on ``loop``.
     func request(_ payload: [UInt8], msgid: UInt32, correlation: UInt64) async throws -> [UInt8] {
         try payload.withUnsafeBytes {
             try floorWrite(fd, header: FloorHeader(kind: 2, msgid: msgid, correlation: correlation, length: UInt32($0.count)), payload: $0, scratch: scratch)
@@ -304,20 +335,18 @@ final class FloorClient: TaskExecutor, @unchecked Sendable {
 
     deinit {
         close(fd)
-        close(epoll)
-        close(wake)
         scratch.deallocate()
     }
 }
 
-/// Makes `count` round trips of `size` bytes from a task on a ``FloorClient``'s executor, the
+/// Makes `count` round trips of `size` bytes from a task on a ``FloorClient``'s loop, the
 /// loop running on the calling thread.
 func runFloorClient(path: String, count: Int, size: Int, cancellable: Bool) throws {
     let client = try FloorClient(path: path, maximumPayload: size)
     let failure = Mutex<(any Error)?>(nil)
     let cancelled = Atomic<Bool>(false)
     let payload = [UInt8](repeating: 0xA5, count: size)
-    Task(executorPreference: client) {
+    Task(executorPreference: client.loop) {
         var times = RoundTripTimes(count: count)
         do {
             for index in 0..<count {
@@ -333,7 +362,7 @@ func runFloorClient(path: String, count: Int, size: Int, cancellable: Bool) thro
         } catch {
             failure.withLock { $0 = error }
         }
-        client.stop()
+        client.loop.stop()
     }
     try client.run()
     if let error = failure.withLock({ $0 }) { throw error }
@@ -442,29 +471,10 @@ final class FloorMailbox: @unchecked Sendable {
 /// Serves one client at `path` until it goes: echoes on the loop (synchronous), or, with
 /// `handingOff`, from a kept task on a serving thread through an async handler closure.
 func runFloorServer(path: String, handingOff: Bool) throws {
-    let listener = socket(AF_UNIX, CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
-    guard listener >= 0 else { throw FloorError.errno("socket") }
-    defer { close(listener) }
-    // Bound under a temporary name and renamed, so the client never finds a socket that does
-    // not listen yet.
-    let temporary = path + ".binding"
-    _ = try floorAddress(path)
-    var bindAddress = try floorAddress(temporary)
-    let bound = withUnsafePointer(to: &bindAddress) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-    }
-    guard bound == 0, listen(listener, 1) == 0, rename(temporary, path) == 0 else { throw FloorError.errno("bind, listen or rename") }
-    defer { unlink(path) }
-    let fd = accept(listener, nil, nil)
-    guard fd >= 0 else { throw FloorError.errno("accept") }
+    let fd = try floorAccept(path: path)
     defer { close(fd) }
-    let epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
-    guard epoll >= 0 else { throw FloorError.errno("epoll_create1") }
+    let epoll = try floorEpoll(watching: fd)
     defer { close(epoll) }
-    var event = epoll_event()
-    event.events = EPOLLIN.rawValue
-    event.data.fd = fd
-    guard epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) == 0 else { throw FloorError.errno("epoll_ctl") }
     var buffer = [UInt8](repeating: 0, count: FloorHeader.count + (1 << 20))
     var buffered = 0
     // The loop's writes' (the serving task has its own).

@@ -3,8 +3,8 @@
 // 3.19 crashes on a Swift program whose `main` is `async` (its main thread parks in libdispatch's
 // signal thread), so the async work runs in a task and `main` waits for it.
 //
-//   round-trip-instructions serve  <group directory> <on-loop|task|sink|floor|floor-task>
-//   round-trip-instructions client <group directory> <round trips> <payload bytes> [engine|stream|floor|floor-cancellable]
+//   round-trip-instructions serve  <group directory> <on-loop|task|sink|floor|floor-task|floor-sink>
+//   round-trip-instructions client <group directory> <round trips> <payload bytes> [engine|stream|floor|floor-cancellable|floor-stream]
 //
 // The server listens at `<group>/echo` over unix-socket (binary framing), echoes every request
 // (`sink`: see below), and exits once its one client has gone. The client connects (retrying until the server is
@@ -20,6 +20,8 @@
 // took (8 bytes, big-endian), so the client checks that none was lost. The server takes each
 // message in place on its loop, with a borrowing handler, as the harness's sink peer does.
 // With `ROUND_TRIP_TIMES` set, it prints the time from its first send to the reply.
+// `floor-stream` (a client) and `floor-sink` (a server) are the same stream's Swift floor
+// (SwiftFloorStream.swift); each faces the engine's other side as well as its own.
 import Dispatch
 import Foundation
 import IPCCore
@@ -48,7 +50,7 @@ final class LockedError: @unchecked Sendable {
 }
 
 func usage() -> Never {
-    FileHandle.standardError.write(Data("usage: round-trip-instructions serve <group directory> <on-loop|task|sink|floor|floor-task> | client <group directory> <round trips> <payload bytes> [engine|stream|floor|floor-cancellable]\n".utf8))
+    FileHandle.standardError.write(Data("usage: round-trip-instructions serve <group directory> <on-loop|task|sink|floor|floor-task|floor-sink> | client <group directory> <round trips> <payload bytes> [engine|stream|floor|floor-cancellable|floor-stream]\n".utf8))
     exit(64)
 }
 
@@ -78,6 +80,13 @@ let streamMessage: UInt32 = 2
 }
 
 switch arguments[1] {
+case "serve" where arguments[3] == "floor-sink":
+    do {
+        try runFloorSink(path: arguments[2] + "/echo.sock")
+    } catch {
+        FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
+        exit(1)
+    }
 case "serve" where arguments[3] == "floor" || arguments[3] == "floor-task":
     do {
         try runFloorServer(path: arguments[2] + "/echo.sock", handingOff: arguments[3] == "floor-task")
@@ -134,6 +143,14 @@ case "client" where arguments.count == 6 && arguments[5] == "stream":
                 throw IPCError(code: .malformedPayload, message: "the server took \(taken.map(String.init) ?? "an unreadable count of") messages of \(count)")
             }
         }
+    }
+case "client" where arguments.count == 6 && arguments[5] == "floor-stream":
+    guard let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0, size <= Int(UInt32.max) else { usage() }
+    do {
+        try runFloorStreamClient(path: arguments[2] + "/echo.sock", count: count, size: size)
+    } catch {
+        FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
+        exit(1)
     }
 case "client" where arguments.count == 6 && arguments[5] != "engine":
     guard let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0, ["floor", "floor-cancellable"].contains(arguments[5]) else { usage() }
