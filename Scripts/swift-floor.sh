@@ -29,8 +29,8 @@
 # With --stream BYTES, the one-way stream instead (docs/ENGINE.md, "Where the large streams' time
 # goes"): messages of BYTES sent one `send` each, then a request the server answers with the
 # number it took. Each round runs these pairs, then the C epoll stream (Benchmarks/StreamCost,
-# compiled here with cc), and the table gives messages a second, the median over the rounds of
-# each round's ratio to the C stream, and the same ratio to the Swift floor's pair:
+# compiled here with $CC, cc or clang), and the table gives messages a second, the median over
+# the rounds of each round's ratio to the C stream, and the same ratio to the Swift floor's pair:
 #
 #   server      client         what it is
 #   floor-sink  floor-stream   the Swift floor: a task on a task executor of its own (one
@@ -136,7 +136,9 @@ run_pair() {
 samples="$work/samples.txt"
 : > "$samples"
 if [ -n "$stream" ]; then
-    ${CC:-cc} -O2 -o "$work/stream-cost" Benchmarks/StreamCost/stream-cost.c
+    compiler=${CC:-$(command -v cc || command -v clang || true)}
+    [ -n "$compiler" ] || { echo "--stream needs a C compiler (cc or clang; Scripts/install-system-packages.sh installs one)" >&2; exit 1; }
+    "$compiler" -O2 -o "$work/stream-cost" Benchmarks/StreamCost/stream-cost.c
     for placement in "${placements[@]}"; do
         if [ "$placement" = same-core ]; then server_cpu=0 c_cpus=0; else server_cpu=1 c_cpus=0,1; fi
         for round in $(seq 1 "$rounds"); do
