@@ -84,19 +84,29 @@ struct WaitStrategyTests {
         let endpoint = try group.endpoint("\(group.directory.identifier).spin-actor")
         let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server, waitStrategy: Self.strategy)
         defer { peer.stop() }
-        // Spins for up to a minute, for a reply that comes after 3 s: a spin on the actor's thread
-        // would hold the actor until the reply, so that another call to it would find the request
-        // answered. No time is asserted, only that order.
+        // Spins for up to a minute, for a reply that would come after 20 s: a spin on the actor's
+        // thread would hold the actor until the reply, so that another call to it would find the
+        // request answered. No time is asserted, only that order. The call comes 100 ms in; under
+        // the full suite's load it once came more than 3 s late, past the reply this test used to
+        // wait for, so the reply is now far off and never awaited: invalidating the connection
+        // ends the request, and its spinning wait with it.
         let connection = try await TransportCatalog.transport(named: "unix-socket", framing: .binary)
             .connect(to: endpoint, options: .defaults { $0.waitStrategy = .spinThenBlock(.seconds(60)) })
         defer { connection.invalidate() }
         let requester = Requester()
-        let reply = Task { try await requester.delayedEcho(connection, milliseconds: 3000) }
+        let reply = Task { try await requester.delayedEcho(connection, milliseconds: 20_000) }
         try await Task.sleep(for: .milliseconds(100))
         let answeredBeforeThisCall = await requester.answered
         #expect(!answeredBeforeThisCall, "the actor answered another call only once its spinning request was done")
-        let echoed = try await withDeadline(seconds: 30, "the delayed echo") { try await reply.value }
-        #expect(echoed == withUnsafeBytes(of: UInt32(3000).bigEndian) { Array($0) })
+        connection.invalidate()
+        let outcome = await withDeadlineResult(seconds: 15) { try await reply.value }
+        switch outcome {
+        case .success:
+            Issue.record("the spinning request was answered instead of ending with the connection")
+        case .failure(let error):
+            // Pending requests fail with peerInvalidated whatever ended the connection (docs/TRANSPORTS.md).
+            #expect((error as? IPCError)?.code == .peerInvalidated, "the spinning request ends with the connection's invalidation, not: \(error)")
+        }
     }
 
     @Test("one-way messages reach the peer's consumer, counted by its sink", arguments: spinning)
