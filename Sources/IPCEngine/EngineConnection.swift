@@ -28,10 +28,11 @@ import SystemPackage
 ///   prefers the loop), over a channel with a ``EngineChannel/heldWriteLimit``, holds a frame of
 ///   up to 65 KiB (a 64 KiB payload and its header) back and returns: the frames such sends
 ///   hold in one round of the loop go in one write at the end of that round, before the loop
-///   next waits, or as soon as the next one would take them over their batch's limits (docs/ENGINE.md, "Held writes"). A held frame is
-///   written before any frame sent after it, and before the connection closes when this side
-///   invalidates it (what the kernel has room for then; there is no lingering close); one the
-///   kernel has no room for waits in the queue as a frame sent on the loop's thread does.
+///   next waits, or as soon as the next one would take them over their batch's limits
+///   (docs/ENGINE.md, "Held writes"). A held frame is written before any frame sent after it,
+///   and before the connection closes when this side invalidates it (what the kernel has room
+///   for then; there is no lingering close); one the kernel has no room for waits in the queue
+///   as a frame sent on the loop's thread does.
 /// A frame not written by its timeout fails with ``IPCError/Code/sendTimeout`` if none of it
 /// was written, and invalidates the connection if part of it was (the stream cannot carry
 /// another frame after a torn one) or if nobody waits for it (a send from the loop's thread:
@@ -735,8 +736,9 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// ``heldLargeByteLimit`` bytes (three 64 KiB frames): a gathering write of eight 4 KiB frames
     /// cost the sender's kernel 6.8 µs on this repository's VM, one of a single frame 1.9 µs
     /// (Benchmarks/SendSegments), and holding 64 KiB frames three to a batch made their stream
-    /// about 9 % faster (Reports/large-streams); 1 MiB frames gained nothing, so they are not held, and a batch accepts at
-    /// most 256 KiB beyond what the kernel took (docs/ENGINE.md, "Held writes").
+    /// about 9 % faster (Reports/large-streams); 1 MiB frames gained nothing, so they are not
+    /// held, and a batch accepts at most 256 KiB beyond what the kernel took (docs/ENGINE.md,
+    /// "Held writes").
     static let heldLargeFrameBytes = 65 * 1024
     static let heldLargeFrameLimit = 8
     static let heldLargeByteLimit = 256 * 1024

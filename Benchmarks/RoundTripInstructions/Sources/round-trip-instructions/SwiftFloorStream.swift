@@ -3,9 +3,9 @@
 // what any async Swift sender spends (docs/ENGINE.md, "Where the large streams' time goes").
 //
 // - `runFloorStreamClient`: a task on a task executor of its own (`FloorLoop`: one thread
-//   waiting in `epoll_wait`, as `FloorClient`'s) sends each message with one `writev` of header and payload on
-//   a non-blocking socket; when the socket is full it asks epoll for room and suspends on a
-//   continuation until the loop sees it. Then one request, whose reply is the number of messages
+//   waiting in `epoll_wait`, as `FloorClient`'s) sends each message with one `writev` of header
+//   and payload on a non-blocking socket; when the socket is full it asks epoll for room and
+//   suspends on a continuation until the loop sees it. Then one request, whose reply is the number of messages
 //   the server took, as the engine's stream client checks it. No write queue, no held batches,
 //   no timeouts.
 // - `runFloorSink`: a synchronous epoll loop that reads as much as the socket has into one buffer
@@ -83,15 +83,17 @@ final class FloorStreamClient: @unchecked Sendable {
     /// full, a wait for room and the rest. The task must run on ``loop``.
     func send(_ header: FloorHeader, _ payload: [UInt8]) async throws {
         var head = (UInt64(0), UInt64(0), UInt32(0))
+        withUnsafeMutableBytes(of: &head) { header.write(to: $0) }
         let total = FloorHeader.count + payload.count
         var done = 0
         while done < total {
+            // What is left of the header (perhaps nothing), then what is left of the payload.
+            let (inHeader, inPayload) = (min(done, FloorHeader.count), max(0, done - FloorHeader.count))
             let wrote = withUnsafeMutableBytes(of: &head) { head in
-                header.write(to: head)
-                return payload.withUnsafeBytes { payload in
+                payload.withUnsafeBytes { payload in
                     var vectors = (
-                        iovec(iov_base: head.baseAddress! + min(done, FloorHeader.count), iov_len: max(0, FloorHeader.count - done)),
-                        iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress.map { $0 + max(0, done - FloorHeader.count) }), iov_len: payload.count - max(0, done - FloorHeader.count))
+                        iovec(iov_base: head.baseAddress! + inHeader, iov_len: FloorHeader.count - inHeader),
+                        iovec(iov_base: UnsafeMutableRawPointer(mutating: payload.baseAddress.map { $0 + inPayload }), iov_len: payload.count - inPayload)
                     )
                     return withUnsafeMutableBytes(of: &vectors) { writev(fd, $0.baseAddress!.assumingMemoryBound(to: iovec.self), 2) }
                 }
@@ -100,8 +102,9 @@ final class FloorStreamClient: @unchecked Sendable {
                 done += wrote
                 continue
             }
-            guard errno == EAGAIN || errno == EINTR else { throw FloorError.errno("writev") }
-            if errno == EINTR { continue }
+            let error = errno
+            if error == EINTR { continue }
+            guard error == EAGAIN else { throw FloorError("writev failed: errno \(error)") }
             try loop.watch(fd, for: EPOLLIN.rawValue | EPOLLOUT.rawValue, adding: false)
             try await withUnsafeThrowingContinuation { waitingForRoom = $0 }
         }
