@@ -32,6 +32,52 @@ package final class Poller: Sendable {
         var hangUp: Bool
     }
 
+    /// The readiness reports of one loop round, in storage of its own that every round reuses:
+    /// an array's append and emptying cost a uniqueness check and a generic call each, about
+    /// 100 instructions a round on each side of a round trip (callgrind). Loop thread only.
+    struct EventBuffer: ~Copyable {
+        private var storage: UnsafeMutablePointer<Event>
+        private var capacity: Int
+        /// The reports held, at `0..<count`.
+        private(set) var count = 0
+
+        init(capacity: Int) {
+            precondition(capacity > 0)
+            storage = .allocate(capacity: capacity)
+            self.capacity = capacity
+        }
+
+        deinit {
+            storage.deallocate()
+        }
+
+        var isEmpty: Bool { count == 0 }
+
+        subscript(index: Int) -> Event {
+            precondition(index >= 0 && index < count, "event index out of range")
+            return storage[index]
+        }
+
+        mutating func append(_ event: Event) {
+            if count == capacity {
+                // More reports than ever before in one round (polled registrations and the
+                // kernel's): twice the room, kept from then on.
+                let grown = UnsafeMutablePointer<Event>.allocate(capacity: 2 * capacity)
+                grown.moveInitialize(from: storage, count: count)
+                storage.deallocate()
+                storage = grown
+                capacity *= 2
+            }
+            (storage + count).initialize(to: event)
+            count += 1
+        }
+
+        /// Forgets every report (an `Event` is plain data: nothing to deinitialize).
+        mutating func removeAll() {
+            count = 0
+        }
+    }
+
     /// The token that ``wake()`` reports; registrations never use it.
     static let wakeToken: UInt64 = 0
     /// The token of the timer (``armTimer(at:)``); registrations never use it.
@@ -42,6 +88,12 @@ package final class Poller: Sendable {
     /// A timerfd on `CLOCK_MONOTONIC`: the loop's next deadline, armed only when it changes, so
     /// that waiting costs no timer set-up per call (epoll_wait's own timeout would).
     private let timerFD: CInt
+    /// What `epoll_wait` fills, made once: a temporary allocation of its size on every wait
+    /// cost more than the rest of a wait's own work (callgrind). Used by the loop's thread only,
+    /// in ``wait(into:capacity:timeoutMilliseconds:)``.
+    private nonisolated(unsafe) let kernelEvents: UnsafeMutablePointer<epoll_event>
+    /// How many reports one wait takes at most.
+    static let kernelEventCapacity = 64
 
     init() throws {
         let epollFD = epoll_create1(CInt(EPOLL_CLOEXEC))
@@ -62,11 +114,13 @@ package final class Poller: Sendable {
         self.epollFD = epollFD
         self.wakeFD = wakeFD
         self.timerFD = timerFD
+        kernelEvents = .allocate(capacity: Self.kernelEventCapacity)
         try add(wakeFD, token: Self.wakeToken, interest: .readable)
         try add(timerFD, token: Self.timerToken, interest: .readable)
     }
 
     deinit {
+        kernelEvents.deallocate()
         try? FileDescriptor(rawValue: timerFD).close()
         try? FileDescriptor(rawValue: wakeFD).close()
         try? FileDescriptor(rawValue: epollFD).close()
@@ -116,32 +170,32 @@ package final class Poller: Sendable {
     }
 
     /// Waits at most `timeoutMilliseconds` (-1: no limit, 0: only looks) and appends what is
-    /// ready to `events`. A wake-up (``wake()``) or the timer is consumed here and not reported
-    /// as an event; returns whether the timer fired.
+    /// ready to `events`, at most ``kernelEventCapacity`` reports. A wake-up (``wake()``) or the
+    /// timer is consumed here and not reported as an event; returns whether the timer fired.
+    /// Called by the loop's thread only.
     @discardableResult
-    func wait(into events: inout [Event], capacity: Int, timeoutMilliseconds: CInt) -> Bool {
-        withUnsafeTemporaryAllocation(of: epoll_event.self, capacity: capacity) { buffer in
-            let count = epoll_wait(epollFD, buffer.baseAddress, CInt(capacity), timeoutMilliseconds)
-            guard count > 0 else { return false }
-            var timerFired = false
-            for index in 0..<Int(count) {
-                let raw = buffer[index]
-                if raw.data.u64 == Self.wakeToken || raw.data.u64 == Self.timerToken {
-                    var value: UInt64 = 0
-                    _ = read(raw.data.u64 == Self.wakeToken ? wakeFD : timerFD, &value, 8)
-                    timerFired = timerFired || raw.data.u64 == Self.timerToken
-                    continue
-                }
-                let hangUp = raw.events & (EPOLLHUP.rawValue | EPOLLERR.rawValue | EPOLLRDHUP.rawValue) != 0
-                events.append(Event(
-                    token: raw.data.u64,
-                    readable: raw.events & EPOLLIN.rawValue != 0 || hangUp,
-                    writable: raw.events & EPOLLOUT.rawValue != 0,
-                    hangUp: hangUp
-                ))
+    func wait(into events: inout EventBuffer, timeoutMilliseconds: CInt) -> Bool {
+        let buffer = kernelEvents
+        let count = epoll_wait(epollFD, buffer, CInt(Self.kernelEventCapacity), timeoutMilliseconds)
+        guard count > 0 else { return false }
+        var timerFired = false
+        for index in 0..<Int(count) {
+            let raw = buffer[index]
+            if raw.data.u64 == Self.wakeToken || raw.data.u64 == Self.timerToken {
+                var value: UInt64 = 0
+                _ = read(raw.data.u64 == Self.wakeToken ? wakeFD : timerFD, &value, 8)
+                timerFired = timerFired || raw.data.u64 == Self.timerToken
+                continue
             }
-            return timerFired
+            let hangUp = raw.events & (EPOLLHUP.rawValue | EPOLLERR.rawValue | EPOLLRDHUP.rawValue) != 0
+            events.append(Event(
+                token: raw.data.u64,
+                readable: raw.events & EPOLLIN.rawValue != 0 || hangUp,
+                writable: raw.events & EPOLLOUT.rawValue != 0,
+                hangUp: hangUp
+            ))
         }
+        return timerFired
     }
 
     /// Makes a ``wait(into:capacity:timeoutMilliseconds:)`` in progress, or the next one, return.
