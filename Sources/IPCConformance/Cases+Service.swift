@@ -137,9 +137,10 @@ enum ServiceCases {
                 }
             }
             try check(starts.count - before == startsPerRound[round - 1], "round \(round): the running service was started again")
-            // The service goes idle and exits, as a launchd service with an idle exit does.
-            guard let running = starts.last else { throw ConformanceFailure("no started service to stop") }
-            await running.shutDown()
+            // The service goes idle and exits, as a launchd service with an idle exit does. Every
+            // peer this round started is stopped: the one serving is the first to have listened
+            // (the others found the endpoint in use and exited), not necessarily the last.
+            for peer in starts.peers(from: before) { await peer.shutDown() }
             try check(await poll(within: context.deadline) { service.interruptionCount == round }, "round \(round): the service's exit was not seen as an interruption")
         }
         try check(service.invalidationReason == nil, "the service connection was invalidated")
@@ -237,7 +238,8 @@ enum ServiceCases {
 
         func append(_ peer: PeerHandle) { peers.withLock { $0.append(peer) } }
         var count: Int { peers.withLock { $0.count } }
-        var last: PeerHandle? { peers.withLock { $0.last } }
+        /// The peers started from the `index`th on.
+        func peers(from index: Int) -> [PeerHandle] { peers.withLock { Array($0[min(index, $0.count)...]) } }
     }
 }
 

@@ -56,8 +56,9 @@ extension EventHandler {
 /// error, once per culprit.
 public final class EventLoop: TaskExecutor, @unchecked Sendable {
     // @unchecked: every mutable field is behind `state` (a Mutex) or an Atomic, except
-    // `draining`, `localJobs`, `localDraining`, `beforeWaitingWork` and `reportedStalls`, which
-    // only the loop's thread touches; the event buffer is a local of it.
+    // `draining`, `localJobs`, `localDraining`, `ownJobShared`, `beforeWaitingWork`,
+    // `beforeWaitingRunning` and `reportedStalls`, which only the loop's thread touches; the
+    // event buffer is a local of it.
 
     private enum Job {
         case closure(@Sendable () -> Void)
@@ -123,12 +124,18 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     /// The jobs being run, taken from `state` in one swap; touched on the loop's thread only
     /// (so without dynamic exclusivity checks).
     @exclusivity(unchecked) private var draining = Deque<Job>()
-    /// Jobs the loop's own thread queued while no other thread's waited (a task it resumed, a
-    /// closure it queued): they take no lock and no atomic operation, about 150 instructions
-    /// a job (callgrind; one a round trip for a request from a task on the loop's executor).
-    /// Every job here was queued before every job now in `state`, so they run first: the jobs
-    /// run in the order they were queued. Loop thread only.
+    /// Jobs the loop's own thread queued while nothing waited in `state`'s queue (a task it
+    /// resumed, a closure it queued): they take no lock and no atomic read-modify-write, about
+    /// 150 instructions a job less (callgrind; one a round trip for a request from a task on
+    /// the loop's executor). They run before the jobs in `state`'s queue, which were all queued
+    /// after them or by a thread still queueing (and so not ordered with them): the jobs run in
+    /// the order they were queued. Loop thread only.
     @exclusivity(unchecked) private var localJobs = Deque<Job>()
+    /// A job the loop queued on `state`'s queue (something else waited there) has not been
+    /// taken yet: the loop's later jobs go behind it. Needed besides `pendingJobs`, which a
+    /// thread that has appended its job but not yet counted it leaves at 0 or below. Loop
+    /// thread only.
+    @exclusivity(unchecked) private var ownJobShared = false
     /// The jobs of `localJobs` being run, swapped out as `draining` is.
     @exclusivity(unchecked) private var localDraining = Deque<Job>()
     /// Work to run on the loop's thread once the jobs and timers of this round are done and
@@ -219,16 +226,20 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     }
 
     private func push(_ job: Job) {
-        // On the loop's thread, with nothing of another thread's queued: behind what the loop
+        // On the loop's thread, with nothing waiting in the shared queue: behind what the loop
         // queued itself (see `localJobs`). A job another thread is queueing meanwhile is not
         // ordered with this one, so either order is right.
-        if inEventLoop, pendingJobs.load(ordering: .sequentiallyConsistent) == 0 {
-            localJobs.append(job)
-            return
+        let onLoop = inEventLoop
+        if onLoop {
+            if !ownJobShared, pendingJobs.load(ordering: .sequentiallyConsistent) == 0 {
+                localJobs.append(job)
+                return
+            }
+            ownJobShared = true
         }
         state.withLock { $0.jobs.append(job) }
         pendingJobs.add(1, ordering: .sequentiallyConsistent)
-        if !inEventLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
+        if !onLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
     }
 
     // MARK: Timers
@@ -508,14 +519,14 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     }
 
     private func hasJobs() -> Bool {
-        !localJobs.isEmpty || pendingJobs.load(ordering: .sequentiallyConsistent) > 0
+        !localJobs.isEmpty || ownJobShared || pendingJobs.load(ordering: .sequentiallyConsistent) > 0
     }
 
     /// Runs the jobs queued (the loop's own first, see `localJobs`; those queued while they
     /// run wait for the next round); `handlersEnded` is a clock reading taken just before, if
     /// any.
     private func runJobs(since handlersEnded: UInt64?) {
-        let shared = pendingJobs.load(ordering: .sequentiallyConsistent) > 0
+        let shared = ownJobShared || pendingJobs.load(ordering: .sequentiallyConsistent) > 0
         guard shared || !localJobs.isEmpty else { return }
         // Each queue is swapped with its drained one, which keeps its storage: no allocation
         // per round for the job that resumes a request.
@@ -524,6 +535,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         var count = 0
         if shared {
             state.withLock { swap(&$0.jobs, &draining) }
+            ownJobShared = false
             count = draining.count
             pendingJobs.subtract(count, ordering: .sequentiallyConsistent)
         }

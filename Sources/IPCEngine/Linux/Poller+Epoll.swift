@@ -90,7 +90,7 @@ package final class Poller: Sendable {
     private let timerFD: CInt
     /// What `epoll_wait` fills, made once: a temporary allocation of its size on every wait
     /// cost more than the rest of a wait's own work (callgrind). Used by the loop's thread only,
-    /// in ``wait(into:capacity:timeoutMilliseconds:)``.
+    /// in ``wait(into:timeoutMilliseconds:)``.
     private nonisolated(unsafe) let kernelEvents: UnsafeMutablePointer<epoll_event>
     /// How many reports one wait takes at most.
     static let kernelEventCapacity = 64
@@ -198,7 +198,7 @@ package final class Poller: Sendable {
         return timerFired
     }
 
-    /// Makes a ``wait(into:capacity:timeoutMilliseconds:)`` in progress, or the next one, return.
+    /// Makes a ``wait(into:timeoutMilliseconds:)`` in progress, or the next one, return.
     func wake() {
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
