@@ -33,7 +33,8 @@ let package = Package(
         .target(name: "IPCFraming", dependencies: ["IPCCore"]),
         // Payload codecs that decode only the types a receiver allows.
         .target(name: "IPCSecureCoding", dependencies: ["IPCCore"]),
-        // The one C shim: syscalls Glibc does not export (pidfd_open).
+        // The one C shim: syscalls Glibc does not export (pidfd_open), and the message path's
+        // system calls made directly, without glibc's thread-cancellation wrappers.
         .target(name: "CIPCShims"),
         // The native floor: raw C round trips per kernel mechanism, timed by the harness and by
         // the Google Benchmark cross-check in Benchmarks/.

@@ -7,7 +7,9 @@
 #
 # Primitives: usleep, sleep, nanosleep (free functions; Task.sleep suspends, so it is fine),
 # Thread.sleep, mq_send, mq_receive, mq_timedsend, mq_timedreceive, pthread_join, the C read
-# and recv (a free call: not after `.` other than `Glibc.`, nor `func`/`case`), and `x.wait(`
+# and recv (a free call: not after `.` other than `Glibc.`, nor `func`/`case`), CIPCShims'
+# direct system calls of the same (ipc_sys_read, ipc_sys_recv, ipc_sys_epoll_wait,
+# ipc_sys_mq_timedsend, ipc_sys_mq_timedreceive), and `x.wait(`
 # where the file declares x a DispatchSemaphore or x's name contains "semaphore".
 # Async bodies: a func, init or `get` accessor marked async; a closure whose signature says
 # `async ... in`, that is bound to a type declared async (`let h: Handler = {`, with Handler a
@@ -32,7 +34,7 @@ cd "$root"
 exec python3 - <<'PY'
 import bisect, os, re, sys
 
-FREE = re.compile(r'\b(usleep|sleep|nanosleep|mq_timedsend|mq_timedreceive|mq_send|mq_receive|pthread_join|read|recv)\s*\(')
+FREE = re.compile(r'\b(usleep|sleep|nanosleep|mq_timedsend|mq_timedreceive|mq_send|mq_receive|pthread_join|read|recv|ipc_sys_(?:read|recv|epoll_wait|mq_timedsend|mq_timedreceive))\s*\(')
 NOT_FREE = re.compile(r'(?:(?<!\bGlibc)(?<!\bDarwin)(?<!\bMusl)\.|\b(?:func|case)\s+)$')  # a method, or a declaration
 THREAD_SLEEP = re.compile(r'(?<![\w.])(?:Foundation\.)?Thread\.sleep\s*\(')
 WAIT = re.compile(r'(?<![\w.])(?:self\.)?(\w+)\s*\.wait\s*\(')

@@ -224,7 +224,7 @@ public struct MessageQueue: Sendable {
     public func send(_ bytes: UnsafeRawBufferPointer, priority: UInt32 = 0, deadline: Deadline) throws {
         var deadline = deadline.time
         do {
-            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor.rawValue, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &deadline) }
+            _ = try syscallRetryingInterrupts { ipc_sys_mq_timedsend(descriptor.rawValue, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), UInt(bytes.count), priority, &deadline) }
         } catch {
             if error == .timedOut {
                 throw IPCError(code: .sendTimeout, message: "message queue \(name) stayed full until the send timeout", cause: error)
@@ -239,7 +239,7 @@ public struct MessageQueue: Sendable {
         // A deadline in the past: the call returns at once when the queue is full.
         var past = Deadline.passed.time
         do {
-            _ = try syscallRetryingInterrupts { mq_timedsend(descriptor.rawValue, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), bytes.count, priority, &past) }
+            _ = try syscallRetryingInterrupts { ipc_sys_mq_timedsend(descriptor.rawValue, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), UInt(bytes.count), priority, &past) }
             return true
         } catch {
             if error == .timedOut { return false }
@@ -250,7 +250,7 @@ public struct MessageQueue: Sendable {
     /// Waits for one message and returns its length.
     public func receive(into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
         do {
-            return try syscallRetryingInterrupts { mq_receive(descriptor.rawValue, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil) }
+            return try syscallRetryingInterrupts { ipc_sys_mq_timedreceive(descriptor.rawValue, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), UInt(buffer.count), nil, nil) }
         } catch {
             throw IPCError.syscall("mq_receive", error, context: name)
         }
@@ -260,7 +260,7 @@ public struct MessageQueue: Sendable {
     public func receive(into buffer: UnsafeMutableRawBufferPointer, deadline: Deadline) throws -> Int? {
         var deadline = deadline.time
         do {
-            return try syscallRetryingInterrupts { mq_timedreceive(descriptor.rawValue, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count, nil, &deadline) }
+            return try syscallRetryingInterrupts { ipc_sys_mq_timedreceive(descriptor.rawValue, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), UInt(buffer.count), nil, &deadline) }
         } catch {
             if error == .timedOut { return nil }
             throw IPCError.syscall("mq_timedreceive", error, context: name)

@@ -200,7 +200,7 @@ public enum UnixSocket {
     public static func writeIfReady(_ socket: FileDescriptor, bytes: UnsafeRawBufferPointer) throws -> Int {
         guard let base = bytes.baseAddress, bytes.count > 0 else { return 0 }
         while true {
-            if let written = try sent(send(socket.rawValue, base, bytes.count, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT)), by: "send") { return written }
+            if let written = try sent(ipc_sys_send(socket.rawValue, base, UInt(bytes.count), CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT)), by: "send") { return written }
         }
     }
 
@@ -256,7 +256,7 @@ public enum UnixSocket {
         message.msg_iov = vectors
         message.msg_iovlen = count
         while true {
-            if let written = try sent(sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT)), by: "sendmsg") { return written }
+            if let written = try sent(ipc_sys_sendmsg(socket.rawValue, &message, CInt(MSG_NOSIGNAL) | CInt(MSG_DONTWAIT)), by: "sendmsg") { return written }
         }
     }
 
@@ -264,7 +264,7 @@ public enum UnixSocket {
     /// `nil` when it would block.
     private static func receive(_ socket: FileDescriptor, into buffer: UnsafeMutableRawBufferPointer, flags: CInt) throws -> Int? {
         while true {
-            let count = recv(socket.rawValue, buffer.baseAddress, buffer.count, flags)
+            let count = ipc_sys_recv(socket.rawValue, buffer.baseAddress, UInt(buffer.count), flags)
             if count >= 0 { return count }
             switch Errno(rawValue: errno) {
             case .interrupted: continue

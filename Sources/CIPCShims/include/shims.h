@@ -151,4 +151,42 @@ int ipc_guarded_store_u64(uint64_t *address, uint64_t value);
 /// have been made).
 int ipc_guarded_copy(void *destination, const void *source, size_t count);
 
+#include <sys/syscall.h>
+/// syscall(2), as <unistd.h> declares it (not included here: its names would then reach Swift
+/// through this module rather than Glibc's).
+long syscall(long number, ...);
+
+/// The system calls of the message path, made with syscall(2) rather than through their glibc
+/// wrappers. Those wrappers are thread-cancellation points: in a process with more than one
+/// thread (every process with an event loop) each call is bracketed by
+/// __pthread_enable_asynccancel and __pthread_disable_asynccancel, about 30 instructions a call.
+/// Nothing in this package cancels a thread (pthread_cancel), so the brackets buy nothing here.
+/// Same arguments, results and errno as send(2), sendmsg(2), recv(2), read(2), write(2),
+/// epoll_wait(2) (made as epoll_pwait with no signal mask, which every architecture has),
+/// mq_timedsend(3) and mq_timedreceive(3) (a null deadline waits without limit, as mq_receive).
+static inline long ipc_sys_send(int fd, const void *buffer, unsigned long length, int flags) {
+    return syscall(SYS_sendto, fd, buffer, length, flags, (void *)0, 0);
+}
+static inline long ipc_sys_sendmsg(int fd, const struct msghdr *message, int flags) {
+    return syscall(SYS_sendmsg, fd, message, flags);
+}
+static inline long ipc_sys_recv(int fd, void *buffer, unsigned long length, int flags) {
+    return syscall(SYS_recvfrom, fd, buffer, length, flags, (void *)0, (void *)0);
+}
+static inline long ipc_sys_read(int fd, void *buffer, unsigned long length) {
+    return syscall(SYS_read, fd, buffer, length);
+}
+static inline long ipc_sys_write(int fd, const void *buffer, unsigned long length) {
+    return syscall(SYS_write, fd, buffer, length);
+}
+static inline int ipc_sys_epoll_wait(int epoll_fd, struct epoll_event *events, int capacity, int timeout_ms) {
+    return (int)syscall(SYS_epoll_pwait, epoll_fd, events, capacity, timeout_ms, (void *)0, 8);
+}
+static inline int ipc_sys_mq_timedsend(mqd_t queue, const char *message, unsigned long length, unsigned int priority, const struct timespec *deadline) {
+    return (int)syscall(SYS_mq_timedsend, queue, message, length, priority, deadline);
+}
+static inline long ipc_sys_mq_timedreceive(mqd_t queue, char *buffer, unsigned long capacity, unsigned int *priority, const struct timespec *deadline) {
+    return syscall(SYS_mq_timedreceive, queue, buffer, capacity, priority, deadline);
+}
+
 #endif

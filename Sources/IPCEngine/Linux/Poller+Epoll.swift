@@ -176,14 +176,14 @@ package final class Poller: Sendable {
     @discardableResult
     func wait(into events: inout EventBuffer, timeoutMilliseconds: CInt) -> Bool {
         let buffer = kernelEvents
-        let count = epoll_wait(epollFD, buffer, CInt(Self.kernelEventCapacity), timeoutMilliseconds)
+        let count = ipc_sys_epoll_wait(epollFD, buffer, CInt(Self.kernelEventCapacity), timeoutMilliseconds)
         guard count > 0 else { return false }
         var timerFired = false
         for index in 0..<Int(count) {
             let raw = buffer[index]
             if raw.data.u64 == Self.wakeToken || raw.data.u64 == Self.timerToken {
                 var value: UInt64 = 0
-                _ = read(raw.data.u64 == Self.wakeToken ? wakeFD : timerFD, &value, 8)
+                _ = ipc_sys_read(raw.data.u64 == Self.wakeToken ? wakeFD : timerFD, &value, 8)
                 timerFired = timerFired || raw.data.u64 == Self.timerToken
                 continue
             }
@@ -201,7 +201,7 @@ package final class Poller: Sendable {
     /// Makes a ``wait(into:timeoutMilliseconds:)`` in progress, or the next one, return.
     func wake() {
         var one: UInt64 = 1
-        _ = write(wakeFD, &one, 8)
+        _ = ipc_sys_write(wakeFD, &one, 8)
     }
 }
 

@@ -52,7 +52,7 @@ final class NotifyChannel: EngineChannel, @unchecked Sendable {
     /// cause) already reads as rung.
     static func ring(_ bell: CInt) {
         var one: UInt64 = 1
-        _ = Glibc.write(bell, &one, 8)
+        _ = ipc_sys_write(bell, &one, 8)
     }
 
     func readAvailable() throws -> Int? {
