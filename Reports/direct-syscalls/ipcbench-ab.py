@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Interleaved A/B of two ipcbench builds: OLD and NEW run in turn (old first in odd rounds,
+new first in even), ROUNDS times, 64-byte round trips on one core and on two, nothing else.
+Prints each row's median over the rounds of its p50 and of its CPU time a round trip (both
+processes), and new / old; writes ab.md and ab.json to OUT_DIR.
+
+  rows    `ipcbench run`: message-port, notify and unix-socket (binary), the default async
+          handler, blocking waits (no floor, throughput, peer death or in-process rows)
+  floors  `ipcbench floor`: unix-stream+epoll, eventfd+epoll and unix-stream+epoll+handoff
+
+    Reports/direct-syscalls/ipcbench-ab.py rows|floors OLD_IPCBENCH NEW_IPCBENCH ROUNDS OUT_DIR
+"""
+import json, os, statistics, subprocess, sys
+
+ARGUMENTS = {
+    "rows": ["run", "--transport", "message-port", "--transport", "notify", "--transport", "unix-socket",
+             "--framing", "binary", "--sizes", "64", "--spin-microseconds", "0",
+             "--skip-floor", "--skip-invalidation", "--skip-throughput", "--skip-in-process"],
+    "floors": ["floor", "--mechanism", "unix-stream+epoll", "--mechanism", "eventfd+epoll",
+               "--mechanism", "unix-stream+epoll+handoff", "--size", "64"],
+}
+if len(sys.argv) != 6 or sys.argv[1] not in ARGUMENTS:
+    sys.exit(__doc__)
+mode, old, new, rounds, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+args = ARGUMENTS[mode] + ["--placement", "same-core", "--placement", "split-cores"]
+os.makedirs(out, exist_ok=True)
+table = {"old": {}, "new": {}}
+for round in range(1, rounds + 1):
+    order = [("old", old), ("new", new)] if round % 2 else [("new", new), ("old", old)]
+    for name, binary in order:
+        directory = os.path.join(out, f"{name}-{round}")
+        subprocess.run([binary, *args, "--output", directory], check=True, stdout=subprocess.DEVNULL)
+        for row in json.load(open(os.path.join(directory, "results.json")))["latency"]:
+            entry = table[name].setdefault((row["transport"], row["placement"]), {"p50": [], "cpu": []})
+            entry["p50"].append(row["p50"] / 1000)
+            entry["cpu"].append((row["localCPUPerRoundTrip"] + row["peerCPUPerRoundTrip"]) / 1000)
+    print(f"round {round} of {rounds}", file=sys.stderr)
+lines = ["| row | placement | old p50 | new p50 | new ÷ old | old CPU a round trip | new CPU | new ÷ old |",
+         "|---|---|---:|---:|---:|---:|---:|---:|"]
+for key in sorted(table["old"]):
+    o, n = table["old"][key], table["new"][key]
+    op, np_, oc, nc = (statistics.median(x) for x in (o["p50"], n["p50"], o["cpu"], n["cpu"]))
+    lines.append(f"| {key[0]} | {key[1]} | {op:.2f} µs | {np_:.2f} µs | {np_ / op:.3f} | {oc:.2f} µs | {nc:.2f} µs | {nc / oc:.3f} |")
+print("\n".join(lines))
+open(os.path.join(out, "ab.md"), "w").write(f"`ipcbench-ab.py {mode}`, {rounds} rounds; medians of each round's figure.\n\n" + "\n".join(lines) + "\n")
+json.dump({f"{k[0]}/{k[1]}": {"old": table["old"][k], "new": table["new"][k]} for k in table["old"]}, open(os.path.join(out, "ab.json"), "w"), indent=1)
