@@ -38,7 +38,8 @@ let package = Package(
         .target(name: "CIPCShims"),
         // The native floor: raw C round trips per kernel mechanism, timed by the harness and by
         // the Google Benchmark cross-check in Benchmarks/.
-        .target(name: "CNativeFloor"),
+        // Its message-path system calls are CIPCShims's direct ones, as the engine's are.
+        .target(name: "CNativeFloor", dependencies: ["CIPCShims"]),
         // Linux system-call layer: typed descriptors, one EINTR-retry helper, sockets, processes.
         .target(
             name: "IPCSystem",

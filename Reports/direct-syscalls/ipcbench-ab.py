@@ -7,8 +7,10 @@ processes), and new / old; writes ab.md and ab.json to OUT_DIR.
   rows    `ipcbench run`: message-port, notify and unix-socket (binary), the default async
           handler, blocking waits (no floor, throughput, peer death or in-process rows)
   floors  `ipcbench floor`: unix-stream+epoll, eventfd+epoll and unix-stream+epoll+handoff
+  every-floor  `ipcbench floor`: each floor whose calls were made direct (the blocking
+          unix-stream and mqueue, the epoll and poll floors and their hand-offs)
 
-    Reports/direct-syscalls/ipcbench-ab.py rows|floors OLD_IPCBENCH NEW_IPCBENCH ROUNDS OUT_DIR
+    Reports/direct-syscalls/ipcbench-ab.py rows|floors|every-floor OLD_IPCBENCH NEW_IPCBENCH ROUNDS OUT_DIR
 """
 import json, os, statistics, subprocess, sys
 
@@ -18,6 +20,10 @@ ARGUMENTS = {
              "--skip-floor", "--skip-invalidation", "--skip-throughput", "--skip-in-process"],
     "floors": ["floor", "--mechanism", "unix-stream+epoll", "--mechanism", "eventfd+epoll",
                "--mechanism", "unix-stream+epoll+handoff", "--size", "64"],
+    "every-floor": ["floor", *[argument for mechanism in
+                               ["unix-stream", "mqueue", "unix-stream+epoll", "mqueue+epoll", "mqueue+poll", "eventfd+epoll",
+                                "unix-stream+epoll+handoff", "eventfd+epoll+handoff", "mqueue+epoll+handoff"]
+                               for argument in ("--mechanism", mechanism)], "--size", "64"],
 }
 if len(sys.argv) != 6 or sys.argv[1] not in ARGUMENTS:
     sys.exit(__doc__)

@@ -82,7 +82,7 @@ static int poll_until_readable(nf_channel *channel, int fd, bool blocking) {
     bool spinning = !blocking;
     for (;;) {
         struct pollfd entry = {.fd = fd, .events = POLLIN};
-        int count = poll(&entry, 1, spinning ? 0 : (channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
+        int count = ipc_sys_poll(&entry, 1, spinning ? 0 : (channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
         if (count > 0) return 0;
         if (count < 0 && errno != EINTR) return -1;
         if (!channel->responder && nf_liveness_due(&checked) && !nf_process_alive(channel->responder_pid)) {
@@ -138,7 +138,7 @@ static int epoll_watching(nf_channel *channel, int fd, bool edge) {
 static int epoll_wait_once(nf_channel *channel, uint32_t *events) {
     for (;;) {
         struct epoll_event event;
-        int count = NF_RETRY(epoll_wait(channel->epoll_fd, &event, 1, channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
+        int count = NF_RETRY(ipc_sys_epoll_wait(channel->epoll_fd, &event, 1, channel->responder ? -1 : NF_LIVENESS_PERIOD_SECONDS * 1000));
         if (count > 0) {
             *events = event.events;
             return 0;
@@ -518,14 +518,14 @@ int nf_write_all(int fd, struct iovec *vector, int count, bool socket, nf_channe
         ssize_t written;
         // One segment: `send` or `write`, which cost the kernel less than `sendmsg` or `writev`.
         if (socket && count == 1) {
-            written = NF_RETRY(send(fd, vector->iov_base, vector->iov_len, MSG_NOSIGNAL | (polling != NULL ? MSG_DONTWAIT : 0)));
+            written = NF_RETRY(ipc_sys_send(fd, vector->iov_base, vector->iov_len, MSG_NOSIGNAL | (polling != NULL ? MSG_DONTWAIT : 0)));
         } else if (socket) {
             struct msghdr message = {.msg_iov = vector, .msg_iovlen = (size_t)count};
-            written = NF_RETRY(sendmsg(fd, &message, MSG_NOSIGNAL | (polling != NULL ? MSG_DONTWAIT : 0)));
+            written = NF_RETRY(ipc_sys_sendmsg(fd, &message, MSG_NOSIGNAL | (polling != NULL ? MSG_DONTWAIT : 0)));
         } else if (count == 1) {
-            written = NF_RETRY(write(fd, vector->iov_base, vector->iov_len));
+            written = NF_RETRY(ipc_sys_write(fd, vector->iov_base, vector->iov_len));
         } else {
-            written = NF_RETRY(writev(fd, vector, count));
+            written = NF_RETRY(ipc_sys_writev(fd, vector, count));
         }
         if (written < 0 && polling != NULL && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             if (nf_epoll_wait_writable(polling, fd) != 0) return -1;
@@ -573,7 +573,7 @@ int nf_read_message(int fd, bool file, uint32_t *length, void *payload, size_t c
             limit -= take;
             skip = 0;
         }
-        ssize_t count_read = file ? NF_RETRY(preadv(fd, window, count, (off_t)received)) : NF_RETRY(readv(fd, window, count));
+        ssize_t count_read = file ? NF_RETRY(preadv(fd, window, count, (off_t)received)) : NF_RETRY(ipc_sys_readv(fd, window, count));
         if (count_read < 0) return -1;
         if (count_read == 0) {
             if (!file && received == 0) {

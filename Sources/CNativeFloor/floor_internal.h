@@ -9,6 +9,11 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+/// The message path's system calls, made directly (ipc_sys_send, _read, _epoll_wait and the
+/// rest): the engine's own (CIPCShims), so that each floor pays what the engine's path pays and
+/// no glibc thread-cancellation brackets (docs/ENGINE.md, "System calls made directly").
+#include "shims.h"
+
 /// Every message starts with its payload length in this many bytes.
 #define NF_HEADER_LENGTH 4
 /// The largest message (header and payload) a stream floor writes from one contiguous copy with

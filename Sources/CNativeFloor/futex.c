@@ -213,7 +213,7 @@ static int eventfd_send(nf_channel *channel, uint32_t length, const void *payloa
     // on one core, measured on a debug build, against 7-10 µs with write(2)).
     publish(channel, length, payload);
     uint64_t one = 1;
-    return NF_RETRY(write(channel->ring_fd, &one, sizeof(one))) == sizeof(one) ? 0 : -1;
+    return NF_RETRY(ipc_sys_write(channel->ring_fd, &one, sizeof(one))) == sizeof(one) ? 0 : -1;
 }
 
 static int eventfd_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {

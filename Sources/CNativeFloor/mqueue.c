@@ -112,10 +112,10 @@ static bool responder_gone(const nf_channel *channel) {
 }
 
 static int send_fragment(nf_channel *channel, const void *bytes, size_t length) {
-    if (channel->responder) return NF_RETRY(mq_send(channel->out_fd, bytes, length, 0));
+    if (channel->responder) return NF_RETRY(ipc_sys_mq_timedsend(channel->out_fd, bytes, length, 0, NULL));
     for (;;) {
         struct timespec deadline = liveness_deadline();
-        int sent = NF_RETRY(mq_timedsend(channel->out_fd, bytes, length, 0, &deadline));
+        int sent = NF_RETRY(ipc_sys_mq_timedsend(channel->out_fd, bytes, length, 0, &deadline));
         if (sent == 0 || errno != ETIMEDOUT || responder_gone(channel)) return sent;
     }
 }
@@ -137,10 +137,10 @@ static int mqueue_send(nf_channel *channel, uint32_t length, const void *payload
 /// Receives one queue message into `buffer` (room for a whole queue message).
 static ssize_t receive_fragment(nf_channel *channel, void *buffer) {
     size_t size = (size_t)channel->message_size;
-    if (channel->responder) return NF_RETRY(mq_receive(channel->in_fd, buffer, size, NULL));
+    if (channel->responder) return NF_RETRY(ipc_sys_mq_timedreceive(channel->in_fd, buffer, size, NULL, NULL));
     for (;;) {
         struct timespec deadline = liveness_deadline();
-        ssize_t received = NF_RETRY(mq_timedreceive(channel->in_fd, buffer, size, NULL, &deadline));
+        ssize_t received = NF_RETRY(ipc_sys_mq_timedreceive(channel->in_fd, buffer, size, NULL, &deadline));
         if (received >= 0 || errno != ETIMEDOUT || responder_gone(channel)) return received;
     }
 }

@@ -83,7 +83,7 @@ static int stream_sink(nf_channel *channel, size_t count, size_t length) {
             free(buffer);
             return -1;
         }
-        ssize_t received = NF_RETRY(read(channel->in_fd, buffer, remaining < capacity ? remaining : capacity));
+        ssize_t received = NF_RETRY(ipc_sys_read(channel->in_fd, buffer, remaining < capacity ? remaining : capacity));
         if (received <= 0) {
             if (received == 0) errno = EPROTO;
             free(buffer);

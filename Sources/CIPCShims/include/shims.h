@@ -163,7 +163,8 @@ long syscall(long number, ...);
 /// Nothing in this package cancels a thread (pthread_cancel), so the brackets buy nothing here.
 /// Same arguments, results and errno as send(2), sendmsg(2), recv(2), read(2), write(2),
 /// epoll_wait(2) (made as epoll_pwait with no signal mask, which every architecture has),
-/// mq_timedsend(3) and mq_timedreceive(3) (a null deadline waits without limit, as mq_receive).
+/// mq_timedsend(3) and mq_timedreceive(3) (a null deadline waits without limit, as mq_send and
+/// mq_receive).
 static inline long ipc_sys_send(int fd, const void *buffer, unsigned long length, int flags) {
     return syscall(SYS_sendto, fd, buffer, length, flags, (void *)0, 0);
 }
@@ -187,6 +188,22 @@ static inline int ipc_sys_mq_timedsend(mqd_t queue, const char *message, unsigne
 }
 static inline long ipc_sys_mq_timedreceive(mqd_t queue, char *buffer, unsigned long capacity, unsigned int *priority, const struct timespec *deadline) {
     return syscall(SYS_mq_timedreceive, queue, buffer, capacity, priority, deadline);
+}
+
+/// The native floor's (CNativeFloor's) other message-path calls, made the same way so that a
+/// floor costs no more than its kernel path: readv(2), writev(2), and poll(2) (made as ppoll with
+/// no signal mask; a negative timeout waits without limit).
+struct iovec;
+struct pollfd;
+static inline long ipc_sys_readv(int fd, const struct iovec *vector, int count) {
+    return syscall(SYS_readv, fd, vector, count);
+}
+static inline long ipc_sys_writev(int fd, const struct iovec *vector, int count) {
+    return syscall(SYS_writev, fd, vector, count);
+}
+static inline int ipc_sys_poll(struct pollfd *entries, unsigned long count, int timeout_ms) {
+    struct timespec timeout = {.tv_sec = timeout_ms / 1000, .tv_nsec = (long)(timeout_ms % 1000) * 1000000};
+    return (int)syscall(SYS_ppoll, entries, count, timeout_ms < 0 ? (struct timespec *)0 : &timeout, (void *)0, 8);
 }
 
 #endif
