@@ -1,6 +1,7 @@
 // A native floor's instructions a round trip, each side, for callgrind: the responder is a forked
 // child and both processes hold a second, idle thread, as ipcbench's and its floor peer's do
 // (glibc brackets its cancellable wrappers only in a process with more than one thread).
+// (With FLOOR_COUNT_ONE_THREAD=1 in the environment, neither makes it.)
 // Built from a tree's Sources/CNativeFloor by floor-count.sh, which runs it under callgrind with
 // two round-trip counts and takes the difference.
 //
@@ -22,6 +23,9 @@ static void *idle(void *unused) {
 }
 
 static void second_thread(void) {
+    // FLOOR_COUNT_ONE_THREAD=1: no second thread, to count what a single-threaded process pays.
+    const char *one = getenv("FLOOR_COUNT_ONE_THREAD");
+    if (one != NULL && strcmp(one, "1") == 0) return;
     pthread_t thread;
     if (pthread_create(&thread, NULL, idle, NULL) != 0) abort();
 }
