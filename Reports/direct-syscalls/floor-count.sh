@@ -9,7 +9,7 @@
 #   (e.g. /tmp/old . unix-stream unix-stream+epoll mqueue; FLOOR_COUNT_ONE_THREAD=1 in the
 #   environment: each process single-threaded, as glibc's wrappers' cheaper case)
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 64; }
+[ $# -ge 3 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 64; }
 old=$(realpath "$1") new=$(realpath "$2")
 shift 2
 here=$(dirname "$(realpath "$0")")

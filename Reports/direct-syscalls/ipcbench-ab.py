@@ -7,8 +7,9 @@ processes), and new / old; writes ab.md and ab.json to OUT_DIR.
   rows    `ipcbench run`: message-port, notify and unix-socket (binary), the default async
           handler, blocking waits (no floor, throughput, peer death or in-process rows)
   floors  `ipcbench floor`: unix-stream+epoll, eventfd+epoll and unix-stream+epoll+handoff
-  every-floor  `ipcbench floor`: each floor whose calls were made direct (the blocking
-          unix-stream and mqueue, the epoll and poll floors and their hand-offs)
+  every-floor  `ipcbench floor`: the blocking unix-stream and mqueue floors, the epoll and
+          poll floors and their hand-offs (pipe, the spin floors and inotify's writes were
+          made direct too, and are not in this set)
 
     Reports/direct-syscalls/ipcbench-ab.py rows|floors|every-floor OLD_IPCBENCH NEW_IPCBENCH ROUNDS OUT_DIR
 """

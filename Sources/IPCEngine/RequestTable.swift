@@ -123,16 +123,18 @@ package final class RequestTable: Sendable {
             return try finished.get()
         }
         let now = monotonicNanoseconds()
-        // The cancellation handler's record is added and removed where this wait runs, with no
-        // hop: `withTaskCancellationHandler` takes an `isolated (any Actor)?` parameter, so
-        // entering it and returning from it are each a switch to that isolation, which for a
-        // task with an executor preference means looking the preference up under the task's
-        // status-record lock. This function is the same operation without that parameter: the
-        // runtime's original entry point, public, kept for code built before #isolation, and
-        // running on its caller's executor as a nonsending function does. The caller's
-        // isolation is restored after the wait as before (`request`, which calls this, is
-        // nonsending; EngineConnectionTests checks a request returns to its actor and to the
-        // loop). 490 fewer instructions a round trip in the client (callgrind, Reports/cancellation-hops).
+        // The cancellation handler's record is added without a switch of executor:
+        // `withTaskCancellationHandler` takes an `isolated (any Actor)?` parameter, so entering it
+        // and returning from it are each a switch to that isolation, which for a task with an
+        // executor preference means looking the preference up under the task's status-record
+        // lock. This function is the same operation (the record added before the operation, run
+        // at once if the task is cancelled already, removed after it) without that parameter:
+        // the runtime's original entry point, public, kept for code built before #isolation,
+        // which inherits its caller's executor. The record is removed where the operation
+        // returns (the generic executor: the loop, for a task that prefers it); `request`, which
+        // calls this and is nonsending, switches back to its caller's isolation after it, as
+        // before. About 620 fewer instructions a round trip in the client (callgrind,
+        // Reports/cancellation-hops).
         return try await _unsafeInheritExecutor_withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
                 // One lock: the outcome if the request has one already, else the continuation

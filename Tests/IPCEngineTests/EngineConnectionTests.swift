@@ -122,40 +122,6 @@ struct EngineConnectionTests {
         #expect(connection.invalidationReason == nil)
     }
 
-    /// An actor that makes a request and checks, once it returns, that it runs on the actor again.
-    private actor RequestingActor {
-        func request(on connection: EngineConnection) async throws -> [UInt8] {
-            let reply = try await connection.request([3], msgid: 3, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
-            // Traps (ending the test process) if the request came back anywhere else.
-            preconditionIsolated("the request returned off its caller's actor")
-            return reply
-        }
-    }
-
-    @Test("a request returns where its caller runs: on its actor, on the loop for a task that prefers it, off the loop for a task that does not")
-    func requestReturnsToItsCallersIsolation() async throws {
-        let (connection, peer) = try connect()
-        defer { connection.invalidate(); peer.close() }
-        // The peer answers three requests from its own thread, after the requester suspends.
-        onThread {
-            for _ in 0..<3 {
-                guard let request = peer.readFrame() else { return }
-                peer.send(Frame(kind: .reply, msgid: request.msgid, correlation: request.correlation, payload: request.payload))
-            }
-        }
-        #expect(try await RequestingActor().request(on: connection) == [3])
-        let onLoop = try await withTaskExecutorPreference(connection.eventLoop) {
-            let reply = try await connection.request([4], msgid: 4, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
-            return (reply, connection.eventLoop.inEventLoop)
-        }
-        #expect(onLoop.0 == [4] && onLoop.1)
-        let offLoop = try await Task {
-            let reply = try await connection.request([5], msgid: 5, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
-            return (reply, connection.eventLoop.inEventLoop)
-        }.value
-        #expect(offLoop.0 == [5] && !offLoop.1)
-    }
-
     @Test("a request whose frame cannot be sent yet suspends; cancelling one not yet begun takes it out; the connection stays valid")
     func cancelBlockedSend() async throws {
         let (connection, peer) = try connect(sendBuffer: 4096)

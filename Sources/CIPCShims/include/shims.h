@@ -191,8 +191,9 @@ static inline long ipc_sys_mq_timedreceive(mqd_t queue, char *buffer, unsigned l
 }
 
 /// The native floor's (CNativeFloor's) other message-path calls, made the same way so that a
-/// floor costs no more than its kernel path: readv(2), writev(2), and poll(2) (made as ppoll with
-/// no signal mask; a negative timeout waits without limit).
+/// floor costs no more than its kernel path: readv(2), writev(2), and poll(2) (SYS_poll, as
+/// glibc makes it, where the architecture has it; else ppoll with no signal mask, a negative
+/// timeout waiting without limit).
 struct iovec;
 struct pollfd;
 static inline long ipc_sys_readv(int fd, const struct iovec *vector, int count) {
@@ -202,8 +203,12 @@ static inline long ipc_sys_writev(int fd, const struct iovec *vector, int count)
     return syscall(SYS_writev, fd, vector, count);
 }
 static inline int ipc_sys_poll(struct pollfd *entries, unsigned long count, int timeout_ms) {
+#ifdef SYS_poll
+    return (int)syscall(SYS_poll, entries, count, timeout_ms);
+#else
     struct timespec timeout = {.tv_sec = timeout_ms / 1000, .tv_nsec = (long)(timeout_ms % 1000) * 1000000};
     return (int)syscall(SYS_ppoll, entries, count, timeout_ms < 0 ? (struct timespec *)0 : &timeout, (void *)0, 8);
+#endif
 }
 
 #endif
