@@ -52,41 +52,19 @@ output=${output:-$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-XXXXXX")}
 mkdir -p "$output"
 output=$(cd "$output" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-work-XXXXXX")
-# Servers still running (an interrupted or failed count) are stopped before their folder goes.
-cleanup() {
-    [ -f "$work/servers" ] && while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$work/servers"
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# (Scripts/callgrind-pair.sh stops a server still running when it is interrupted or fails.)
+trap 'rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
 
 swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
 binary="$work/round-trip-instructions"
 strip --strip-debug -o "$binary" "Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions"
 
-# count SERVER CLIENT ROUND_TRIPS: runs a server (on-loop, task, sink, floor or floor-task) and a
-# client (engine, stream, floor or floor-cancellable) under callgrind; prints "server client".
-# For the stream, ROUND_TRIPS is its number of messages.
+# count SERVER CLIENT ROUND_TRIPS: a server (on-loop, task, sink, floor or floor-task) and a
+# client (engine, stream, floor or floor-cancellable) under callgrind (Scripts/callgrind-pair.sh);
+# prints "server client". For the stream, ROUND_TRIPS is its number of messages.
 count() {
-    local handler=$1 client=$2 trips=$3 group
-    group=$(mktemp -d "$work/group-XXXXXX")
-    valgrind --tool=callgrind --callgrind-out-file="$group/server.out" "$binary" serve "$group" "$handler" > "$group/server.log" 2>&1 &
-    local server=$!
-    echo "$server" >> "$work/servers"
-    # The client starts once the socket is there, so no retry adds to its count.
-    local waited=0
-    while [ ! -S "$group/echo.sock" ]; do
-        sleep 0.05
-        waited=$((waited + 1))
-        if [ "$waited" -gt 1200 ] || ! kill -0 "$server" 2>/dev/null; then
-            echo "the server did not start:" >&2; cat "$group/server.log" >&2; kill "$server" 2>/dev/null; return 1
-        fi
-    done
-    if ! valgrind --tool=callgrind --callgrind-out-file="$group/client.out" "$binary" client "$group" "$trips" 64 "$client" > "$group/client.log" 2>&1; then
-        echo "the client failed:" >&2; cat "$group/client.log" >&2; kill "$server" 2>/dev/null; return 1
-    fi
-    wait "$server" || { echo "the server failed:" >&2; cat "$group/server.log" >&2; return 1; }
-    echo "$(sed -n 's/^totals: //p' "$group/server.out") $(sed -n 's/^totals: //p' "$group/client.out")"
+    "$(dirname "$0")/callgrind-pair.sh" "$binary" "$1" "$2" "$3" "$(mktemp -d "$work/group-XXXXXX")"
 }
 
 results="$work/results.txt"

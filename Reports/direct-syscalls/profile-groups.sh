@@ -16,16 +16,7 @@ swift build -c release --package-path Benchmarks/RoundTripInstructions --scratch
 binary="$scratch/release/round-trip-instructions"
 work=$(mktemp -d "${TMPDIR:-/tmp}/profile-groups-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-run() { # TAG SERVER CLIENT TRIPS
-    local dir="$work/$1-$4"
-    mkdir -p "$dir"
-    valgrind --tool=callgrind --callgrind-out-file="$dir/server.out" "$binary" serve "$dir" "$2" > "$dir/server.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 1200); do [ -S "$dir/echo.sock" ] && break; sleep 0.05; done
-    [ -S "$dir/echo.sock" ] || { echo "the server did not start:" >&2; cat "$dir/server.log" >&2; kill "$pid"; exit 1; }
-    valgrind --tool=callgrind --callgrind-out-file="$dir/client.out" "$binary" client "$dir" "$4" 64 "$3" > "$dir/client.log" 2>&1
-    wait "$pid"
-}
+run() { Scripts/callgrind-pair.sh "$binary" "$2" "$3" "$4" "$work/$1-$4" > /dev/null; } # TAG SERVER CLIENT TRIPS
 for trips in 1000 5000; do run engine on-loop engine "$trips"; run floor floor floor-cancellable "$trips"; done
 python3 - "$work" <<'PYTHON'
 import re, subprocess, sys

@@ -12,17 +12,8 @@ binary=$(realpath "$1") server=$2 client=$3 pairs=${4:-3}
 [[ "$pairs" =~ ^[1-9][0-9]*$ ]] || { echo "PAIRS must be a positive whole number" >&2; exit 64; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/count-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-one() {
-    local trips=$1 group
-    group=$(mktemp -d "$work/group-XXXXXX")
-    valgrind --tool=callgrind --callgrind-out-file="$group/server.out" "$binary" serve "$group" "$server" > "$group/server.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 1200); do [ -S "$group/echo.sock" ] && break; sleep 0.05; done
-    [ -S "$group/echo.sock" ] || { echo "the server did not start:" >&2; cat "$group/server.log" >&2; kill "$pid"; exit 1; }
-    valgrind --tool=callgrind --callgrind-out-file="$group/client.out" "$binary" client "$group" "$trips" 64 "$client" > "$group/client.log" 2>&1
-    wait "$pid"
-    echo "$(sed -n 's/^totals: //p' "$group/server.out") $(sed -n 's/^totals: //p' "$group/client.out")"
-}
+pair="$(dirname "$(realpath "$0")")/../../Scripts/callgrind-pair.sh"
+one() { "$pair" "$binary" "$server" "$client" "$1" "$(mktemp -d "$work/group-XXXXXX")"; }
 for _ in $(seq "$pairs"); do echo "$(one 1000) $(one 5000)"; done | python3 -c '
 import statistics, sys
 client, server = [], []
