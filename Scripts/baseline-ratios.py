@@ -21,7 +21,7 @@ subjects = [("unix-socket binary", "unix-socket", "binary", "floor:unix-stream+e
             ("unix-socket http", "unix-socket", "http", "floor:unix-stream+epoll+handoff", "floor:unix-stream+epoll", "floor:unix-stream"),
             ("notify", "notify", None, "floor:eventfd+epoll+handoff", "floor:eventfd+epoll", "floor:futex"),
             ("message-port", "message-port", None, "floor:mqueue+epoll+handoff", "floor:mqueue+epoll", "floor:mqueue"),
-            ("file-presenter", "file-presenter", None, "floor:journal", "floor:journal", "floor:inotify")]
+            ("file-presenter", "file-presenter", None, "floor:journal+handoff", "floor:journal", "floor:inotify")]
 for placement in ("same-core", "split-cores"):
     for size in (64, 4096):
         print(f"== {placement} {size} B: main (task) p50 (p99) ÷ hand-off floor; on-loop ÷ epoll floor; hand-off floor ÷ native")

@@ -40,6 +40,7 @@ static const struct nf_operations *operations_for(nf_mechanism mechanism) {
     case NF_SHM_SPIN_HANDOFF: return &nf_shm_spin_operations;
     case NF_UNIX_STREAM_SPIN_HANDOFF: return &nf_unix_stream_operations;
     case NF_MQUEUE_SPIN_HANDOFF: return &nf_mqueue_operations;
+    case NF_JOURNAL_HANDOFF: return &nf_journal_operations;
     }
     return NULL;
 }
@@ -108,7 +109,7 @@ static bool waits_through_epoll(nf_mechanism mechanism) {
 static bool hands_off(nf_mechanism mechanism) {
     switch (mechanism) {
     case NF_UNIX_STREAM_EPOLL_HANDOFF: case NF_EVENTFD_EPOLL_HANDOFF: case NF_MQUEUE_EPOLL_HANDOFF:
-    case NF_SHM_SPIN_HANDOFF: case NF_UNIX_STREAM_SPIN_HANDOFF: case NF_MQUEUE_SPIN_HANDOFF:
+    case NF_SHM_SPIN_HANDOFF: case NF_UNIX_STREAM_SPIN_HANDOFF: case NF_MQUEUE_SPIN_HANDOFF: case NF_JOURNAL_HANDOFF:
         return true;
     default:
         return false;
@@ -205,6 +206,7 @@ const char *nf_mechanism_name(nf_mechanism mechanism) {
     case NF_SHM_SPIN_HANDOFF: return "shm+spin+handoff";
     case NF_UNIX_STREAM_SPIN_HANDOFF: return "unix-stream+spin+handoff";
     case NF_MQUEUE_SPIN_HANDOFF: return "mqueue+spin+handoff";
+    case NF_JOURNAL_HANDOFF: return "journal+handoff";
     }
     return NULL;
 }
@@ -290,7 +292,8 @@ static int sink_stream(nf_channel *channel, const struct nf_operations *operatio
 }
 
 /// The hand-off floors (unix-stream, eventfd and mqueue +epoll+handoff; shm, unix-stream and
-/// mqueue +spin+handoff, whose loop thread polls where the others' wait): the worker thread that
+/// mqueue +spin+handoff, whose loop thread polls where the others' wait; journal+handoff, whose
+/// loop thread sleeps in inotify as the journal floor's does): the worker thread that
 /// sends the echoes, and what the loop thread hands it. One request is outstanding at a time
 /// (the initiator waits for each echo), so the request stays in the channel's buffer until the
 /// worker has sent its echo, and the loop's next receive starts only after that send: the two

@@ -66,6 +66,9 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     /// ``mqueueSpin`` with the echo sent by a second thread, handed over as ``shmSpinHandoff``
     /// hands it (message-port's async handler while it spins).
     case mqueueSpinHandoff = "mqueue+spin+handoff"
+    /// ``journal`` with the responder's echo written by a second thread, handed each request as
+    /// ``unixStreamEpollHandoff`` hands it: file-presenter's async handler on the serving threads.
+    case journalHandoff = "journal+handoff"
 
     public var description: String { rawValue }
 
@@ -89,7 +92,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .inotify: .journal
         case .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
             .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff, .shmSpinHandoff, .unixStreamSpinHandoff,
-            .mqueueSpinHandoff: nil
+            .mqueueSpinHandoff, .journalHandoff: nil
         }
     }
 
@@ -120,13 +123,14 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
 
     /// The floor that does the kernel work of the transport's round trip when its server's
     /// request handler runs off the event loop (the async handler on the serving threads): the
-    /// same-work floor (epoll) plus one thread hand-over per request: unix-socket's, notify's and
-    /// message-port's; `nil` for the others.
+    /// same-work floor (epoll, or the journal protocol) plus one thread hand-over per request:
+    /// unix-socket's, notify's, message-port's and file-presenter's; `nil` for the others.
     public var handOff: FloorMechanism? {
         switch self {
         case .unixStream: .unixStreamEpollHandoff
         case .futex: .eventfdEpollHandoff
         case .mqueue: .mqueueEpollHandoff
+        case .inotify: .journalHandoff
         default: nil
         }
     }
@@ -141,7 +145,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
         case .futex: .shmSpin
         case .inotify, .pipe, .unixStreamEpoll, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff,
             .unixStreamIoUring, .eventfdIoUring, .mqueuePoll, .eventfdEpollHandoff, .mqueueEpollHandoff, .shmSpinHandoff, .unixStreamSpinHandoff,
-            .mqueueSpinHandoff: nil
+            .mqueueSpinHandoff, .journalHandoff: nil
         }
     }
 

@@ -110,7 +110,7 @@ extension FloorMechanism {
         switch self {
         case .unixStream, .mqueue, .pipe, .unixStreamEpoll, .unixStreamIoUring: true
         case .futex, .inotify, .mqueueEpoll, .eventfdEpoll, .unixStreamSpin, .mqueueSpin, .shmSpin, .journal, .unixStreamEpollHandoff, .eventfdIoUring, .mqueuePoll,
-            .eventfdEpollHandoff, .mqueueEpollHandoff, .shmSpinHandoff, .unixStreamSpinHandoff, .mqueueSpinHandoff: false
+            .eventfdEpollHandoff, .mqueueEpollHandoff, .shmSpinHandoff, .unixStreamSpinHandoff, .mqueueSpinHandoff, .journalHandoff: false
         }
     }
 
@@ -143,6 +143,7 @@ extension FloorMechanism {
         case .shmSpinHandoff: NF_SHM_SPIN_HANDOFF
         case .unixStreamSpinHandoff: NF_UNIX_STREAM_SPIN_HANDOFF
         case .mqueueSpinHandoff: NF_MQUEUE_SPIN_HANDOFF
+        case .journalHandoff: NF_JOURNAL_HANDOFF
         }
     }
 }

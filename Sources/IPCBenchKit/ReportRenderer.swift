@@ -164,8 +164,8 @@ public enum ReportRenderer {
         floor that spins the same way (polling the socket or queue without blocking; busy-polling
         shared memory for notify). A row whose peer served off its event loop (the default async
         handler) is divided by the floor that also hands each request from its polling or
-        waiting thread to a second thread that answers (`+handoff`), where the run measured
-        one. It leaves out what the design costs in the kernel and
+        waiting thread to a second thread that answers (`+handoff`; for file-presenter
+        `journal+handoff`), where the run measured one. It leaves out what the design costs in the kernel and
         measures what the transport's own code adds. CPU/rt is both processes' CPU time per round trip; cs/rt their context
         switches per round trip (voluntary and involuntary, all threads; a raw C ping-pong makes
         2.00).

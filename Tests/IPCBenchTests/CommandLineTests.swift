@@ -156,18 +156,19 @@ struct CommandLineTests {
         }
     }
 
-    /// notify and message-port have hand-off floors too: their main rows (served off the loop)
-    /// are divided by them, their on-loop rows by the plain event-driven floors. With the on-loop
-    /// rows, message-port's phase of each placement is two (three mqueue floors beside its own
-    /// queues would not fit in the user's RLIMIT_MSGQUEUE), so a run that has them all finishing
-    /// is the test that they fit. No timing is asserted.
-    @Test("notify's and message-port's main rows are divided by their hand-off floors, their on-loop rows by the event-driven ones", .usesMessageQueues)
-    func handOffFloorsOfNotifyAndMessagePort() async throws {
+    /// notify, message-port and file-presenter have hand-off floors too: their main rows (served
+    /// off the loop) are divided by them, their on-loop rows by the plain event-driven floors (the
+    /// journal floor, for file-presenter). With the on-loop rows, message-port's phase of each
+    /// placement is two (three mqueue floors beside its own queues would not fit in the user's
+    /// RLIMIT_MSGQUEUE), so a run that has them all finishing is the test that they fit. No
+    /// timing is asserted.
+    @Test("notify's, message-port's and file-presenter's main rows are divided by their hand-off floors, their on-loop rows by the event-driven ones", .usesMessageQueues)
+    func handOffFloorsOfNotifyMessagePortAndFilePresenter() async throws {
         let group = try TestGroup()
         let output = group.directory.path + "/out"
         let placements: [Placement] = CPUAffinity.onlineCount >= 2 ? [.sameCore, .splitCores] : [.sameCore]
         let (status, table) = try await PeerProcess.runToCompletion([
-            "run", "--transport", "notify", "--transport", "message-port", "--framing", "binary", "--full", "--sizes", "64",
+            "run", "--transport", "notify", "--transport", "message-port", "--transport", "file-presenter", "--framing", "binary", "--full", "--sizes", "64",
             "--sample-scale", "0.01", "--skip-throughput", "--skip-invalidation", "--skip-in-process", "--skip-scale", "--no-progress",
             "--spin-microseconds", "0", "--output", output,
         ] + placements.flatMap { ["--placement", $0.rawValue] })
@@ -176,6 +177,7 @@ struct CommandLineTests {
         let expected: [(transport: String, handOff: String, eventDriven: [String])] = [
             ("notify", "floor:eventfd+epoll+handoff", ["floor:eventfd+epoll", "floor:eventfd+io_uring"]),
             ("message-port", "floor:mqueue+epoll+handoff", ["floor:mqueue+epoll"]),
+            ("file-presenter", "floor:journal+handoff", ["floor:journal"]),
         ]
         for (transport, handOff, eventDriven) in expected {
             #expect(FloorMechanism(transport: transport)?.handOff?.resultName == handOff)

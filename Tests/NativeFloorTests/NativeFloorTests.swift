@@ -185,14 +185,15 @@ struct NativeFloorTests {
         // unix-socket's batched stream has unix-stream+epoll's, batched, as its same work.
         #expect(FloorMechanism.allCases.compactMap(\.batchedSameWork) == [.unixStreamEpoll])
         #expect(FloorMechanism.unixStream.batchedSameWork?.streamsInBatches == true)
-        // Served off the loop, unix-socket's, notify's and message-port's round trips have a
-        // hand-off floor each: their epoll floor with the echo sent by a second thread.
+        // Served off the loop, every transport's round trip has a hand-off floor: its epoll
+        // floor (file-presenter's journal floor) with the echo sent by a second thread.
         #expect(FloorMechanism.unixStream.handOff == .unixStreamEpollHandoff)
         #expect(FloorMechanism.futex.handOff == .eventfdEpollHandoff)
         #expect(FloorMechanism.mqueue.handOff == .mqueueEpollHandoff)
-        #expect(FloorMechanism.inotify.handOff == nil)
+        #expect(FloorMechanism.inotify.handOff == .journalHandoff)
         #expect(FloorMechanism.eventfdEpollHandoff.resultName == "floor:eventfd+epoll+handoff")
         #expect(FloorMechanism.mqueueEpollHandoff.resultName == "floor:mqueue+epoll+handoff")
+        #expect(FloorMechanism.journalHandoff.resultName == "floor:journal+handoff")
         #expect(FloorMechanism.allCases.filter { $0.handOff != nil }.allSatisfy { $0.handOff.map { !$0.streams && !$0.spins && $0.isAvailable } == true })
         // Spinning, the same: the spinning floor with the echo sent by a second thread.
         #expect(FloorMechanism.unixStream.spinningHandOff == .unixStreamSpinHandoff)

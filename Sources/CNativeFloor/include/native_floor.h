@@ -115,6 +115,10 @@ typedef enum nf_mechanism {
     /// NF_MQUEUE_SPIN, with the echo sent by a second thread as NF_SHM_SPIN_HANDOFF hands it over
     /// (message-port's async handler while it spins).
     NF_MQUEUE_SPIN_HANDOFF = 20,
+    /// NF_JOURNAL, with the responder's echo written by a second thread, handed each request as
+    /// NF_UNIX_STREAM_EPOLL_HANDOFF hands it: the kernel work of the file-presenter transport's
+    /// server whose request handler runs off its event loop.
+    NF_JOURNAL_HANDOFF = 21,
 } nf_mechanism;
 
 /// One end of a floor ping-pong.
@@ -187,8 +191,8 @@ int nf_pin_calling_thread(int cpu);
 /// "pipe", "unix-stream+epoll", "mqueue+epoll", "eventfd+epoll", "unix-stream+spin",
 /// "mqueue+spin", "shm+spin", "journal", "unix-stream+epoll+handoff", "unix-stream+io_uring",
 /// "eventfd+io_uring", "mqueue+poll", "eventfd+epoll+handoff", "mqueue+epoll+handoff",
-/// "shm+spin+handoff", "unix-stream+spin+handoff", "mqueue+spin+handoff"), or NULL for an
-/// unknown value.
+/// "shm+spin+handoff", "unix-stream+spin+handoff", "mqueue+spin+handoff", "journal+handoff"),
+/// or NULL for an unknown value.
 const char *nf_mechanism_name(nf_mechanism mechanism);
 
 #ifdef __cplusplus
