@@ -77,10 +77,16 @@ public protocol FrameDecoder {
     /// reassembler that gathers a large payload straight into the frame's own array instead of
     /// buffering it and copying it out. nil if more bytes are needed, or if this decoder does not
     /// offer it (the default). It makes the same checks as ``decode(_:)`` and throws the same
-    /// errors. After a non-nil result the caller may consume the header and the payload itself,
-    /// without calling ``decode(_:)`` for that frame, so only a decoder that keeps no state between
-    /// frames should offer it.
+    /// errors, and may keep the same state (how far it has scanned), given the same unconsumed
+    /// bytes with more appended, whichever of the two is called next. After a non-nil result the
+    /// caller may consume the header and the payload itself, without calling ``decode(_:)`` for
+    /// that frame, and then calls ``forgetFrame()``.
     mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)?
+
+    /// The caller consumed the frame whose header ``decodeHeader(_:)`` returned itself: the next
+    /// call decodes the next frame. The default does nothing (a decoder that keeps no state
+    /// between calls).
+    mutating func forgetFrame()
 
     /// ``decode(_:)`` without copying the payload out: where the next frame's payload lies in
     /// `bytes`, for a reassembler that lends payloads in place to a handler. The same checks,
@@ -94,6 +100,8 @@ extension FrameDecoder {
     public mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? {
         nil
     }
+
+    public mutating func forgetFrame() {}
 
     public mutating func decodeInPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep? {
         nil

@@ -185,6 +185,7 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
             return frame
         case .needMoreBytes(let atLeast):
             needMoreBytes(atLeast)
+            if let failure { throw failure }
             return nil
         }
     }
@@ -223,6 +224,7 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
             return result
         case .needMoreBytes(let atLeast):
             needMoreBytes(atLeast)
+            if let failure { throw failure }
             return nil
         }
     }
@@ -267,8 +269,18 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
     private func startGathering() -> Bool {
         guard gatheringHeader == nil else { return false }
         let buffered = writeIndex - readIndex
-        // The decoder checks again what `decode` will check; an error here is left for `decode`.
-        guard let (header, headerLength) = (try? decoder.decodeHeader(UnsafeRawBufferPointer(start: storage + readIndex, count: buffered))) ?? nil,
+        // The decoder makes the checks `decode` makes, and may keep how far it has read (an HTTP
+        // head's scan): its error is this stream's, as `decode`'s would be.
+        let decoded: (header: FrameHeader, headerLength: Int)?
+        do {
+            decoded = try decoder.decodeHeader(UnsafeRawBufferPointer(start: storage + readIndex, count: buffered))
+        } catch let error as IPCError {
+            failure = error
+            return false
+        } catch {
+            return false
+        }
+        guard let (header, headerLength) = decoded,
             header.payloadLength >= Self.gatheringThreshold, buffered < headerLength + header.payloadLength,
             // A message lent in place stays in the buffer.
             !(lends && header.kind == .message),
@@ -287,6 +299,7 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
             UnsafeMutableRawPointer(payload.baseAddress!).copyMemory(from: source, byteCount: prefix)
             count = header.payloadLength
         })
+        decoder.forgetFrame()
         gatheringHeader = header
         gatheringHeaderLength = headerLength
         gatheringFilled = prefix

@@ -214,7 +214,40 @@ public struct HTTPFrameDecoder: FrameDecoder {
         try inPlace(bytes)
     }
 
+    /// The head at the front of `bytes` and its length, once the whole head is there (the body
+    /// need not be), for a reassembler that gathers the body itself; `nil` while the head is
+    /// incomplete. What has arrived is scanned once, whether this or ``decode(_:)`` looks at it
+    /// next. A caller that consumes the frame itself calls ``forgetFrame()``.
+    /// - Throws: the errors listed on the type, as ``decode(_:)`` throws them.
+    public mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? {
+        guard let (headLength, bodyLength) = try scannedHead(bytes) else { return nil }
+        return (FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength), headLength)
+    }
+
+    /// Forgets the head read: the caller consumed its frame (``decodeHeader(_:)``).
+    public mutating func forgetFrame() {
+        head = Head(llbsdCompatible: llbsdCompatible)
+    }
+
     private mutating func inPlace(_ bytes: UnsafeRawBufferPointer) throws -> InPlaceDecodeStep {
+        guard let (headLength, bodyLength) = try scannedHead(bytes) else {
+            return .needMoreBytes(atLeast: bytes.count + 1)
+        }
+        let total = headLength + bodyLength
+        guard bytes.count >= total else {
+            return .needMoreBytes(atLeast: total)
+        }
+        let header = FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength)
+        forgetFrame()
+        return .frame(header, headerLength: headLength)
+    }
+
+    /// Reads the head at the front of `bytes` as far as it has arrived: its length and the
+    /// body's once it has ended, else `nil`.
+    /// - Throws: the errors listed on the type; ``IPCError/Code/frameTooLarge`` once
+    ///   ``maximumHeaderLength`` bytes hold no end of the head.
+    @inline(__always)
+    private mutating func scannedHead(_ bytes: UnsafeRawBufferPointer) throws -> (headLength: Int, bodyLength: Int)? {
         if head.end == nil {
             // A head laid out as this package's encoder writes them (see `canonicalHead`), all
             // here at the first look, is read in one pass; anything else, or a head that arrives
@@ -225,19 +258,13 @@ public struct HTTPFrameDecoder: FrameDecoder {
                 try scanHead(bytes)
             }
         }
-        guard let (headLength, bodyLength) = head.end else {
+        guard let end = head.end else {
             guard bytes.count < maximumHeaderLength else {
                 throw IPCError(code: .frameTooLarge, message: "no end of the header block within \(maximumHeaderLength) bytes")
             }
-            return .needMoreBytes(atLeast: bytes.count + 1)
+            return nil
         }
-        let total = headLength + bodyLength
-        guard bytes.count >= total else {
-            return .needMoreBytes(atLeast: total)
-        }
-        let header = FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength)
-        head = Head(llbsdCompatible: llbsdCompatible)
-        return .frame(header, headerLength: headLength)
+        return end
     }
 
     /// The head at the front of `bytes` if it is laid out as ``HTTPFrameEncoder`` writes heads

@@ -192,6 +192,43 @@ struct HTTPRefusal: Sendable, CustomTestStringConvertible {
         #expect(try whole.withUnsafeBytes { try decoder.decode($0) } == .frame(Frame(kind: .request, payload: Array("body".utf8)), consumed: whole.count))
     }
 
+    /// A reassembler that gathers a large body straight into the frame's array reads the head
+    /// with `decodeHeader` before the body is there; the decoder's scan is shared with `decode`,
+    /// and forgotten when the caller consumes the frame itself.
+    @Test func headIsReadBeforeItsBodyAndForgottenOnceTheCallerTakesTheFrame() throws {
+        let body = patternedPayload(100_000)
+        let frame = Frame(kind: .request, msgid: 7, correlation: 11, payload: body)
+        let encoded = try HTTPFrameEncoder(maximumPayloadLength: 1 << 20).encode(frame)
+        let headLength = encoded.count - body.count
+        var decoder = HTTPFrameDecoder(maximumPayloadLength: 1 << 20)
+        // Half a head: nothing yet, and what came is not read again.
+        #expect(try encoded.withUnsafeBytes { try decoder.decodeHeader(UnsafeRawBufferPointer(rebasing: $0[..<(headLength / 2)])) } == nil)
+        let partial = Array(encoded[..<(headLength + 10)])
+        let header = try #require(try partial.withUnsafeBytes { try decoder.decodeHeader($0) })
+        #expect(header.header == FrameHeader(kind: .request, msgid: 7, correlation: 11, payloadLength: body.count))
+        #expect(header.headerLength == headLength)
+        // Not taken yet: decode goes on from the same head.
+        #expect(try partial.withUnsafeBytes { try decoder.decode($0) } == .needMoreBytes(atLeast: encoded.count))
+        #expect(try encoded.withUnsafeBytes { try decoder.decode($0) } == .frame(frame, consumed: encoded.count))
+        // Taken by the caller: the next bytes are the next frame's.
+        _ = try #require(try encoded.withUnsafeBytes { try decoder.decodeHeader($0) })
+        decoder.forgetFrame()
+        let next = try HTTPFrameEncoder(maximumPayloadLength: 100).encode(Frame(kind: .reply, msgid: 7, correlation: 11, payload: [1, 2, 3]))
+        #expect(try next.withUnsafeBytes { try decoder.decode($0) } == .frame(Frame(kind: .reply, msgid: 7, correlation: 11, payload: [1, 2, 3]), consumed: next.count))
+    }
+
+    /// A bad head in bytes appended in a large piece (which a reassembler probes for a header,
+    /// to gather the body) is refused as it is when decoded: the error is not lost, nor a frame
+    /// made of what follows it.
+    @Test func aBadHeadFoundWhileProbingForABodyToGatherIsRefused() throws {
+        let reassembler = FrameReassembler(decoder: HTTPFrameDecoder(maximumPayloadLength: 1 << 20))
+        let head = "POST / HTTP/1.1\r\nContent-Length: 100000\r\nContent-Length: 100000\r\n\r\n"
+        reassembler.append(Array(head.utf8) + patternedPayload(100_000))
+        let error = #expect(throws: IPCError.self) { try reassembler.nextFrame() }
+        #expect(error?.code == .malformedFrame)
+        #expect(throws: IPCError.self) { try reassembler.nextFrame() }
+    }
+
     // MARK: Refused messages
 
     static let refusals: [HTTPRefusal] = [
