@@ -295,10 +295,14 @@ static int sink_stream(nf_channel *channel, const struct nf_operations *operatio
 /// mqueue +spin+handoff, whose loop thread polls where the others' wait; journal+handoff, whose
 /// loop thread sleeps in inotify as the journal floor's does): the worker thread that
 /// sends the echoes, and what the loop thread hands it. One request is outstanding at a time
-/// (the initiator waits for each echo), so the request stays in the channel's buffer until the
-/// worker has sent its echo, and the loop's next receive starts only after that send: the two
-/// threads never use the channel's send and receive state (scratch buffer, sequence numbers)
-/// at the same time.
+/// (the initiator waits for each echo). The loop thread calls its receive again as soon as it
+/// has handed a request over, while the worker sends the echo; that receive waits in the kernel
+/// for the initiator's next request, which comes only once the echo has arrived whole. What a
+/// mechanism's send and receive both use (the channel's buffer, the message-queue floors'
+/// scratch) the receive writes only once that request is there, after the worker's send is done
+/// with it; the rest they keep apart (each its own descriptor, lock, mapped page and sequence
+/// number: journal+handoff's worker writes the reply journal and `sent`, its loop reads the
+/// request journal and `seen`), and errno is per thread.
 struct handoff {
     nf_channel *channel;
     const struct nf_operations *operations;

@@ -391,7 +391,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
 
 
     // Inlined into the protocol witness `MessageConnection.request` calls through: one async
-    // frame fewer a request (its allocation from the task, the call and the return), about 200
+    // frame fewer a request (its allocation from the task, the call and the return), about 150
     // instructions a round trip in the client (callgrind, Reports/inlined-entry-points).
     @inline(__always)
     public nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {

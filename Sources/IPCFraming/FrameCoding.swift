@@ -65,7 +65,10 @@ extension FrameEncoder {
 /// The contract follows swift-nio's `ByteToMessageDecoder`: given the unconsumed bytes, return a
 /// frame and how many bytes it used, or say that more bytes are needed. A decoder may keep state
 /// between calls (how far it has scanned) as long as it is given the same unconsumed bytes, with
-/// more appended, until it returns a frame. Errors are final: the stream cannot be resynchronised.
+/// more appended, until it returns a frame (or until ``forgetFrame()``). Errors are final: the
+/// stream cannot be resynchronised, and the caller stops at the first (a decoder that keeps state
+/// may have read past the bytes it refused). Errors are ``IPCError``s; ``FrameReassembler``
+/// reports any other as ``IPCError/Code/malformedFrame``.
 public protocol FrameDecoder {
     /// The largest payload this decoder accepts. A header announcing more is refused with
     /// ``IPCError/Code/frameTooLarge`` before any of the payload is buffered.

@@ -175,9 +175,8 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
         let step: DecodeStep
         do {
             step = try decoder.decode(UnsafeRawBufferPointer(start: storage + readIndex, count: writeIndex - readIndex))
-        } catch let error as IPCError {
-            failure = error
-            throw error
+        } catch {
+            throw fail(error)
         }
         switch step {
         case .frame(let frame, let consumed):
@@ -208,9 +207,8 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
                 return try nextFrame().map { .owned($0) }
             }
             step = inPlace
-        } catch let error as IPCError {
-            failure = error
-            throw error
+        } catch {
+            throw fail(error)
         }
         switch step {
         case .frame(let header, let headerLength):
@@ -227,6 +225,16 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
             if let failure { throw failure }
             return nil
         }
+    }
+
+    /// Records the decoder's error as the stream's, final: a decoder that keeps state may have
+    /// read past the bytes it refused, so decoding on could make a frame of what follows them.
+    /// An error of another type than ``IPCError`` (a decoder of the caller's own) becomes
+    /// ``IPCError/Code/malformedFrame``.
+    private func fail(_ error: any Error) -> IPCError {
+        let failure = error as? IPCError ?? IPCError(code: .malformedFrame, message: "the frame decoder failed: \(error)")
+        self.failure = failure
+        return failure
     }
 
     /// The frame at the front of the buffer, `count` bytes, is decoded.
@@ -274,10 +282,8 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
         let decoded: (header: FrameHeader, headerLength: Int)?
         do {
             decoded = try decoder.decodeHeader(UnsafeRawBufferPointer(start: storage + readIndex, count: buffered))
-        } catch let error as IPCError {
-            failure = error
-            return false
         } catch {
+            _ = fail(error)
             return false
         }
         guard let (header, headerLength) = decoded,

@@ -114,4 +114,25 @@ import Testing
         let atEnd = #expect(throws: IPCError.self) { try reassembler.finish() }
         #expect(atEnd == first)
     }
+
+    /// A decoder of the caller's own that throws something other than an `IPCError`: the
+    /// reassembler reports it as a malformed frame, and goes on reporting it, whichever call
+    /// met it first (a decode, or the look for a large payload's header in a large append).
+    @Test(arguments: [16, 64 * 1024])
+    func aForeignDecoderErrorIsAMalformedFrameAndFinal(appended: Int) throws {
+        struct Refusal: Error {}
+        struct RefusingDecoder: FrameDecoder {
+            var maximumPayloadLength: Int { 1 << 20 }
+            mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep { throw Refusal() }
+            mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? { throw Refusal() }
+        }
+        let reassembler = FrameReassembler(decoder: RefusingDecoder())
+        reassembler.append([UInt8](repeating: 0x41, count: appended))
+        let first = #expect(throws: IPCError.self) { try reassembler.nextFrame() }
+        #expect(first?.code == .malformedFrame)
+        let again = #expect(throws: IPCError.self) { try reassembler.nextFrame() }
+        #expect(again == first)
+        let atEnd = #expect(throws: IPCError.self) { try reassembler.finish() }
+        #expect(atEnd == first)
+    }
 }

@@ -201,7 +201,7 @@ struct HTTPRefusal: Sendable, CustomTestStringConvertible {
         let encoded = try HTTPFrameEncoder(maximumPayloadLength: 1 << 20).encode(frame)
         let headLength = encoded.count - body.count
         var decoder = HTTPFrameDecoder(maximumPayloadLength: 1 << 20)
-        // Half a head: nothing yet, and what came is not read again.
+        // Half a head: nothing yet.
         #expect(try encoded.withUnsafeBytes { try decoder.decodeHeader(UnsafeRawBufferPointer(rebasing: $0[..<(headLength / 2)])) } == nil)
         let partial = Array(encoded[..<(headLength + 10)])
         let header = try #require(try partial.withUnsafeBytes { try decoder.decodeHeader($0) })
