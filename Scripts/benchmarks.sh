@@ -106,8 +106,16 @@ case "$instructions_status" in
     3) echo "no instruction thresholds for Swift $swift_version: make them with Scripts/instructions.sh --update Benchmarks/Thresholds/instructions-$swift_version.json" >&2 ;;
     *) echo "Scripts/instructions.sh failed (status $instructions_status): see its output above" >&2; exit 1 ;;
 esac
+# The benchmark plugin stops at the first suite that is off its thresholds either way and exits 1
+# (its tool's own 4, an improvement, becomes the plugin's error), so an improvement fails too:
+# the suites after it were not checked.
 case "$thresholds_status" in
     0) ;;
-    4) echo "allocation counts improved on the thresholds: update them (see the top of this script)" >&2 ;;
-    *) echo "allocation counts regressed past their thresholds: see $output/thresholds-check.txt" >&2; exit 1 ;;
+    *)
+        if grep -q 'benchmarkThresholdImprovement' "$output/thresholds-check.txt"; then
+            echo "allocation counts improved on their thresholds (the suites after that one were not checked): update them (see the top of this script); $output/thresholds-check.txt" >&2
+        else
+            echo "allocation counts regressed past their thresholds: see $output/thresholds-check.txt" >&2
+        fi
+        exit 1 ;;
 esac
