@@ -20,14 +20,7 @@ trap 'exit 130' INT TERM
 mkdir -p "$dir"
 valgrind --tool=callgrind --callgrind-out-file="$dir/server.out" "$binary" serve "$dir" "$handler" > "$dir/server.log" 2>&1 &
 server=$!
-waited=0
-while [ ! -S "$dir/echo.sock" ]; do
-    sleep 0.05
-    waited=$((waited + 1))
-    if [ "$waited" -gt 1200 ] || ! kill -0 "$server" 2>/dev/null; then
-        echo "the server did not start:" >&2; cat "$dir/server.log" >&2; exit 1
-    fi
-done
+"$(dirname "$0")/wait-for-server.sh" "$dir" "$server"
 valgrind --tool=callgrind --callgrind-out-file="$dir/client.out" "$binary" client "$dir" "$trips" 64 "$client" > "$dir/client.log" 2>&1 &
 client_pid=$!
 status=0

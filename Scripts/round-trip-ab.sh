@@ -84,14 +84,7 @@ time_pair() {
     taskset -c "$server_cpu" "$binary" serve "$group" "$server_mode" > "$group/server.log" 2>&1 &
     local server=$!
     echo "$server" > "$work/server"
-    local waited=0
-    while [ ! -S "$group/echo.sock" ]; do
-        sleep 0.02
-        waited=$((waited + 1))
-        if [ "$waited" -gt 3000 ] || ! kill -0 "$server" 2>/dev/null; then
-            echo "the server did not start ($binary $handler):" >&2; cat "$group/server.log" >&2; exit 1
-        fi
-    done
+    "$(dirname "$0")/wait-for-server.sh" "$group" "$server" || { echo "($binary $handler)" >&2; exit 1; }
     if ! ROUND_TRIP_TIMES=1 taskset -c "$client_cpu" "$binary" client "$group" "$count" "$bytes" "$client_mode" > "$group/client.log" 2>&1; then
         echo "the client failed ($binary $handler):" >&2; cat "$group/client.log" >&2; exit 1
     fi

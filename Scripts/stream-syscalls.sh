@@ -50,14 +50,8 @@ stream() {
     local binary=$1 messages=$2 dir
     dir=$(mktemp -d "$work/stream-XXXXXX")
     taskset -c 0 perf stat -x, -e "$events" -o "$dir/server.perf" "$binary" serve "$dir" sink > "$dir/server.log" 2>&1 &
-    local server=$! waited=0
-    while [ ! -S "$dir/echo.sock" ]; do
-        sleep 0.05
-        waited=$((waited + 1))
-        if [ "$waited" -gt 600 ] || ! kill -0 "$server" 2>/dev/null; then
-            echo "the server did not start:" >&2; cat "$dir/server.log" >&2; kill "$server" 2>/dev/null; return 1
-        fi
-    done
+    local server=$!
+    "$(dirname "$0")/wait-for-server.sh" "$dir" "$server" 30 || { kill "$server" 2>/dev/null; return 1; }
     if ! taskset -c 0 perf stat -x, -e "$events" -o "$dir/client.perf" "$binary" client "$dir" "$messages" "$bytes" stream > "$dir/client.log" 2>&1; then
         echo "the client failed:" >&2; cat "$dir/client.log" >&2; kill "$server" 2>/dev/null; return 1
     fi

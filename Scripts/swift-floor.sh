@@ -113,18 +113,12 @@ trap 'exit 130' INT TERM
 
 # One pair: starts SERVER_MODE, runs CLIENT_MODE against it with ARGUMENTS, prints the client's line.
 run_pair() {
-    local server=$1 client=$2 server_cpu=$3 group line waited=0
+    local server=$1 client=$2 server_cpu=$3 group line
     shift 3
     group=$(mktemp -d "$work/group-XXXXXX")
     taskset -c "$server_cpu" "$binary" serve "$group" "$server" > "$group/server.log" 2>&1 &
     echo $! > "$work/server"
-    while [ ! -S "$group/echo.sock" ]; do
-        sleep 0.02
-        waited=$((waited + 1))
-        if [ "$waited" -gt 3000 ] || ! kill -0 "$(cat "$work/server")" 2>/dev/null; then
-            echo "the $server server did not start:" >&2; cat "$group/server.log" >&2; exit 1
-        fi
-    done
+    Scripts/wait-for-server.sh "$group" "$(cat "$work/server")" || { echo "(the $server server)" >&2; exit 1; }
     if ! line=$(ROUND_TRIP_TIMES=1 taskset -c 0 "$binary" client "$group" "$@" "$client" 2> "$group/client.log"); then
         echo "the $client client failed against the $server server:" >&2; cat "$group/client.log" >&2; exit 1
     fi

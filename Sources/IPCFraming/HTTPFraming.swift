@@ -221,7 +221,7 @@ public struct HTTPFrameDecoder: FrameDecoder {
     /// - Throws: the errors listed on the type, as ``decode(_:)`` throws them.
     public mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? {
         guard let (headLength, bodyLength) = try scannedHead(bytes) else { return nil }
-        return (FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength), headLength)
+        return (header(bodyLength: bodyLength), headLength)
     }
 
     /// Forgets the head read: the caller consumed its frame (``decodeHeader(_:)``).
@@ -237,9 +237,15 @@ public struct HTTPFrameDecoder: FrameDecoder {
         guard bytes.count >= total else {
             return .needMoreBytes(atLeast: total)
         }
-        let header = FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength)
+        let header = header(bodyLength: bodyLength)
         forgetFrame()
         return .frame(header, headerLength: headLength)
+    }
+
+    /// The frame header the head read says.
+    @inline(__always)
+    private func header(bodyLength: Int) -> FrameHeader {
+        FrameHeader(kind: head.kind, msgid: head.msgid ?? 0, correlation: head.correlation ?? 0, payloadLength: bodyLength)
     }
 
     /// Reads the head at the front of `bytes` as far as it has arrived: its length and the

@@ -116,17 +116,22 @@ import Testing
     }
 
     /// A decoder of the caller's own that throws something other than an `IPCError`: the
-    /// reassembler reports it as a malformed frame, and goes on reporting it, whichever call
-    /// met it first (a decode, or the look for a large payload's header in a large append).
-    @Test(arguments: [16, 64 * 1024])
-    func aForeignDecoderErrorIsAMalformedFrameAndFinal(appended: Int) throws {
+    /// reassembler reports it as a malformed frame, at once, and goes on reporting it, whichever
+    /// call met it first: a decode, the look for a large payload's header in a large append, or
+    /// that look after a decode that asked for a large frame's bytes.
+    @Test(arguments: [(16, true), (64 * 1024, true), (16, false)])
+    func aForeignDecoderErrorIsAMalformedFrameAndFinal(appended: Int, decodeRefuses: Bool) throws {
         struct Refusal: Error {}
         struct RefusingDecoder: FrameDecoder {
+            let decodeRefuses: Bool
             var maximumPayloadLength: Int { 1 << 20 }
-            mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep { throw Refusal() }
+            mutating func decode(_ bytes: UnsafeRawBufferPointer) throws -> DecodeStep {
+                if decodeRefuses { throw Refusal() }
+                return .needMoreBytes(atLeast: 1 << 20)
+            }
             mutating func decodeHeader(_ bytes: UnsafeRawBufferPointer) throws -> (header: FrameHeader, headerLength: Int)? { throw Refusal() }
         }
-        let reassembler = FrameReassembler(decoder: RefusingDecoder())
+        let reassembler = FrameReassembler(decoder: RefusingDecoder(decodeRefuses: decodeRefuses))
         reassembler.append([UInt8](repeating: 0x41, count: appended))
         let first = #expect(throws: IPCError.self) { try reassembler.nextFrame() }
         #expect(first?.code == .malformedFrame)
