@@ -3,7 +3,9 @@
 // Benchmarks/RoundTripInstructions/Sources/round-trip-instructions/main.swift, with that folder's
 // SwiftFloor.swift and SwiftFloorStream.swift moved aside:
 //   BIN serve GROUP task|on-loop
-//   BIN client GROUP REPETITIONS ROUND_TRIPS ROUND_TRIP_BYTES MESSAGES MESSAGE_BYTES
+//   [RTX_VARIANT=same|other|sleep|spin] BIN client GROUP REPETITIONS ROUND_TRIPS ROUND_TRIP_BYTES MESSAGES MESSAGE_BYTES
+// RTX_VARIANT: the round trips on the stream's connection (same, the default) or on a second one
+// (other); or instead of them, sleep (usleep) or spin for ROUND_TRIPS microseconds.
 import Dispatch
 import Foundation
 import IPCCore
@@ -49,8 +51,7 @@ case "serve":
         let listener = try transport.listen(at: endpoint, options: options, acceptFilter: nil)
         defer { listener.close() }
         for await connection in listener.connections {
-            for await _ in connection.messages {}
-            return
+            Task { for await _ in connection.messages {}; exit(0) }
         }
     }
 case "client":
@@ -62,14 +63,21 @@ case "client":
             do { connection = try await transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1 << 30 }); break } catch { try await Task.sleep(for: .milliseconds(20)) }
         }
         guard let connection else { throw IPCError(code: .endpointNotFound, message: "no server") }
+        let other: (any MessageConnection)? = ProcessInfo.processInfo.environment["RTX_VARIANT"] == "other" ? try await transport.connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1 << 30 }) : nil
         defer { connection.invalidate() }
         try await withTaskExecutorPreference(connection.preferredTaskExecutor) {
             let tripPayload = [UInt8](repeating: 0xA5, count: tripSize)
             let payload = [UInt8](repeating: 0x5A, count: size)
             for rep in 0..<reps {
-                for _ in 0..<trips {
-                    let reply = try await connection.request(tripPayload, msgid: 3, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
-                    precondition(reply.count == tripSize)
+                let variant = ProcessInfo.processInfo.environment["RTX_VARIANT"] ?? "same"
+                if variant == "sleep" { usleep(UInt32(trips)) }
+                else if variant == "spin" { let until = now() + UInt64(trips) * 1000; while now() < until {} }
+                else {
+                    let on = variant == "other" ? other! : connection
+                    for _ in 0..<trips {
+                        let reply = try await on.request(tripPayload, msgid: 3, sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
+                        precondition(reply.count == tripSize)
+                    }
                 }
                 // a short warm-up stream, as the harness's
                 for _ in 0..<3 { try await connection.send(payload, msgid: 2, timeout: .seconds(60)) }
