@@ -76,10 +76,11 @@ public struct LatencyPlan: Sendable {
     }
 
     /// Messages per throughput repetition: about 64 MiB of payload, between 20 and 5,000
-    /// messages (scaled like the samples, at least 10). A repetition lasts about 10 ms at 64 KiB
-    /// and 1 MiB on this repository's VM, long enough that the first messages' start-up (the
-    /// receiver waking, the first pass over cold buffers: 0.1 to 0.7 ms after a block of round
-    /// trips) weighs a few percent of it rather than a fifth, as it did with 8 MiB (docs/HARNESS.md).
+    /// messages (scaled down by a `sampleScale` below 1, never up; at least 10). An engine
+    /// repetition of 64 KiB or 1 MiB lasts 11 to 14 ms on this repository's VM, long enough that
+    /// the slow start of a stream after round trips (an estimated 0.3 to 0.6 ms on one core,
+    /// cause not found) weighs a few percent of it rather than a fifth of a 64 KiB repetition,
+    /// as it did with 8 MiB (docs/HARNESS.md, Reports/throughput-volume).
     public func throughputMessages(forPayload bytes: Int) -> Int {
         let count = min(5_000, max(20, (64 << 20) / max(1, bytes)))
         return max(10, Int(Double(count) * min(1, sampleScale)))
