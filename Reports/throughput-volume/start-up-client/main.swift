@@ -70,6 +70,10 @@ case "client":
             let payload = [UInt8](repeating: 0x5A, count: size)
             for rep in 0..<reps {
                 let variant = ProcessInfo.processInfo.environment["RTX_VARIANT"] ?? "same"
+                // `sleep` and `spin` block the client's event-loop thread on purpose, as the
+                // experiment's stand-ins for idle and busy time: this task is the only work of that
+                // thread (no reply is due, nothing else is connected). Not a pattern for real code,
+                // where `Task.sleep` is the wait that leaves the loop free.
                 if variant == "sleep" { usleep(UInt32(trips)) }
                 else if variant == "spin" { let until = now() + UInt64(trips) * 1000; while now() < until {} }
                 else {
