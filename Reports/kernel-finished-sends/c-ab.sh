@@ -13,7 +13,7 @@ cp ../../Benchmarks/StreamCost/stream-cost.c "$work/stream-uring.c"
 patch -s "$work/stream-uring.c" < stream-uring.patch
 cc -O2 -o /tmp/stream-uring "$work/stream-uring.c"
 for round in 1 2 3; do
-    for variant in epoll send-ring send-enter recv both; do
+    for variant in epoll send-ring send-enter recv both both-enter; do
         unset RECV
         arguments=()
         case $variant in
@@ -21,6 +21,7 @@ for round in 1 2 3; do
             send-enter) arguments=(--uring) ;;
             recv) export RECV=1 ;;
             both) export RECV=1; arguments=(--uring-epoll) ;;
+            both-enter) export RECV=1; arguments=(--uring) ;;
         esac
         printf '%s %-10s ' "$round" "$variant"
         taskset -c 0 /tmp/stream-uring "${arguments[@]}" --frames 1048576 3000 | grep -E 'messages/s|receiver' | sed 's/1048576-byte payloads, SO_SNDBUF [0-9]*, each message read whole into one buffer: //' | tr '\n' ' '
