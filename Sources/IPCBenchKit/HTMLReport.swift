@@ -224,7 +224,7 @@ public enum HTMLReport {
 
     private static func contextTable(label: String, context: RunContext) -> String {
         let rows = [("file", label), ("date", context.date), ("host", context.hostname), ("CPU", context.cpuSummary), ("mitigations", context.machine?.mitigationSummary ?? "not recorded"),
-                    ("kernel", context.kernel), ("Swift", "\(context.swiftVersion), \(context.buildConfiguration) build"), ("command", context.command)]
+                    ("kernel", context.kernel), ("large frames' rest", context.largeTransfers ?? "not recorded"), ("Swift", "\(context.swiftVersion), \(context.buildConfiguration) build"), ("command", context.command)]
         return "<table class=\"context\">" + rows.map { "<tr><th>\($0.0)</th><td>\(SVGChart.escape($0.1))</td></tr>" }.joined() + "</table>\n"
     }
 

@@ -144,6 +144,7 @@ public enum ReportRenderer {
         | host | \(context.hostname) |
         | CPU | \(context.cpuSummary) |
         | kernel | \(context.kernel) |
+        | large frames' rest | \(context.largeTransfers ?? "not recorded") |
         | mitigations | \(context.machine?.mitigationSummary ?? "not recorded") |
         | Swift | \(context.swiftVersion), \(context.buildConfiguration) build |
         | command | `\(context.command)` |

@@ -146,6 +146,10 @@ public struct RunContext: Codable, Sendable {
     public var command: String
     /// The CPU, kernel and mitigations in detail; absent in files from before it was recorded.
     public var machine: MachineDescription? = nil
+    /// How the engine's loops moved the rest of large frames in this run: `io_uring`, or `epoll`
+    /// with why (``IPCEngine/EventLoop/LargeTransfers/inUse()``); every process of the run
+    /// inherits the same `IPCBENCH_LARGE_TRANSFERS`. Absent in files from before it was recorded.
+    public var largeTransfers: String? = nil
 
     public static func current(command: String) -> RunContext {
         var name = utsname()
@@ -170,7 +174,8 @@ public struct RunContext: Codable, Sendable {
             swiftVersion: Self.swiftVersion,
             buildConfiguration: configuration,
             command: command,
-            machine: MachineDescription.current(cpuCount: ProcessInfo.processInfo.activeProcessorCount, kernel: kernel)
+            machine: MachineDescription.current(cpuCount: ProcessInfo.processInfo.activeProcessorCount, kernel: kernel),
+            largeTransfers: EventLoop.LargeTransfers.inUse()
         )
     }
 

@@ -121,6 +121,30 @@ public protocol EngineChannel: AnyObject, Sendable {
     /// - Throws: as ``write(_:from:)``, when nothing of this call was written.
     func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int
 
+    /// Whether the rest of a large frame may be handed to the kernel to move, through the loop's
+    /// transfer ring (``EventLoop/LargeTransfers/ioUring``; docs/ENGINE.md, "Large frames in the
+    /// kernel's hands"): for a stream socket, as ``descriptor`` and ``writeDescriptor``, whose
+    /// frames are written as ``withEncodedHeader(of:_:)``'s header followed by the payload, and
+    /// read as ``kernelReadSpace(minimum:)`` says. `false` unless the channel says otherwise.
+    var kernelFinishesWrites: Bool { get }
+
+    /// For a channel that ``kernelFinishesWrites``: the room for exactly the rest of the frame
+    /// being read, if that is known and at least `minimum` bytes (loop thread). The engine has
+    /// the kernel fill it from ``descriptor`` and then calls ``kernelReadEnded(_:)``; until then
+    /// the room stays valid and nothing else reads. `nil` (the default): none.
+    func kernelReadSpace(minimum: Int) -> UnsafeMutableRawBufferPointer?
+
+    /// `count` bytes arrived in the room ``kernelReadSpace(minimum:)`` gave, from its start (loop
+    /// thread); they count as read, as ``readAvailable()``'s. The default does nothing.
+    func kernelReadEnded(_ count: Int)
+
+    /// For a channel that ``kernelFinishesWrites``: calls `body` with the header bytes that
+    /// ``write(_:from:)`` writes before `frame`'s payload, valid during the call only (the
+    /// engine copies what it needs). Called by one thread at a time, as ``write(_:from:)`` is.
+    /// - Throws: what encoding the header throws (the default throws
+    ///   ``IPCError/Code/transportFailure``: the channel does not finish writes in the kernel).
+    func withEncodedHeader<R>(of frame: Frame, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R
+
     /// Wakes whatever waits on the descriptor (a reader sees the end of the stream, a writer an
     /// error), without closing it: the engine closes later, once nothing uses it.
     func shutdown()
@@ -214,6 +238,12 @@ extension EngineChannel {
 
     public var gathersWrites: Bool { false }
     public var heldWriteLimit: Int { 0 }
+    public var kernelFinishesWrites: Bool { false }
+    public func kernelReadSpace(minimum: Int) -> UnsafeMutableRawBufferPointer? { nil }
+    public func kernelReadEnded(_ count: Int) {}
+    public func withEncodedHeader<R>(of frame: Frame, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
+        throw IPCError(code: .transportFailure, message: "\(type(of: self)) does not hand frames to the kernel to finish")
+    }
 
     public func write(_ frames: ArraySlice<Frame>, from offset: Int) throws -> Int {
         var written = 0

@@ -88,6 +88,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// The most bytes the `async` one-way sends made on the loop's thread hold back for one
     /// write at the end of the loop's round (``EngineChannel/heldWriteLimit``); 0: none.
     private let heldLimit: Int
+    /// The rest of a large frame, sent or received, goes to the kernel whole, through the loop's
+    /// transfer ring (``EngineChannel/kernelFinishesWrites`` and
+    /// ``EventLoop/LargeTransfers/ioUring``), rather than in pieces as the poller reports room
+    /// or bytes. Not for a spinning connection, whose loop polls its channel itself.
+    private let kernelFinishes: Bool
 
     private struct WriteState {
         /// The descriptor is closed, or is closed as soon as the active writer stops.
@@ -136,6 +141,17 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     @exclusivity(unchecked) private var heldSince: UInt64 = 0
     @exclusivity(unchecked) private var heldTimeout: Duration = .zero
     @exclusivity(unchecked) private var heldDeadline: UInt64 = 0
+    #if os(Linux)
+    /// The transfer ring's slot of the rest of the queue's head, while the kernel finishes it
+    /// (``finishInKernel(_:)``): the loop holds the right to write until its completion.
+    @exclusivity(unchecked) private var kernelSlot: Int?
+    /// The transfer ring's slot of the rest of the frame being read, while the kernel receives
+    /// it (``readInKernel()``): nothing else reads the descriptor until its completion.
+    @exclusivity(unchecked) private var kernelReadSlot: Int?
+    /// The stall timer stopped the kernel's receive to see whether bytes came (``checkStall``):
+    /// the bytes read when it was armed.
+    @exclusivity(unchecked) private var kernelStallCheck: UInt64?
+    #endif
     /// A frame was queued while frames were held (by another thread, or by another kind of send
     /// on this one): the batch takes no more, so that nothing sent after that frame goes before it.
     private let queuedBehindHeld = Atomic<Bool>(false)
@@ -187,6 +203,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         self.doorbell = channel.readiness == .doorbell
         self.gathers = channel.gathersWrites
         self.heldLimit = channel.gathersWrites ? max(0, channel.heldWriteLimit) : 0
+        #if os(Linux)
+        self.kernelFinishes = channel.kernelFinishesWrites && serving.largeTransfers == .ioUring && !options.waitStrategy.spins
+        #else
+        self.kernelFinishes = false
+        #endif
         let readsDescriptor = channel.inbound == .descriptor
         let separateWriter = channel.writeDescriptor != channel.descriptor
         self.readsDescriptor = readsDescriptor
@@ -462,6 +483,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             #endif
             let final = core.latch.reason ?? reason
             channel.ending(final)
+            #if os(Linux)
+            // The rest of a frame in the kernel's hands is stopped; its completion closes.
+            if let kernelSlot { eventLoop.transferRing()?.cancel(kernelSlot) }
+            if let kernelReadSlot { eventLoop.transferRing()?.cancel(kernelReadSlot) }
+            #endif
             let failed: [PendingWrite] = writeState.withLock { state in
                 state.closed = true
                 // A writer still active waits on its own thread (an off-loop send): it is woken
@@ -517,6 +543,10 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// again on its next round, after the other connections had their turn. (Reading until the
     /// kernel says it has nothing would cost a system call more per message.)
     private func readSome() {
+        #if os(Linux)
+        // The kernel is receiving the rest of a frame: the bytes are its until it completes.
+        if kernelReadSlot != nil { return }
+        #endif
         let count: Int?
         do {
             count = try channel.readAvailable()
@@ -529,22 +559,36 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
         guard let count else { return }
         if count == 0 {
-            // Whole frames read before the end still count.
-            guard dispatchFrames() else { return }
-            do {
-                try channel.finishReading()
-                invalidate(InvalidationReason(.peerClosed))
-            } catch let error as IPCError where error.code == .peerInvalidated {
-                // The channel knows the peer went without a goodbye.
-                invalidate(InvalidationReason(.peerDied, error: error))
-            } catch {
-                invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
-            }
+            endOfStream()
             return
         }
         bytesRead &+= UInt64(count)
         guard dispatchFrames() else { return }
-        if channel.hasPartialFrame { armStallTimer() }
+        if channel.hasPartialFrame { partialFrameRead() }
+    }
+
+    /// Part of a frame is read and not the rest: the rest of a large one goes to the kernel to
+    /// receive, else the stall timer watches for the rest.
+    private func partialFrameRead() {
+        #if os(Linux)
+        if kernelFinishes { _ = readInKernel() }
+        #endif
+        armStallTimer()
+    }
+
+    /// The end of the stream was read.
+    private func endOfStream() {
+        // Whole frames read before the end still count.
+        guard dispatchFrames() else { return }
+        do {
+            try channel.finishReading()
+            invalidate(InvalidationReason(.peerClosed))
+        } catch let error as IPCError where error.code == .peerInvalidated {
+            // The channel knows the peer went without a goodbye.
+            invalidate(InvalidationReason(.peerDied, error: error))
+        } catch {
+            invalidate(InvalidationReason(.protocolError, error: error as? IPCError))
+        }
     }
 
     /// Dispatches the whole frames read so far. Returns `false` if reading must stop: the
@@ -638,6 +682,15 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     private func checkStall(seen: UInt64, stall: Duration) {
         stallTimerArmed = false
         guard !finished, !paused, channel.hasPartialFrame else { return }
+        #if os(Linux)
+        if let kernelReadSlot {
+            // What the kernel's receive has taken so far is not known until it ends: it is
+            // stopped, and its end (with the bytes that came, if any) settles the check.
+            kernelStallCheck = seen
+            eventLoop.transferRing()?.cancel(kernelReadSlot)
+            return
+        }
+        #endif
         if bytesRead == seen {
             invalidate(InvalidationReason(.protocolError, error: IPCError(
                 code: .truncatedFrame, message: "the peer sent part of a frame and then nothing for \(stall)"
@@ -725,6 +778,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         let (close, flushSoon): (Bool, Bool) = writeState.withLock { state in
             state.writerActive = false
             if state.closed { return (true, false) }
+            // The rest of a large frame goes to the kernel at once, without waiting for room.
+            if startsInKernel(state) { return (false, true) }
             if !state.queue.isEmpty, !state.watchingWritable {
                 state.watchingWritable = true
                 applyInterest(state)
@@ -1032,6 +1087,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             // Behind held frames, the loop's write of them takes it too, and they take no more.
             if state.holding { queuedBehindHeld.store(true, ordering: .releasing) }
             if !state.writerActive, !state.watchingWritable, !state.holding {
+                if startsInKernel(state) { return (false, true, arm) }
                 state.watchingWritable = true
                 applyInterest(state)
                 return (false, doorbell, arm)
@@ -1078,6 +1134,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// it would otherwise be dropped unseen) ends the connection.
     private func expireDue(armed: UInt64) {
         let now = monotonicNanoseconds()
+        #if os(Linux)
+        let kernelWriting = kernelSlot != nil
+        #else
+        let kernelWriting = false
+        #endif
         let (failed, ending, rearm): ([PendingWrite], PendingWrite?, UInt64?) = writeState.withLock { state in
             if state.deadlineTimer == armed { state.deadlineTimer = nil }
             var failed: [PendingWrite] = []
@@ -1088,7 +1149,8 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                     next = min(next ?? write.deadline, write.deadline)
                     continue
                 }
-                if write.written == 0, write.hasWaiter {
+                // One in flight may be partly in the kernel (the send ring's): it is begun.
+                if write.written == 0, write.hasWaiter, !write.inFlight {
                     write.done = true
                     state.queuedBytes -= write.total
                     failed.append(write)
@@ -1097,8 +1159,10 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                 }
             }
             // A torn frame's sender is told it timed out (the connection ends with it); one
-            // that nobody waits for ends the connection unseen otherwise.
-            if let ending, ending.hasWaiter, !ending.inFlight {
+            // that nobody waits for ends the connection unseen otherwise. A frame whose rest is
+            // in the kernel's hands (in flight on the transfer ring, which the end cancels) is
+            // told so too.
+            if let ending, ending.hasWaiter, !ending.inFlight || kernelWriting {
                 ending.done = true
                 state.queuedBytes -= ending.total - ending.written
             }
@@ -1154,8 +1218,17 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             return true
         }
         guard mayWrite else { return }
+        writeWhileTaken()
+    }
+
+    /// ``flush()``'s writing, with the right to write held: until the queue is empty, the kernel
+    /// has no room, or the rest of the head went to the kernel to finish (its completion goes on
+    /// from here, ``kernelWriteEnded(_:result:)``).
+    private func writeWhileTaken() {
         while true {
-            let wroteAll = writeQueued()
+            let progress = writeQueued()
+            if progress == .inKernel { return }
+            let wroteAll = progress == .empty
             let (close, again): (Bool, Bool) = writeState.withLock { state in
                 if state.closed {
                     state.writerActive = false
@@ -1193,11 +1266,20 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     static let gatherFrameLimit = 64
     static let gatherByteLimit = 256 * 1024
 
+    private enum QueueProgress {
+        /// The queue is empty.
+        case empty
+        /// Stopped at a frame the kernel had no room for (or a write failed, or a frame was
+        /// cancelled).
+        case blocked
+        /// The rest of the head went to the kernel to finish (the send ring).
+        case inKernel
+    }
+
     /// Writes the queue's frames in order while the kernel takes them, holding the right to
     /// write (loop thread): several waiting frames in one gathering write, the first from the
-    /// byte where it stopped. Returns `true` if it found the queue empty, `false` if it stopped
-    /// at a frame the kernel had no room for (or a write failed, or a frame was cancelled).
-    private func writeQueued() -> Bool {
+    /// byte where it stopped.
+    private func writeQueued() -> QueueProgress {
         while true {
             // The frames to write now, marked in flight: a cancellation meanwhile is recorded and
             // settled below. In flight, they stay in the queue, in order, at its front. The
@@ -1215,9 +1297,12 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                     bytes += write.total
                 }
                 return (head, rest.isEmpty ? nil : rest)
-            }) else { return true }
+            }) else { return .empty }
             guard let rest else {
-                guard writeSingle(head) else { return false }
+                #if os(Linux)
+                if kernelFinishes, head.total - head.written >= Self.kernelFinishMinimum, finishInKernel(head) { return .inKernel }
+                #endif
+                guard writeSingle(head) else { return .blocked }
                 continue
             }
             let batch = [head] + rest
@@ -1226,7 +1311,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                 count = try writeNow(ArraySlice(batch.map(\.frame)), from: head.written)
             } catch {
                 writeState.withLock { _ in for write in batch { write.inFlight = false } }
-                return false
+                return .blocked
             }
             // The bytes written are a prefix of the batch: whole frames, then perhaps part of one.
             let (completed, cancelled): ([PendingWrite], [PendingWrite]) = writeState.withLock { state in
@@ -1254,7 +1339,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             }
             for write in completed { write.complete(.success(())) }
             for write in cancelled { write.complete(.failure(CancellationError())) }
-            guard completed.count == batch.count else { return false }
+            guard completed.count == batch.count else { return .blocked }
         }
     }
 
@@ -1293,6 +1378,170 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         }
         return outcome == .finished
     }
+
+    /// The rest of a frame from this size on goes to the kernel whole (``kernelFinishes``): a
+    /// 1 MiB frame's rest, after the first write took what the socket's buffer had room for
+    /// (about 200 KiB here), not a 64 KiB frame's, which the held writes batch.
+    static let kernelFinishMinimum = 128 * 1024
+
+    /// Whether the queue's head is the rest of a large frame for the kernel to finish: the loop
+    /// is asked to flush at once rather than when the poller reports room. Under the lock.
+    private func startsInKernel(_ state: WriteState) -> Bool {
+        guard kernelFinishes, let head = state.queue.first, head.total - head.written >= Self.kernelFinishMinimum else { return false }
+        return !eventLoop.transferRingRefused
+    }
+
+    #if os(Linux)
+    /// Hands the rest of the queue's head, marked in flight by ``writeQueued()``, to the kernel
+    /// to finish (loop thread, the right to write held): one `sendmsg` with `MSG_WAITALL` on the
+    /// loop's send ring, which the kernel goes on with as the peer makes room. The right to
+    /// write stays taken until ``kernelWriteEnded(_:result:)``. Returns `false` if the ring did
+    /// not take it (none, every slot in flight): it is then written as any other.
+    private func finishInKernel(_ head: PendingWrite) -> Bool {
+        guard kernelSlot == nil, let ring = eventLoop.transferRing() else { return false }
+        let frame = head.frame
+        let offset = head.written
+        let fd = channel.writeDescriptor.rawValue
+        let slot: Int? = try? channel.withEncodedHeader(of: frame) { header -> Int? in
+            guard header.count + frame.payload.count == head.total else { return nil }
+            return frame.payload.withUnsafeBytes { payload in
+                let headerRest = offset < header.count ? UnsafeRawBufferPointer(rebasing: header[offset...]) : UnsafeRawBufferPointer(start: nil, count: 0)
+                let payloadRest = UnsafeRawBufferPointer(rebasing: payload[max(0, offset - header.count)...])
+                // The payload's bytes are the storage of `frame.payload`'s array, which the ring
+                // keeps (with `frame`) until the completion; nothing changes it meanwhile.
+                return ring.send(fd: fd, head: headerRest, payload: payloadRest, keeping: frame) { [self] result in
+                    kernelWriteEnded(head, result: result)
+                }
+            }
+        } ?? nil
+        guard let slot else { return false }
+        kernelSlot = slot
+        // The completion reports the end: room to write is of no interest until then.
+        writeState.withLock { state in
+            if state.watchingWritable {
+                state.watchingWritable = false
+                applyInterest(state)
+            }
+        }
+        return true
+    }
+
+    /// The kernel finished the rest of the queue's head (loop thread): `result` is the bytes it
+    /// sent, or `-errno`. All of it: the frame is written and the queue goes on. Less: the
+    /// connection broke, and the frame is torn.
+    private func kernelWriteEnded(_ head: PendingWrite, result: Int) {
+        kernelSlot = nil
+        let expected = head.total - head.written
+        enum Ending {
+            case finished
+            case closed
+            case failed(IPCError)
+        }
+        let ending: Ending = writeState.withLock { state in
+            head.inFlight = false
+            if state.closed {
+                state.writerActive = false
+                return .closed
+            }
+            if result == expected {
+                head.written = head.total
+                state.queuedBytes -= expected
+                head.done = true
+                if let index = state.queue.firstIndex(where: { $0 === head }) { state.queue.remove(at: index) }
+                return .finished
+            }
+            if result > 0 {
+                head.written += result
+                state.queuedBytes -= result
+            }
+            state.writerActive = false
+            return .failed(Self.kernelWriteError(result, written: head.written, total: head.total))
+        }
+        switch ending {
+        case .finished:
+            head.complete(.success(()))
+            writeWhileTaken()
+        case .closed:
+            // Ended meanwhile (``finish(_:)`` failed the queue, this frame with it, and left
+            // the closing to this writer).
+            channel.close()
+        case .failed(let error):
+            // Ends the connection, which fails the queue, this frame first.
+            failedWrite(error, torn: true)
+        }
+    }
+
+    /// Hands the rest of the frame being read, if it is large, to the kernel to receive (loop
+    /// thread, reading not paused): one `recv` with `MSG_WAITALL` on the loop's transfer ring,
+    /// straight into the room the channel has for it. The loop stops watching the descriptor
+    /// for bytes until ``kernelReadEnded(_:)``. Returns `false` if it did not (no ring, every
+    /// slot in flight, the rest small or not known).
+    private func readInKernel() -> Bool {
+        guard kernelReadSlot == nil, !paused, !finished, let ring = eventLoop.transferRing(),
+            let space = channel.kernelReadSpace(minimum: Self.kernelFinishMinimum)
+        else { return false }
+        let asked = space.count
+        guard let slot = ring.receive(fd: channel.descriptor.rawValue, into: space, keeping: self, done: { [self] result in kernelReadEnded(result, asked: asked) }) else { return false }
+        kernelReadSlot = slot
+        updateInterest { $0.watchingReadable = false }
+        return true
+    }
+
+    /// The kernel's receive of a frame's rest ended (loop thread): `result` bytes arrived of the
+    /// `asked`, fewer if the stream ended or broke first (0: it had ended), or `-errno`.
+    private func kernelReadEnded(_ result: Int, asked: Int) {
+        kernelReadSlot = nil
+        let stallCheck = kernelStallCheck
+        kernelStallCheck = nil
+        if finished { return }
+        if result > 0 {
+            channel.kernelReadEnded(result)
+            bytesRead &+= UInt64(result)
+        }
+        if result < 0 {
+            let error = Errno(rawValue: CInt(-result))
+            if error == .canceled, let seen = stallCheck {
+                // Stopped by the stall timer with nothing received: the check goes on as for
+                // any read (a stalled peer is dropped; else the timer and the receive go on).
+                let stall = core.options.stalledFrameTimeout ?? .seconds(30)
+                checkStall(seen: seen, stall: stall)
+                if !finished, kernelReadSlot == nil, !readInKernel() { updateInterest { $0.watchingReadable = true } }
+                return
+            }
+            if error == .connectionReset {
+                // What a socket's read says when the peer died with bytes unread.
+                endOfStream()
+            } else {
+                invalidate(InvalidationReason(.transportFailure, error: IPCError(code: .transportFailure, message: "recv (the loop's transfer ring) failed: \(error)", cause: error)))
+            }
+            return
+        }
+        if result == 0 {
+            endOfStream()
+            return
+        }
+        // Reading goes on as after any read: whole frames first, then the descriptor again.
+        guard dispatchFrames() else { return }
+        if channel.hasPartialFrame { armStallTimer() }
+        // Fewer than asked: the stream ended or broke, or the stall timer stopped the receive;
+        // the descriptor says which (a read of it sees the end).
+        if result == asked, channel.hasPartialFrame, readInKernel() { return }
+        updateInterest { $0.watchingReadable = true }
+    }
+
+    private static func kernelWriteError(_ result: Int, written: Int, total: Int) -> IPCError {
+        guard result < 0 else {
+            return IPCError(code: .peerInvalidated, message: "the connection broke after \(written) of a frame's \(total) bytes were sent")
+        }
+        let error = Errno(rawValue: CInt(-result))
+        switch error {
+        case .brokenPipe, .connectionReset, .socketNotConnected:
+            return IPCError(code: .peerInvalidated, message: "the peer closed the connection", cause: error)
+        default:
+            return IPCError(code: .transportFailure, message: "sendmsg (the loop's send ring) failed after \(written) of a frame's \(total) bytes: \(error)", cause: error)
+        }
+    }
+    #endif
 
     private func updateInterest(_ change: (inout WriteState) -> Void) {
         writeState.withLock { state in

@@ -171,7 +171,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         try sharedLoop.withLock { loop in
             if let loop { return loop }
             let threshold = stallThreshold(environment: getenv("IPCBENCH_LOOP_STALL_MS").map { String(cString: $0) })
-            let made = try EventLoop(name: "ipc-loop", stallThreshold: threshold)
+            let made = try EventLoop(name: "ipc-loop", stallThreshold: threshold, largeTransfers: LargeTransfers.requested)
             loop = made
             return made
         }
@@ -191,8 +191,10 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     package init(
         name: String,
         stallThreshold: Duration = .milliseconds(100),
+        largeTransfers: LargeTransfers = .requested,
         report: @escaping @Sendable (String) -> Void = EventLoop.writeToStandardError
     ) throws {
+        self.largeTransfers = largeTransfers
         poller = try Poller()
         stallNanoseconds = stallThreshold.wholeNanoseconds
         self.report = report
@@ -241,6 +243,92 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         pendingJobs.add(1, ordering: .sequentiallyConsistent)
         if !onLoop, sleeping.exchange(false, ordering: .sequentiallyConsistent) { poller.wake() }
     }
+
+    // MARK: Large transfers
+
+    /// How a loop moves the rest of a large frame that a socket had no room for, or that has
+    /// not all arrived (docs/ENGINE.md, "Large frames in the kernel's hands").
+    public enum LargeTransfers: String, Sendable, CaseIterable {
+        /// Handed to the kernel whole, through the loop's io_uring ring (``TransferRing``), the
+        /// loop waiting in the ring while any is in flight; the default. Where the kernel
+        /// refuses io_uring (`kernel.io_uring_disabled`, a seccomp filter, an old kernel), the
+        /// loop moves them as with ``epoll`` instead.
+        case ioUring = "io_uring"
+        /// Written and read in pieces, each when the poller (epoll) reports room or bytes.
+        case epoll
+
+        /// What `IPCBENCH_LARGE_TRANSFERS` asks for: `epoll`, else ``ioUring`` (unset,
+        /// `io_uring`, or anything else).
+        public static var requested: LargeTransfers {
+            choice(environment: getenv("IPCBENCH_LARGE_TRANSFERS").map { String(cString: $0) })
+        }
+
+        package static func choice(environment value: String?) -> LargeTransfers {
+            value == LargeTransfers.epoll.rawValue ? .epoll : .ioUring
+        }
+
+        /// What a loop made now with ``requested`` would use: `io_uring`, or `epoll` with why
+        /// (asked for, or the kernel's refusal). Sets up a ring and closes it to find out.
+        public static func inUse() -> String {
+            guard requested == .ioUring else { return "epoll (IPCBENCH_LARGE_TRANSFERS=epoll)" }
+            #if os(Linux)
+            switch TransferRing.make() {
+            case .success(let ring):
+                ring.close()
+                return "io_uring"
+            case .failure(let error):
+                return "epoll (io_uring refused: \(error))"
+            }
+            #else
+            return "epoll (no io_uring on this system)"
+            #endif
+        }
+    }
+
+    /// How this loop moves the rest of large frames.
+    package let largeTransfers: LargeTransfers
+    /// The loop moves large frames the epoll way after all: the kernel refused a ring. Read by
+    /// any thread; a stale `false` costs one flush that finds no ring.
+    package var transferRingRefused: Bool {
+        get { transferRingRefusedFlag.load(ordering: .relaxed) }
+        set { transferRingRefusedFlag.store(newValue, ordering: .relaxed) }
+    }
+    private let transferRingRefusedFlag = Atomic<Bool>(false)
+
+    #if os(Linux)
+    private enum TransferRingState {
+        case notMade
+        case made(TransferRing)
+        case refused
+    }
+
+    /// Loop thread only.
+    @exclusivity(unchecked) private var transferRingState = TransferRingState.notMade
+
+    /// The loop's transfer ring, made at first use (loop thread only), or `nil` if the loop moves
+    /// large frames the epoll way: asked to (``LargeTransfers/epoll``), or the kernel refused.
+    package func transferRing() -> TransferRing? {
+        assert(inEventLoop, "the transfer ring is the loop thread's")
+        switch transferRingState {
+        case .made(let ring): return ring
+        case .refused: return nil
+        case .notMade:
+            guard largeTransfers == .ioUring, case .success(let ring) = TransferRing.make() else {
+                transferRingState = .refused
+                transferRingRefused = true
+                return nil
+            }
+            transferRingState = .made(ring)
+            return ring
+        }
+    }
+
+    /// The ring, if it has transfers in flight (loop thread).
+    private var ringInFlight: TransferRing? {
+        guard case .made(let ring) = transferRingState, ring.hasTransfersInFlight else { return nil }
+        return ring
+    }
+    #endif
 
     // MARK: Timers
 
@@ -498,9 +586,25 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                 // sleeping past it. (A timer scheduled from another thread while the loop was
                 // about to sleep once waited for an unrelated event: a sender's retry stalled.)
                 let somethingCame = hasJobs() || timersChanged.load(ordering: .sequentiallyConsistent)
+                #if os(Linux)
+                if !somethingCame, let ring = ringInFlight {
+                    // A large frame's rest is in the kernel's hands: wait in the ring, where the
+                    // kernel's retries of it run without waking this thread, until it completes
+                    // or anything else happens (the epoll descriptor, watched from the ring).
+                    ring.wait(watching: poller.epollFD)
+                    timerFired = poller.wait(into: &events, timeoutMilliseconds: 0)
+                } else {
+                    timerFired = poller.wait(into: &events, timeoutMilliseconds: somethingCame ? 0 : -1)
+                }
+                #else
                 timerFired = poller.wait(into: &events, timeoutMilliseconds: somethingCame ? 0 : -1)
+                #endif
                 sleeping.store(false, ordering: .relaxed)
             }
+            #if os(Linux)
+            // Transfers the kernel finished (their connections go on with their queues and frames).
+            if let ring = ringInFlight { ring.reap() }
+            #endif
             // Each callback is timed with one clock read: the reading after it is the start of
             // the next one's timing.
             handlersEnded = nil

@@ -35,6 +35,24 @@ public protocol FrameReassembling: AnyObject {
     /// Call at end of stream.
     /// - Throws: ``IPCError/Code/truncatedFrame`` if the stream ended inside a frame.
     func finish() throws
+
+    /// Room for bytes the frame being assembled still needs for certain, at least `minimum` of
+    /// them and never past the frame's end (its whole rest, once its header is read): for a
+    /// reader that fills it whole, or stops short only where the stream ends, and then calls
+    /// ``received(_:)`` (an io_uring receive with `MSG_WAITALL`). The room stays valid, and the
+    /// reassembler must not be called, until then. `nil` if that is fewer than `minimum` bytes,
+    /// or more than the memory bound for what has arrived allows.
+    func spaceForRestOfFrame(minimum: Int) -> UnsafeMutableRawBufferPointer?
+
+    /// `count` bytes were written into the room ``spaceForRestOfFrame(minimum:)`` gave, from its
+    /// start.
+    func received(_ count: Int)
+}
+
+extension FrameReassembling {
+    /// No room: a reassembler that does not say otherwise is read the usual way only.
+    public func spaceForRestOfFrame(minimum: Int) -> UnsafeMutableRawBufferPointer? { nil }
+    public func received(_ count: Int) {}
 }
 
 /// Owns the receive buffer of one stream and runs a ``FrameDecoder`` over it.
@@ -135,6 +153,33 @@ public final class FrameReassembler<Decoder: FrameDecoder>: FrameReassembling {
                 copyIntoBuffer(rest)
                 return
             }
+        }
+    }
+
+    public func spaceForRestOfFrame(minimum: Int) -> UnsafeMutableRawBufferPointer? {
+        guard failure == nil else { return nil }
+        if gatheringHeader != nil {
+            let rest = gatheringPayload.count - gatheringFilled
+            guard rest >= minimum else { return nil }
+            // The array's storage, which stays where it is while the reassembler holds the array
+            // unchanged (nothing else runs on it until `received`); made unique first, so that
+            // no copy of it is written to.
+            let offset = gatheringFilled
+            return gatheringPayload.withUnsafeMutableBytes { UnsafeMutableRawBufferPointer(rebasing: $0[offset...]) }
+        }
+        let unread = writeIndex - readIndex
+        let rest = pendingFrameLength - unread
+        guard pendingFrameLength > 0, rest >= minimum, rest <= boundedReservation(unread: unread) else { return nil }
+        reserveFreeSpace(rest)
+        return UnsafeMutableRawBufferPointer(start: storage + writeIndex, count: rest)
+    }
+
+    public func received(_ count: Int) {
+        guard count > 0 else { return }
+        if gatheringHeader != nil {
+            gatheredBytes(count)
+        } else {
+            writeIndex += count
         }
     }
 

@@ -86,6 +86,12 @@ struct UnixSocketHostileTests {
             .init("half a header, then a stall", .binary, Array(whole[..<10]), .truncatedFrame),
             .init("a header and part of the payload, then a stall", .binary, Array(whole[..<50]), .truncatedFrame),
             .init("a good frame, then NUL bytes", .binary, whole + [UInt8](repeating: 0, count: 16), .malformedFrame),
+            // The rest of a large frame is the kernel's to receive (the loop's transfer ring),
+            // unless IPCBENCH_LARGE_TRANSFERS=epoll: its stall and its end are still seen.
+            .init("a 1 MiB frame's header and 300 KiB of its payload, then a stall", .binary,
+                  binaryHeader(length: 1 << 20) + [UInt8](repeating: 5, count: 300 << 10), .truncatedFrame),
+            .init("a 1 MiB frame's header and 300 KiB of its payload, then EOF", .binary,
+                  binaryHeader(length: 1 << 20) + [UInt8](repeating: 5, count: 300 << 10), .truncatedFrame, ending: "shutdown"),
         ]
         let request = "POST /ipc HTTP/1.1\r\nHost: x\r\n"
         inputs += [

@@ -145,6 +145,55 @@ struct UnixSocketDeliveryTests {
         }
     }
 
+    @Test("an async send of large frames to a peer that stopped reading ends in sendTimeout, and the torn connection ends")
+    func asyncSendTimeout() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("asynctimeout")
+        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        defer { peer.kill() }
+        let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        kill(peer.pid, SIGSTOP)
+        defer { kill(peer.pid, SIGCONT) }
+        // The rest of each frame goes to the kernel whole (the loop's transfer ring), unless
+        // IPCBENCH_LARGE_TRANSFERS=epoll: the deadline ends it either way.
+        let big = [UInt8](repeating: 7, count: 1 << 20)
+        await expectIPCError(.sendTimeout) {
+            for _ in 0..<64 {
+                try await connection.send(big, msgid: 9, timeout: .milliseconds(300))
+            }
+        }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while connection.invalidationReason == nil, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(connection.invalidationReason?.kind == .transportFailure, "\(String(describing: connection.invalidationReason))")
+        #expect(connection.invalidationReason?.error?.code == .sendTimeout, "\(String(describing: connection.invalidationReason))")
+    }
+
+    @Test("large requests and replies, eight in flight at once, both framings, arrive whole and each to its requester", arguments: Framing.allCases)
+    func largeRequestsInFlightTogether(framing: Framing) async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("large")
+        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        // Each frame's rest, both ways, is the kernel's to move while the others queue behind it.
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            for index in 0..<8 {
+                tasks.addTask {
+                    let size = (1 << 20) + index * 4099
+                    let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ index) }
+                    for _ in 0..<3 {
+                        let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(60))
+                        #expect(reply == payload, "request \(index)")
+                    }
+                }
+            }
+            try await tasks.waitForAll()
+        }
+        #expect(connection.invalidationReason == nil)
+    }
+
     @Test("a failing handler is reported to the requester")
     func handlerFailure() async throws {
         let group = try TestGroup()

@@ -211,4 +211,35 @@ static inline int ipc_sys_poll(struct pollfd *entries, unsigned long count, int 
 #endif
 }
 
+/// The event loop's transfer ring (transfer_ring.c): io_uring sends and receives the kernel
+/// finishes, for the rest of a large frame. Used by one thread, the loop's.
+typedef struct ipc_ring ipc_ring;
+/// A ring for at most `slots` transfers in flight at once (1 to 1024); NULL with errno set if the
+/// kernel refuses io_uring (ENOSYS, EPERM where kernel.io_uring_disabled forbids it, ENOMEM).
+ipc_ring *ipc_ring_open(int slots);
+/// Submits one sendmsg(2) with MSG_WAITALL | MSG_NOSIGNAL on `fd` of `head` (copied now) then
+/// `payload` (not copied: it must stay valid, unchanged, until the send's completion is reaped).
+/// Returns the transfer's slot, or -1 with errno (EBUSY: every slot is in flight; else the kernel's).
+int ipc_ring_send(ipc_ring *ring, int fd, const void *head, size_t head_length, const void *payload, size_t payload_length);
+/// Submits one recv(2) with MSG_WAITALL on `fd` of `length` bytes into `buffer`, which must stay
+/// valid, and untouched by anyone else, until the receive's completion is reaped. Returns its
+/// slot, or -1 with errno.
+int ipc_ring_receive(ipc_ring *ring, int fd, void *buffer, size_t length);
+/// Transfers submitted whose completion has not been reaped.
+int ipc_ring_in_flight(const ipc_ring *ring);
+/// Waits in the ring until a completion comes or `watched` (the loop's epoll descriptor) is
+/// readable, arming a poll of it first if none is armed; returns at once if completions wait.
+/// Returns 0, or -1 with errno (EINTR: the caller goes round).
+int ipc_ring_wait(ipc_ring *ring, int watched);
+/// Asks the kernel to cancel the transfer in `slot`; its completion still comes (-ECANCELED, or
+/// the bytes it moved). Returns 0 or -1 with errno.
+int ipc_ring_cancel(ipc_ring *ring, int slot);
+/// Takes at most `capacity` completed transfers: their slots and results (the bytes moved, or
+/// -errno). Returns how many. Each slot stays taken until ipc_ring_release.
+int ipc_ring_reap(ipc_ring *ring, int *slots, int *results, int capacity);
+/// Frees the slot of a transfer whose completion was reaped.
+void ipc_ring_release(ipc_ring *ring, int slot);
+/// Closes the ring. Only with nothing in flight: the kernel may still use a buffer otherwise.
+void ipc_ring_close(ipc_ring *ring);
+
 #endif

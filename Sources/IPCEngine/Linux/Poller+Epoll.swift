@@ -83,7 +83,8 @@ package final class Poller: Sendable {
     /// The token of the timer (``armTimer(at:)``); registrations never use it.
     static let timerToken: UInt64 = UInt64.max
 
-    private let epollFD: CInt
+    /// The epoll instance (the transfer ring watches it while the loop waits there).
+    let epollFD: CInt
     private let wakeFD: CInt
     /// A timerfd on `CLOCK_MONOTONIC`: the loop's next deadline, armed only when it changes, so
     /// that waiting costs no timer set-up per call (epoll_wait's own timeout would).

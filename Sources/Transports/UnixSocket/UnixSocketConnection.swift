@@ -145,6 +145,35 @@ final class UnixSocketChannel: EngineChannel, @unchecked Sendable {
 
     var gathersWrites: Bool { true }
 
+    /// A frame is its header, then its payload, on a stream socket: the rest of a large one can
+    /// go to the kernel whole, either way (docs/ENGINE.md, "Large frames in the kernel's hands").
+    var kernelFinishesWrites: Bool { true }
+
+    func kernelReadSpace(minimum: Int) -> UnsafeMutableRawBufferPointer? {
+        // Not over bytes a spinning poll already read (a spinning connection does not hand
+        // transfers to the kernel; this is the check that it never reads around one).
+        guard !polled.isHolding else { return nil }
+        return reassembler.spaceForRestOfFrame(minimum: minimum)
+    }
+
+    func kernelReadEnded(_ count: Int) {
+        reassembler.received(count)
+    }
+
+    func withEncodedHeader<R>(of frame: Frame, _ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
+        switch encoding {
+        case .binary(let encoder):
+            var header = try encoder.headerBytes(FrameHeader(frame))
+            return try withUnsafeBytes(of: &header.storage) { raw in
+                try body(UnsafeRawBufferPointer(rebasing: raw[..<BinaryFrameHeaderBytes.count]))
+            }
+        case .http(let encoder):
+            headerBuffer.removeAll(keepingCapacity: true)
+            try encoder.encodeHeader(FrameHeader(frame), into: &headerBuffer)
+            return try headerBuffer.withUnsafeBytes { try body($0) }
+        }
+    }
+
     /// ``coalescedFrameLimit``: small frames held together up to it go as one copy and one
     /// `send` (a system call each traded for a copy each); larger frames as one gathering
     /// `sendmsg` of their segments.
