@@ -18,6 +18,8 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/utsname.h>
+#include <stdio.h>
 #include <unistd.h>
 
 /// A completion with this tag is a cancellation's own (nothing waits for it); one with POLL_TAG
@@ -55,8 +57,8 @@ struct ipc_ring {
 
 void ipc_ring_close(ipc_ring *ring) {
     if (ring == NULL) return;
-    // Closing the ring cancels what is still in flight; the kernel no longer touches the
-    // payloads once the descriptor is gone and its requests are torn down.
+    // Only with nothing in flight (the header says so): the kernel tears a ring down after its
+    // descriptor is closed, and until then a transfer still in flight could use its buffer.
     if (ring->sqes != NULL && ring->sqes != MAP_FAILED) munmap(ring->sqes, ring->sqes_length);
     if (ring->rings != NULL && ring->rings != MAP_FAILED) munmap(ring->rings, ring->rings_length);
     if (ring->fd >= 0) close(ring->fd);
@@ -67,9 +69,40 @@ void ipc_ring_close(ipc_ring *ring) {
     free(ring);
 }
 
+/// Whether the running kernel is at least `major`.`minor` (uname's release).
+static bool kernel_at_least(int major, int minor) {
+    struct utsname name;
+    if (uname(&name) != 0) return false;
+    int found_major = 0, found_minor = 0;
+    if (sscanf(name.release, "%d.%d", &found_major, &found_minor) != 2) return false;
+    return found_major > major || (found_major == major && found_minor >= minor);
+}
+
+/// Whether the ring's kernel has every operation the ring uses (IORING_REGISTER_PROBE).
+static bool has_operations(int fd) {
+    size_t length = sizeof(struct io_uring_probe) + 256 * sizeof(struct io_uring_probe_op);
+    struct io_uring_probe *probe = calloc(1, length);
+    if (probe == NULL) return false;
+    bool ok = syscall(SYS_io_uring_register, fd, IORING_REGISTER_PROBE, probe, 256) == 0;
+    static const int needed[] = {IORING_OP_SENDMSG, IORING_OP_RECV, IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL};
+    for (size_t index = 0; ok && index < sizeof(needed) / sizeof(needed[0]); index++) {
+        int op = needed[index];
+        ok = op <= probe->last_op && (probe->ops[op].flags & IO_URING_OP_SUPPORTED) != 0;
+    }
+    free(probe);
+    return ok;
+}
+
 ipc_ring *ipc_ring_open(int slots) {
     if (slots < 1 || slots > 1024) {
         errno = EINVAL;
+        return NULL;
+    }
+    // Sends and receives that the kernel retries until MSG_WAITALL is met, and a cancelled
+    // transfer that reports the bytes it moved, came by Linux 6.1; an older kernel gets the
+    // epoll way (ENOSYS).
+    if (!kernel_at_least(6, 1)) {
+        errno = ENOSYS;
         return NULL;
     }
     ipc_ring *ring = calloc(1, sizeof(*ring));
@@ -84,6 +117,10 @@ ipc_ring *ipc_ring_open(int slots) {
     // queue is twice that.
     ring->fd = (int)syscall(SYS_io_uring_setup, (unsigned)(2 * slots + 1), &parameters);
     if (ring->fd < 0) goto failed;
+    if (!has_operations(ring->fd)) {
+        errno = ENOSYS;
+        goto failed;
+    }
     // One mapping for both rings (every kernel with MSG_WAITALL sends has IORING_FEAT_SINGLE_MMAP).
     if ((parameters.features & IORING_FEAT_SINGLE_MMAP) == 0) {
         errno = ENOSYS;
@@ -127,19 +164,34 @@ static struct io_uring_sqe *next_entry(ipc_ring *ring) {
     return entry;
 }
 
+/// After io_uring_enter: what the kernel has not taken stays queued. It takes entries in order,
+/// so if any is left, the newest (the caller's) is among them: it is withdrawn (nothing was
+/// submitted for it) and `withdrawn` says so.
+static void settle_queue(ipc_ring *ring, bool *withdrawn) {
+    unsigned head = atomic_load_explicit((_Atomic unsigned *)ring->sq_head, memory_order_acquire);
+    unsigned tail = *ring->sq_tail;
+    *withdrawn = false;
+    if (tail != head) {
+        atomic_store_explicit((_Atomic unsigned *)ring->sq_tail, tail - 1, memory_order_release);
+        tail--;
+        *withdrawn = true;
+    }
+    ring->queued = tail - head;
+}
+
+/// Submits the entry just filled (and any queued before it). Returns 0 if the kernel took it, or
+/// -1 with errno if it did not (it is then withdrawn).
 static int submit_one(ipc_ring *ring) {
     atomic_store_explicit((_Atomic unsigned *)ring->sq_tail, *ring->sq_tail + 1, memory_order_release);
-    unsigned count = ring->queued + 1;
+    ring->queued++;
     for (;;) {
-        int result = (int)syscall(SYS_io_uring_enter, ring->fd, count, 0, 0, NULL, 0);
-        if (result == (int)count) {
-            ring->queued = 0;
-            return 0;
-        }
+        int result = (int)syscall(SYS_io_uring_enter, ring->fd, ring->queued, 0, 0, NULL, 0);
         if (result < 0 && errno == EINTR) continue;
-        if (result >= 0) errno = EAGAIN;
-        // Not taken: the entry is withdrawn (one thread submits, and it is the last queued).
-        atomic_store_explicit((_Atomic unsigned *)ring->sq_tail, *ring->sq_tail - 1, memory_order_release);
+        int error = result < 0 ? errno : EAGAIN;
+        bool withdrawn;
+        settle_queue(ring, &withdrawn);
+        if (!withdrawn) return 0;
+        errno = error;
         return -1;
     }
 }
@@ -245,11 +297,12 @@ int ipc_ring_wait(ipc_ring *ring, int watched) {
     // Completions already there: no wait, but the poll request still goes in.
     unsigned wait = head == tail ? 1 : 0;
     int result = (int)syscall(SYS_io_uring_enter, ring->fd, ring->queued, wait, wait ? IORING_ENTER_GETEVENTS : 0, NULL, 0);
-    if (result >= 0) {
-        ring->queued -= (unsigned)result < ring->queued ? (unsigned)result : ring->queued;
-        return 0;
-    }
-    // EINTR: a signal; the caller goes round. Anything queued stays queued for the next call.
+    int error = errno;
+    // What the kernel did not take stays queued for the next call (the poll request included).
+    ring->queued = *ring->sq_tail - atomic_load_explicit((_Atomic unsigned *)ring->sq_head, memory_order_acquire);
+    if (result >= 0) return 0;
+    // EINTR: a signal; the caller goes round.
+    errno = error;
     return -1;
 }
 

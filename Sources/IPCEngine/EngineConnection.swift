@@ -484,9 +484,13 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             let final = core.latch.reason ?? reason
             channel.ending(final)
             #if os(Linux)
-            // The rest of a frame in the kernel's hands is stopped; its completion closes.
+            // The rest of a frame in the kernel's hands is stopped (a send's completion closes);
+            // a receive is woken by the end of the stream too, should the cancel not be made.
             if let kernelSlot { eventLoop.transferRing()?.cancel(kernelSlot) }
-            if let kernelReadSlot { eventLoop.transferRing()?.cancel(kernelReadSlot) }
+            if let kernelReadSlot {
+                eventLoop.transferRing()?.cancel(kernelReadSlot)
+                channel.shutdown()
+            }
             #endif
             let failed: [PendingWrite] = writeState.withLock { state in
                 state.closed = true
@@ -687,7 +691,11 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
             // What the kernel's receive has taken so far is not known until it ends: it is
             // stopped, and its end (with the bytes that came, if any) settles the check.
             kernelStallCheck = seen
-            eventLoop.transferRing()?.cancel(kernelReadSlot)
+            if eventLoop.transferRing()?.cancel(kernelReadSlot) != true {
+                // Not stopped (the kernel refused the request): look again a period later.
+                kernelStallCheck = nil
+                armStallTimer()
+            }
             return
         }
         #endif
@@ -1426,15 +1434,18 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         return true
     }
 
-    /// The kernel finished the rest of the queue's head (loop thread): `result` is the bytes it
-    /// sent, or `-errno`. All of it: the frame is written and the queue goes on. Less: the
-    /// connection broke, and the frame is torn.
+    /// The kernel's send of the rest of the queue's head ended (loop thread): `result` is the
+    /// bytes it sent, or `-errno`. All of it: the frame is written and the queue goes on. Part of
+    /// it (the kernel may stop short, out of memory for one): the rest is written as any, from
+    /// there. None, or an error: the connection broke, and the frame is torn.
     private func kernelWriteEnded(_ head: PendingWrite, result: Int) {
         kernelSlot = nil
         let expected = head.total - head.written
         enum Ending {
             case finished
+            case more
             case closed
+            case abandoned
             case failed(IPCError)
         }
         let ending: Ending = writeState.withLock { state in
@@ -1443,17 +1454,21 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
                 state.writerActive = false
                 return .closed
             }
-            if result == expected {
-                head.written = head.total
-                state.queuedBytes -= expected
+            if head.done {
+                // Failed meanwhile by its deadline; the connection's end, on its way, closes.
+                state.writerActive = false
+                return .abandoned
+            }
+            if result > 0 {
+                head.written += min(result, expected)
+                state.queuedBytes -= min(result, expected)
+            }
+            if head.written == head.total {
                 head.done = true
                 if let index = state.queue.firstIndex(where: { $0 === head }) { state.queue.remove(at: index) }
                 return .finished
             }
-            if result > 0 {
-                head.written += result
-                state.queuedBytes -= result
-            }
+            if result > 0 { return .more }
             state.writerActive = false
             return .failed(Self.kernelWriteError(result, written: head.written, total: head.total))
         }
@@ -1461,10 +1476,14 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         case .finished:
             head.complete(.success(()))
             writeWhileTaken()
+        case .more:
+            writeWhileTaken()
         case .closed:
             // Ended meanwhile (``finish(_:)`` failed the queue, this frame with it, and left
             // the closing to this writer).
             channel.close()
+        case .abandoned:
+            break
         case .failed(let error):
             // Ends the connection, which fails the queue, this frame first.
             failedWrite(error, torn: true)
@@ -1531,7 +1550,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
 
     private static func kernelWriteError(_ result: Int, written: Int, total: Int) -> IPCError {
         guard result < 0 else {
-            return IPCError(code: .peerInvalidated, message: "the connection broke after \(written) of a frame's \(total) bytes were sent")
+            return IPCError(code: .peerInvalidated, message: "the kernel sent nothing more of a frame after \(written) of its \(total) bytes: the connection broke")
         }
         let error = Errno(rawValue: CInt(-result))
         switch error {

@@ -1,7 +1,7 @@
 #if os(Linux)
 import CIPCShims
 import Glibc
-package import IPCCore
+import IPCCore
 import SystemPackage
 
 /// The event loop's io_uring ring for the rest of large frames (docs/ENGINE.md, "Large frames in
@@ -81,11 +81,13 @@ package final class TransferRing: @unchecked Sendable {
         return Int(slot)
     }
 
-    /// Asks the kernel to stop the transfer in `slot` (its connection ended): its completion
-    /// still comes, with `-ECANCELED` or what moved.
-    func cancel(_ slot: Int) {
-        guard inFlight[slot] != nil else { return }
-        _ = ipc_ring_cancel(ring, CInt(slot))
+    /// Asks the kernel to stop the transfer in `slot`: its completion still comes, with
+    /// `-ECANCELED` or what moved. Returns whether the request was made (the kernel may refuse
+    /// it, out of memory).
+    @discardableResult
+    func cancel(_ slot: Int) -> Bool {
+        guard inFlight[slot] != nil else { return false }
+        return ipc_ring_cancel(ring, CInt(slot)) == 0
     }
 
     /// Waits until a transfer completes or `epollDescriptor` is readable (the loop's other
