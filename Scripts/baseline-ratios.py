@@ -33,6 +33,12 @@ for placement in ("same-core", "split-cores"):
             if o and e: s += f"; on-loop {o['p50']/1000:.2f} ÷ {e['p50']/1000:.2f} = {o['p50']/e['p50']:.2f}"
             if n: s += f"; hand-off ÷ native {h['p50']/n['p50']:.2f}"
             print(s)
+print("== spinning, two cores, 64 B, on-loop handler ÷ the floor that spins the same way")
+for name, spinning_floor in (("unix-socket", "floor:unix-stream+spin"), ("message-port", "floor:mqueue+spin"), ("notify", "floor:shm+spin")):
+    o = row(name, "split-cores", 64, "on-loop", wait="spin-then-block"); f = row(spinning_floor, "split-cores", 64, wait="spin-then-block")
+    if o and f:
+        print(f"  {name}: {o['p50']/1000:.2f} µs ÷ {f['p50']/1000:.2f} µs = {o['p50']/f['p50']:.2f}")
+print("context.largeTransfers:", d["context"].get("largeTransfers", "not recorded"))
 T = d["throughput"]
 print("== throughput unix-socket, preferred executor, a message per send, share of best event-driven floor stream (and that floor's share of the blocking unix-stream)")
 for framing in ("binary", "http"):

@@ -234,7 +234,7 @@ int ipc_ring_send(ipc_ring *ring, int fd, const void *head, size_t head_length, 
     entry->addr = (uint64_t)(uintptr_t)&slot->message;
     entry->len = 1;
     // MSG_WAITALL: the kernel sends the rest each time the socket has room, and completes once
-    // all of it went or the connection broke (a short count then).
+    // all of it went, or with a short count if the connection broke or the kernel stopped short.
     entry->msg_flags = MSG_NOSIGNAL | MSG_WAITALL;
     entry->user_data = (uint64_t)slot_index + 1;
     if (submit_one(ring) != 0) return -1;

@@ -59,8 +59,8 @@ package final class TransferRing: @unchecked Sendable {
 
     /// Hands `head` (copied now) then `payload` (read by the kernel until `done` runs) to the
     /// kernel to send on `fd`, all of it. `payload` must be bytes of `frame.payload`'s own
-    /// storage. `done` runs on the loop's thread, once, with the bytes sent, or `-errno`; a
-    /// count short of the whole means the connection broke. Returns the transfer's slot, or
+    /// storage. `done` runs on the loop's thread, once, with the bytes sent (fewer than all when
+    /// the kernel stopped short, or the connection broke), or `-errno`. Returns the transfer's slot, or
     /// `nil` if it was not taken (every slot in flight, or the kernel refused): nothing was
     /// sent then.
     func send(fd: CInt, head: UnsafeRawBufferPointer, payload: UnsafeRawBufferPointer, keeping frame: Frame, done: @escaping (Int) -> Void) -> Int? {
