@@ -300,10 +300,21 @@ int ipc_ring_wait(ipc_ring *ring, int watched) {
     int error = errno;
     // What the kernel did not take stays queued for the next call (the poll request included).
     ring->queued = *ring->sq_tail - atomic_load_explicit((_Atomic unsigned *)ring->sq_head, memory_order_acquire);
-    if (result >= 0) return 0;
-    // EINTR: a signal; the caller goes round.
-    errno = error;
-    return -1;
+    if (result < 0) {
+        // EINTR (a signal) or a refusal: the caller asks epoll as after any wait.
+        errno = error;
+        return 1;
+    }
+    // Only the poll's completion says the epoll descriptor was readable. One that came after
+    // an earlier wait and was reaped with its round's transfers is not lost: the descriptor stays
+    // readable until epoll_wait takes its events (the loop's registrations are level-triggered,
+    // and an edge-triggered one's event waits in epoll's ready list), so the poll armed next
+    // completes at once.
+    tail = atomic_load_explicit((_Atomic unsigned *)ring->cq_tail, memory_order_acquire);
+    for (; head != tail; head++) {
+        if (ring->cqes[head & *ring->cq_mask].user_data == POLL_TAG) return 1;
+    }
+    return 0;
 }
 
 int ipc_ring_cancel(ipc_ring *ring, int slot) {

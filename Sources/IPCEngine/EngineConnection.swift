@@ -1545,6 +1545,15 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
         // Fewer than asked: the stream ended or broke, or the stall timer stopped the receive;
         // the descriptor says which (a read of it sees the end).
         if result == asked, channel.hasPartialFrame, readInKernel() { return }
+        if result == asked, !channel.hasPartialFrame {
+            // The frame is whole. In a stream of large frames the next one's start is usually
+            // there already: one read now (as for a readiness report) takes it, and its rest goes
+            // to the kernel in turn, with the descriptor never back in epoll's set (two
+            // `epoll_ctl`s and an `epoll_wait` a frame). It is watched again only if that read
+            // found nothing or what it found is not the start of another large frame.
+            readSome()
+            if finished || paused || kernelReadSlot != nil { return }
+        }
         updateInterest { $0.watchingReadable = true }
     }
 

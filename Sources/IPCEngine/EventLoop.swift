@@ -591,8 +591,10 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                     // A large frame's rest is in the kernel's hands: wait in the ring, where the
                     // kernel's retries of it run without waking this thread, until it completes
                     // or anything else happens (the epoll descriptor, watched from the ring).
-                    ring.wait(watching: poller.epollFD)
-                    timerFired = poller.wait(into: &events, timeoutMilliseconds: 0)
+                    // epoll is asked only if its descriptor was readable.
+                    if ring.wait(watching: poller.epollFD) {
+                        timerFired = poller.wait(into: &events, timeoutMilliseconds: 0)
+                    }
                 } else {
                     timerFired = poller.wait(into: &events, timeoutMilliseconds: somethingCame ? 0 : -1)
                 }

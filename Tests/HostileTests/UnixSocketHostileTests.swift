@@ -73,6 +73,7 @@ struct UnixSocketHostileTests {
 
     static let inputs: [HostileStreamInput] = {
         let whole = try! binaryFrame([UInt8](repeating: 0xAB, count: 100))
+        let large = try! binaryFrame([UInt8](repeating: 0xCD, count: 1 << 20))
         var inputs: [HostileStreamInput] = [
             .init("garbage magic", .binary, binaryHeader(length: 0, magic: (0x47, 0x45)), .malformedFrame),
             .init("unknown version 2", .binary, binaryHeader(version: 2, length: 0), .malformedFrame),
@@ -92,6 +93,13 @@ struct UnixSocketHostileTests {
                   binaryHeader(length: 1 << 20) + [UInt8](repeating: 5, count: 300 << 10), .truncatedFrame),
             .init("a 1 MiB frame's header and 300 KiB of its payload, then EOF", .binary,
                   binaryHeader(length: 1 << 20) + [UInt8](repeating: 5, count: 300 << 10), .truncatedFrame, ending: "shutdown"),
+            // What follows a large frame whose rest the kernel received is read when it ends.
+            .init("a whole 1 MiB frame, then NUL bytes", .binary, large + [UInt8](repeating: 0, count: 16), .malformedFrame),
+            .init("a whole 1 MiB frame, then another's header and 300 KiB of its payload, then a stall", .binary,
+                  large + binaryHeader(length: 1 << 20) + [UInt8](repeating: 5, count: 300 << 10), .truncatedFrame),
+            .init("a whole 1 MiB frame, then another's header and 300 KiB of its payload, then EOF", .binary,
+                  large + binaryHeader(length: 1 << 20) + [UInt8](repeating: 5, count: 300 << 10), .truncatedFrame, ending: "shutdown"),
+            .init("a whole 1 MiB frame, then half a header, then EOF", .binary, large + Array(whole[..<10]), .truncatedFrame, ending: "shutdown"),
         ]
         let request = "POST /ipc HTTP/1.1\r\nHost: x\r\n"
         inputs += [
@@ -118,6 +126,8 @@ struct UnixSocketHostileTests {
             .init("header block truncated at EOF", http: request + "Content-Len", .truncatedFrame, ending: "shutdown"),
             .init("half a header block, then a stall", http: request + "Content-Len", .truncatedFrame),
             .init("headers, part of the body, then a stall", http: request + "Content-Length: 10\r\n\r\nhel", .truncatedFrame),
+            .init("a whole 1 MiB request, then a garbage start line", .http,
+                  (try! httpFrame([UInt8](repeating: 0xCD, count: 1 << 20))) + Array("GARBAGE\r\n\r\n".utf8), .malformedFrame),
         ]
         return inputs
     }()

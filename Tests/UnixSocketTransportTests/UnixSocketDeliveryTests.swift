@@ -92,6 +92,38 @@ struct UnixSocketDeliveryTests {
         }
     }
 
+    @Test("one-way messages of mixed sizes, large among small, arrive in order and whole, both framings", arguments: Framing.allCases)
+    func mixedSizesInOrder(framing: Framing) async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("mixed")
+        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        defer { peer.stop() }
+        let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        // A large frame's rest is the kernel's to receive; the frames just behind it (small,
+        // empty, or large again) are read when it ends, on both sides (the peer echoes each).
+        func payload(_ index: Int) -> [UInt8] {
+            let size = switch index % 4 {
+            case 0: (1 << 20) + index
+            case 1: index
+            case 2: (200 << 10) + index
+            default: 0
+            }
+            return (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ index) }
+        }
+        let count = 48
+        let sender = Task.detached {
+            for index in 0..<count { try connection.send(payload(index), msgid: UInt32(index), timeout: .seconds(30)) }
+        }
+        let received = try await collect(count, from: connection)
+        try await sender.value
+        #expect(received.map(\.msgid) == (0..<count).map(UInt32.init))
+        for (index, message) in received.enumerated() where message.payload != payload(index) {
+            Issue.record("message \(index): \(message.payload.count) bytes, not the \(payload(index).count) sent")
+        }
+        #expect(connection.invalidationReason == nil)
+    }
+
     @Test("concurrent requests each get their own reply")
     func correlation() async throws {
         let group = try TestGroup()

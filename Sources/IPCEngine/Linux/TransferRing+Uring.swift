@@ -92,8 +92,10 @@ package final class TransferRing: @unchecked Sendable {
 
     /// Waits until a transfer completes or `epollDescriptor` is readable (the loop's other
     /// events, its wake-ups and its timers all show there). A signal ends the wait early.
-    func wait(watching epollDescriptor: CInt) {
-        _ = ipc_ring_wait(ring, epollDescriptor)
+    /// Returns whether epoll may have events: `false` when only transfers completed, so the
+    /// loop need not ask it (a system call a large frame's rest would otherwise cost).
+    func wait(watching epollDescriptor: CInt) -> Bool {
+        ipc_ring_wait(ring, epollDescriptor) != 0
     }
 
     /// Runs the `done` of each completed transfer (loop thread).
