@@ -58,4 +58,19 @@ struct ThroughputFloorTests {
         let perMessage = try #require(zip(Self.rows, table).first { $0.0.transport == "unix-socket" && $0.0.batch == nil }?.1)
         #expect(perMessage[sameWork] == "50%" && perMessage[best] == "50%")
     }
+
+    @Test("the report's throughput table shows the repetitions' middle half beside their median")
+    func repetitionSpread() throws {
+        var spread = Self.row("unix-socket", perSecond: 0)
+        // Ten repetitions in run order; sorted: 10 20 30 40 50 60 70 80 90 100.
+        spread.repetitionMessagesPerSecond = [70, 10, 100, 40, 90, 20, 60, 30, 80, 50]
+        spread.messagesPerSecond = 60
+        let quartiles = try #require(spread.repetitionQuartiles)
+        #expect(quartiles.lower == 30 && quartiles.upper == 80)
+        let column = try #require(ReportRenderer.throughputColumns.firstIndex(of: "q1–q3 messages/s"))
+        #expect(ReportRenderer.throughputRows([spread])[0][column] == "30–80")
+        // Too few repetitions for a spread.
+        #expect(Self.row("unix-socket", perSecond: 5).repetitionQuartiles == nil)
+        #expect(ReportRenderer.throughputRows([Self.row("unix-socket", perSecond: 5)])[0][column] == "-")
+    }
 }
