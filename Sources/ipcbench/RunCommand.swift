@@ -40,7 +40,7 @@ struct RunCommand: AsyncParsableCommand {
 
     @Flag(help: ArgumentHelp(
         "Everything: the default run, and also the global-executor rows, the on-loop-handler rows, the scale measurement and 0-byte payloads.",
-        discussion: "The default run answers which transport to use and how close each is to its floor (every transport, framing and placement, the floors, spinning, throughput, peer death, in-process framing and decoding): 110 s on this repository's 2-vCPU VM. --full took 266 s there. --references adds the reference systems to the sweeps and their peer-death trials: Scripts/bench.sh --references --full took 18 min 47 s there on a fresh clone, building the reference programs from nothing (README.md has the measured times). The --skip-… options apply to --full as well."
+        discussion: "The default run answers which transport to use and how close each is to its floor (every transport, framing and placement, the floors, spinning, throughput, peer death, in-process framing and decoding): 110 s on this repository's 2-vCPU VM. --full took 266 s there. --references adds the reference systems to the sweeps and their peer-death trials: Scripts/bench.sh --references --full took 14 min 14 s there on a fresh clone, building the reference programs from nothing (README.md has the measured times). The --skip-… options apply to --full as well."
     ))
     var full = false
 
