@@ -281,8 +281,9 @@ int ipc_ring_wait(ipc_ring *ring, int watched) {
     if (!ring->poll_armed) {
         struct io_uring_sqe *entry = next_entry(ring);
         if (entry == NULL) {
+            // The loop asks epoll as after any failed wait.
             errno = EBUSY;
-            return -1;
+            return 1;
         }
         entry->opcode = IORING_OP_POLL_ADD;
         entry->fd = watched;
@@ -305,6 +306,9 @@ int ipc_ring_wait(ipc_ring *ring, int watched) {
         errno = error;
         return 1;
     }
+    // The kernel took less than was queued (short of memory), and then did not wait: the poll
+    // request may be among what it left, so nothing watches epoll's descriptor; the caller asks.
+    if (ring->queued > 0) return 1;
     // Only the poll's completion says the epoll descriptor was readable. One that came after
     // an earlier wait and was reaped with its round's transfers is not lost: the descriptor stays
     // readable until epoll_wait takes its events (the loop's registrations are level-triggered,

@@ -41,14 +41,14 @@ public struct ThroughputResult: Codable, Sendable {
     /// where the transport has one); absent for the per-message streams.
     public var batch: Int? = nil
 
-    /// The middle half of the repetitions' rates, the report's spread: the rates a quarter and
-    /// three quarters of the way up the repetitions sorted by rate (`sorted[n / 4]` and
-    /// `sorted[3n / 4]`, as ``messagesPerSecond`` is `sorted[n / 2]`); `nil` with fewer than
-    /// four repetitions.
+    /// The middle half of the repetitions' rates, the report's spread: the rates as far from the
+    /// slowest and from the fastest, a quarter of the way in (`sorted[n / 4]` and
+    /// `sorted[n - 1 - n / 4]`: with ten, the third and the eighth, as ``messagesPerSecond`` is
+    /// `sorted[n / 2]`); `nil` with fewer than four repetitions.
     public var repetitionQuartiles: (lower: Double, upper: Double)? {
         guard repetitionMessagesPerSecond.count >= 4 else { return nil }
         let sorted = repetitionMessagesPerSecond.sorted()
-        return (sorted[sorted.count / 4], sorted[3 * sorted.count / 4])
+        return (sorted[sorted.count / 4], sorted[sorted.count - 1 - sorted.count / 4])
     }
 
     /// Whether the messages were sent from the global executor although the transport offers its own.

@@ -604,8 +604,14 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                 sleeping.store(false, ordering: .relaxed)
             }
             #if os(Linux)
-            // Transfers the kernel finished (their connections go on with their queues and frames).
-            if let ring = ringInFlight { ring.reap() }
+            // Transfers the kernel finished (their connections go on with their queues and frames,
+            // the frames read behind a received one included): timed as one callback.
+            if let ring = ringInFlight {
+                let started = monotonicNanoseconds()
+                ring.reap()
+                let ended = monotonicNanoseconds()
+                if ended &- started > stallNanoseconds { stalled(for: ended &- started, by: Self.transferCompletionsLabel) }
+            }
             #endif
             // Each callback is timed with one clock read: the reading after it is the start of
             // the next one's timing.
@@ -623,6 +629,9 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             handlersEnded = started
         }
     }
+
+    /// The stall culprit for the transfer ring's completions (``TransferRing/reap()``).
+    static let transferCompletionsLabel = "the completions of large frames' transfers (the transfer ring)"
 
     private func hasJobs() -> Bool {
         !localJobs.isEmpty || ownJobShared || pendingJobs.load(ordering: .sequentiallyConsistent) > 0

@@ -69,6 +69,9 @@ struct ThroughputFloorTests {
         #expect(quartiles.lower == 30 && quartiles.upper == 80)
         let column = try #require(ReportRenderer.throughputColumns.firstIndex(of: "q1–q3 messages/s"))
         #expect(ReportRenderer.throughputRows([spread])[0][column] == "30–80")
+        // Four: the second and third, as far from either end.
+        spread.repetitionMessagesPerSecond = [40, 10, 30, 20]
+        #expect(spread.repetitionQuartiles.map { [$0.lower, $0.upper] } == [20, 30])
         // Too few repetitions for a spread.
         #expect(Self.row("unix-socket", perSecond: 5).repetitionQuartiles == nil)
         #expect(ReportRenderer.throughputRows([Self.row("unix-socket", perSecond: 5)])[0][column] == "-")

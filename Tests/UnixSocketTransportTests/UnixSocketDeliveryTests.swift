@@ -92,7 +92,7 @@ struct UnixSocketDeliveryTests {
         }
     }
 
-    @Test("one-way messages of mixed sizes, large among small, arrive in order and whole, both framings", arguments: Framing.allCases)
+    @Test("one-way messages of mixed sizes, large among small, arrive in order and whole, every framing", arguments: Framing.allCases)
     func mixedSizesInOrder(framing: Framing) async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("mixed")

@@ -229,8 +229,9 @@ int ipc_ring_receive(ipc_ring *ring, int fd, void *buffer, size_t length);
 int ipc_ring_in_flight(const ipc_ring *ring);
 /// Waits in the ring until a completion comes or `watched` (the loop's epoll descriptor) is
 /// readable, arming a poll of it first if none is armed; returns at once if completions wait.
-/// Returns 1 if `watched` may have events (its poll completed, or the wait failed, errno then
-/// set: EINTR is a signal), 0 if only transfers completed and epoll need not be asked.
+/// Returns 1 if `watched` may have events (its poll completed, the kernel did not take the poll
+/// request, or the wait failed, errno then set: EINTR is a signal), 0 if only transfers
+/// completed and epoll need not be asked.
 int ipc_ring_wait(ipc_ring *ring, int watched);
 /// Asks the kernel to cancel the transfer in `slot`; its completion still comes (-ECANCELED, or
 /// the bytes it moved). Returns 0 or -1 with errno.
