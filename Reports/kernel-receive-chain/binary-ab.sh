@@ -21,14 +21,6 @@ done
 for round in $(seq 1 "$rounds"); do
     for commit in "$1" "$2"; do
         binary=$work/$commit/Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
-        group=$(mktemp -d /tmp/binary-ab-run-XXXX)
-        taskset -c "$server_cpu" "$binary" serve "$group" sink > "$group/server.log" 2>&1 &
-        server=$!
-        Scripts/wait-for-server.sh "$group" "$server"
-        line=$(ROUND_TRIP_TIMES=1 taskset -c 0 "$binary" client "$group" "$messages" "$bytes" stream 2> "$group/client.log")
-        wait "$server"
-        nanoseconds=$(echo "$line" | grep -o '[0-9]* ns' | cut -d' ' -f1)
-        echo "$round $commit $(python3 -c "print(round($nanoseconds / 1000 / $messages, 2))") µs a message"
-        rm -rf "$group"
+        echo "$round $commit $(Reports/kernel-receive-chain/stream-once.sh "$binary" "$server_cpu" "$messages" "$bytes") µs a message"
     done
 done

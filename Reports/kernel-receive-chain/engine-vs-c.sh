@@ -15,13 +15,5 @@ binary=Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
 for round in $(seq 1 "$rounds"); do
     c=$(/tmp/floor-stream 13 "$server_cpu" "$messages" "$bytes" | grep -o '[0-9.]* µs a message;' | cut -d' ' -f1)
     echo "$round C unix-stream+io_uring $c µs a message"
-    group=$(mktemp -d /tmp/engine-vs-c-XXXX)
-    taskset -c "$server_cpu" "$binary" serve "$group" sink > "$group/server.log" 2>&1 &
-    server=$!
-    Scripts/wait-for-server.sh "$group" "$server"
-    line=$(ROUND_TRIP_TIMES=1 taskset -c 0 "$binary" client "$group" "$messages" "$bytes" stream 2> "$group/client.log")
-    wait "$server"
-    nanoseconds=$(echo "$line" | grep -o '[0-9]* ns' | cut -d' ' -f1)
-    echo "$round engine $(python3 -c "print(round($nanoseconds / 1000 / $messages, 2))") µs a message"
-    rm -rf "$group"
+    echo "$round engine $(Reports/kernel-receive-chain/stream-once.sh "$binary" "$server_cpu" "$messages" "$bytes") µs a message"
 done

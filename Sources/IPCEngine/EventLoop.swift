@@ -603,6 +603,9 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                 #endif
                 sleeping.store(false, ordering: .relaxed)
             }
+            // Each callback is timed with one clock read: the reading after it is the start of
+            // the next one's timing (the ring's completions' end, the first handler's start).
+            var reapEnded: UInt64?
             #if os(Linux)
             // Transfers the kernel finished (their connections go on with their queues and frames,
             // the frames read behind a received one included): timed as one callback.
@@ -611,13 +614,12 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                 ring.reap()
                 let ended = monotonicNanoseconds()
                 if ended &- started > stallNanoseconds { stalled(for: ended &- started, by: Self.transferCompletionsLabel) }
+                reapEnded = ended
             }
             #endif
-            // Each callback is timed with one clock read: the reading after it is the start of
-            // the next one's timing.
-            handlersEnded = nil
+            handlersEnded = reapEnded
             guard !events.isEmpty else { continue }
-            var started = monotonicNanoseconds()
+            var started = reapEnded ?? monotonicNanoseconds()
             for index in 0..<events.count {
                 let event = events[index]
                 guard let handler = state.withLock({ $0.registrations[event.token]?.handler }) else { continue }
