@@ -60,6 +60,10 @@ struct nf_channel {
     bool responder;
     /// Set once create or open succeeded: only then does nf_close say goodbye.
     bool established;
+    /// A spinning floor's poll (receive_spinning in channel.c): the receive must not wait for
+    /// its first byte, and fails with EAGAIN when nothing is there. Set and read by the
+    /// receiving thread only.
+    bool receive_now;
     size_t max_payload;
     /// The responder's process id: it names the objects, and the initiator checks it is alive.
     pid_t responder_pid;
@@ -192,8 +196,9 @@ int nf_set_path(nf_channel *channel, int index, const char *leaf);
 int nf_write_all(int fd, struct iovec *vector, int count, bool socket, nf_channel *polling);
 
 /// Reads one message from a stream, or from a file at offset 0 when `file` is set. For a stream,
-/// end of input before the first byte reads as NF_GOODBYE; anywhere else it is EPROTO.
-int nf_read_message(int fd, bool file, uint32_t *length, void *payload, size_t capacity);
+/// end of input before the first byte reads as NF_GOODBYE; anywhere else it is EPROTO. With
+/// `now` (a socket only), the first read does not wait: nothing there yet fails with EAGAIN.
+int nf_read_message(int fd, bool file, bool now, uint32_t *length, void *payload, size_t capacity);
 
 /// Whether the process exists and has not exited (a zombie counts as gone).
 bool nf_process_alive(pid_t pid);

@@ -106,7 +106,7 @@ static int await_event(nf_channel *channel, uint32_t wanted) {
 
 static int inotify_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
     if (await_event(channel, IN_CLOSE_WRITE) != 0) return -1;
-    return nf_read_message(channel->file_fd, true, length, payload, capacity);
+    return nf_read_message(channel->file_fd, true, false, length, payload, capacity);
 }
 
 const struct nf_operations nf_inotify_operations = {

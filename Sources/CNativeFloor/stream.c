@@ -65,7 +65,7 @@ int nf_stream_send_batch(nf_channel *channel, uint32_t length, const void *paylo
 
 static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity) {
     if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_receive(channel, length, payload, capacity);
-    return nf_read_message(channel->in_fd, false, length, payload, capacity);
+    return nf_read_message(channel->in_fd, false, channel->receive_now, length, payload, capacity);
 }
 
 /// A stream's messages, read as the bytes they are (headers included) in reads of up to 1 MiB:

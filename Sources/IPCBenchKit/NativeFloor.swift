@@ -25,9 +25,11 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     /// ``futex``'s shared mapping with eventfd doorbells waited on with `epoll_wait`
     /// (edge-triggered), the notify transport's kernel work.
     case eventfdEpoll = "eventfd+epoll"
-    /// ``unixStream``, each end polling the socket without blocking until a message is there.
+    /// ``unixStream``, each end polling by receiving: a `recvmsg` that does not wait
+    /// (`MSG_DONTWAIT`), again and again until a message is there, so a message costs one call
+    /// when it comes (a `poll(2)` first would cost a second).
     case unixStreamSpin = "unix-stream+spin"
-    /// ``mqueue``, polled the same way.
+    /// ``mqueue``, polled the same way: `mq_timedreceive` with a deadline in the past.
     case mqueueSpin = "mqueue+spin"
     /// ``futex``'s shared mapping, busy-polled: no system call at all, the limit of any
     /// shared-memory transport.
@@ -136,7 +138,7 @@ public enum FloorMechanism: String, Sendable, Hashable, Codable, CaseIterable, C
     }
 
     /// The floor that spins the way the transport's spin-then-block strategy does: polling the
-    /// socket or queue without blocking, or busy-polling shared memory. Measured with split cores
+    /// socket or queue by receiving without waiting, or busy-polling shared memory. Measured with split cores
     /// only. `nil` where the transport does not spin.
     public var spinning: FloorMechanism? {
         switch self {

@@ -164,7 +164,7 @@ public enum ReportRenderer {
         the transport's round trip does: for blocking rows the mechanism waited on as an event
         loop waits (`epoll_wait`, then the read; eventfd doorbells for notify) or, for
         file-presenter, the journal protocol (locks, write, inotify, read); for spinning rows a
-        floor that spins the same way (polling the socket or queue without blocking; busy-polling
+        floor that spins the same way (polling the socket or queue by receiving without waiting; busy-polling
         shared memory for notify). A row whose peer served off its event loop (the default async
         handler) is divided by the floor that also hands each request from its polling or
         waiting thread to a second thread that answers (`+handoff`; for file-presenter
