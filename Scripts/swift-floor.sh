@@ -43,12 +43,19 @@
 #
 # On split-cores the C stream's two processes share CPUs 0 and 1 unpinned (it forks its receiver).
 #
-#   Scripts/swift-floor.sh [--rounds N] [--round-trips N] [--stream BYTES [--messages N]]
+# With --spin, the round trips spin instead of waiting (split cores only: spinning is never
+# measured with both processes on one core): the engine's connections with the spin-then-block
+# wait strategy (50 µs, the harness's), the Swift floor's sides with `recv` calls that do not
+# wait (`ROUND_TRIP_SPIN`, round-trip-instructions' main.swift), and the C floors are
+# `unix-stream+spin` and `unix-stream+spin+handoff`, which poll the same way.
+#
+#   Scripts/swift-floor.sh [--rounds N] [--round-trips N] [--stream BYTES [--messages N] | --spin]
 #                          [--placement same-core|split-cores]... [--output DIR]
 #     --rounds       rounds of every pair (default 5)
 #     --round-trips  round trips a pair makes in a round (default 20000)
 #     --stream       the one-way stream of BYTES-byte messages instead of round trips
 #     --messages     messages a stream pair sends in a round (default: 2.5 GB worth, at most 200,000)
+#     --spin         the round trips spinning (split-cores only, the default placement then)
 #     --placement    same-core (both processes on CPU 0) or split-cores (client on CPU 0, server
 #                    on CPU 1); repeat for both (the default)
 #     --output       writes swift-floor.json and swift-floor.md there (default: a temporary folder)
@@ -56,8 +63,8 @@ set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
-rounds=5 trips=20000 output="" placements=() stream="" messages=""
-usage="usage: $0 [--rounds N] [--round-trips N] [--stream BYTES [--messages N]] [--placement same-core|split-cores]... [--output DIR]"
+rounds=5 trips=20000 output="" placements=() stream="" messages="" spin=""
+usage="usage: $0 [--rounds N] [--round-trips N] [--stream BYTES [--messages N] | --spin] [--placement same-core|split-cores]... [--output DIR]"
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds|--round-trips|--stream|--messages|--placement|--output)
@@ -70,11 +77,18 @@ while [ $# -gt 0 ]; do
         --messages) messages="$2"; shift ;;
         --placement) placements+=("$2"); shift ;;
         --output) output="$2"; shift ;;
+        --spin) spin=1 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "$usage" >&2; exit 64 ;;
     esac
     shift
 done
+if [ -n "$spin" ]; then
+    [ -z "$stream" ] || { echo "--spin is for the round trips, not --stream" >&2; exit 64; }
+    [ ${#placements[@]} -eq 0 ] && placements=(split-cores)
+    [[ " ${placements[*]} " != *" same-core "* ]] || { echo "--spin measures split-cores only (spinning is never measured on one core)" >&2; exit 64; }
+    export ROUND_TRIP_SPIN=1
+fi
 [ ${#placements[@]} -eq 0 ] && placements=(same-core split-cores)
 # Each placement once, in the order given.
 mapfile -t placements < <(printf '%s\n' "${placements[@]}" | awk '!seen[$0]++')
@@ -197,7 +211,8 @@ for placement in "${placements[@]}"; do
             line=$(run_pair "$server" "$client" "$server_cpu" "$trips" 64)
             echo "$placement $server $client $line" >> "$samples"
         done
-        .build/release/ipcbench floor --mechanism unix-stream+epoll --mechanism unix-stream+epoll+handoff --mechanism unix-stream --placement "$placement" --size 64 \
+        if [ -n "$spin" ]; then mechanisms=(--mechanism unix-stream+spin --mechanism unix-stream+spin+handoff); else mechanisms=(--mechanism unix-stream+epoll --mechanism unix-stream+epoll+handoff --mechanism unix-stream); fi
+        .build/release/ipcbench floor "${mechanisms[@]}" --placement "$placement" --size 64 \
             --sample-scale "$(python3 -c "print($trips / 20000)")" --output "$work/c-$placement-$round" > /dev/null
         python3 - "$work/c-$placement-$round/results.json" "$placement" >> "$samples" <<'PYTHON'
 import json, sys
@@ -208,9 +223,10 @@ PYTHON
     done
 done
 
-python3 - "$samples" "$output" "$rounds" "$trips" <<'PYTHON'
+python3 - "$samples" "$output" "$rounds" "$trips" "$spin" <<'PYTHON'
 import json, re, statistics, sys
-samples, output, rounds, trips = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+samples, output, rounds, trips, spin = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+way = "+spin" if spin else "+epoll"
 names = {
     ("floor", "floor"): "Swift floor",
     ("floor", "floor-cancellable"): "Swift floor, cancellable request",
@@ -221,7 +237,7 @@ names = {
     ("task", "engine"): "engine, async handler (main rows)",
 }
 # The C floor that does each pair's work: a hand-off to a serving thread, or the loop's own.
-handing_off = {"Swift floor, async handler on a serving thread", "engine, async handler (main rows)", "C floor:unix-stream+epoll+handoff"}
+handing_off = {"Swift floor, async handler on a serving thread", "engine, async handler (main rows)", f"C floor:unix-stream{way}+handoff"}
 rows = {}
 for line in open(samples):
     fields = line.split()
@@ -233,10 +249,10 @@ for line in open(samples):
     row = rows.setdefault(placement, {}).setdefault(name, {"p50": [], "p99": []})
     row["p50"].append(int(match[2]))
     row["p99"].append(int(match[3]))
-result = {"unit": "nanoseconds per round trip, unix-socket binary 64 B", "rounds": rounds, "roundTripsPerRound": trips, "placements": {}}
+result = {"unit": "nanoseconds per round trip, unix-socket binary 64 B" + (", spinning" if spin else ""), "rounds": rounds, "roundTripsPerRound": trips, "placements": {}}
 lines = []
 for placement, table in rows.items():
-    floors = {False: "C floor:unix-stream+epoll", True: "C floor:unix-stream+epoll+handoff"}
+    floors = {False: f"C floor:unix-stream{way}", True: f"C floor:unix-stream{way}+handoff"}
     medians = {hands: statistics.median(table[name]["p50"]) for hands, name in floors.items()}
     lines += [f"### {placement}", "", "| pair | p50 (median of rounds) | rounds' p50 | p99 (median) | ÷ C floor of the same work |", "|---|---:|---|---:|---|"]
     entries = {}

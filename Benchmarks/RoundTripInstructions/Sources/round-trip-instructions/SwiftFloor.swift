@@ -20,6 +20,11 @@
 //
 // Both speak binary framing (docs/WIRE-FORMAT.md, section 2), so each can face the engine's
 // side: the floor client the engine's server, the engine's client the floor server.
+//
+// With `ROUND_TRIP_SPIN` set (``floorSpins``), both spin instead of waiting, as
+// `floor:unix-stream+spin` does: the client's loop, with no job to run, tries a `recv` that does
+// not wait (`MSG_DONTWAIT`) again and again; the server does the same for requests. Neither ever
+// sleeps (the pair runs only while it is measured, one process on each core).
 import CFloorSystem
 import Foundation
 import Glibc
@@ -165,6 +170,9 @@ func floorWrite(_ fd: CInt, header: FloorHeader, payload: UnsafeRawBufferPointer
     }
 }
 
+/// Whether the floor's two sides spin (`ROUND_TRIP_SPIN` set) instead of waiting in `epoll_wait`.
+let floorSpins = getenv("ROUND_TRIP_SPIN") != nil
+
 /// A task executor on one thread that waits in `epoll_wait`: it runs the jobs of the tasks that
 /// prefer it and hands the events of every descriptor it watches to ``run(_:)``'s handler. A
 /// thread that enqueues a job while the loop sleeps rings an eventfd the loop watches too.
@@ -214,10 +222,22 @@ final class FloorLoop: TaskExecutor, @unchecked Sendable {
     }
 
     /// Runs jobs, and gives `handle` each event of a watched descriptor, until ``stop()``; call
-    /// on the thread that is to be the loop's.
-    func run(_ handle: (epoll_event) throws -> Void) throws {
+    /// on the thread that is to be the loop's. With `spinning`, never waits: a round with no job
+    /// calls `poll` instead, which reads without waiting.
+    func run(spinning poll: (() throws -> Void)? = nil, _ handle: (epoll_event) throws -> Void) throws {
         var events = (epoll_event(), epoll_event())
         while !stopped.load(ordering: .sequentiallyConsistent) {
+            if let poll {
+                jobs.withLock { swap(&$0, &draining) }
+                if draining.isEmpty {
+                    try poll()
+                    floor_pause()
+                    continue
+                }
+                for job in draining { job.runSynchronously(on: asUnownedTaskExecutor()) }
+                draining.removeAll(keepingCapacity: true)
+                continue
+            }
             jobs.withLock { swap(&$0, &draining) }
             if !draining.isEmpty {
                 for job in draining { job.runSynchronously(on: asUnownedTaskExecutor()) }
@@ -277,14 +297,16 @@ final class FloorClient: @unchecked Sendable {
         try loop.watch(fd, for: EPOLLIN.rawValue, adding: true)
     }
 
-    /// Runs the loop on the calling thread until ``FloorLoop/stop()``.
+    /// Runs the loop on the calling thread until ``FloorLoop/stop()``; spinning with
+    /// ``floorSpins``.
     func run() throws {
-        try loop.run { _ in try readReply() }
+        try loop.run(spinning: floorSpins ? { try self.readReply() } : nil) { _ in try readReply() }
     }
 
-    /// Reads what the socket has; a whole reply frame resumes the waiting request.
+    /// Reads what the socket has (without waiting when spinning); a whole reply frame resumes
+    /// the waiting request.
     private func readReply() throws {
-        let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + buffered, $0.count - buffered) }
+        let got = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + buffered, $0.count - buffered, floorSpins ? CInt(MSG_DONTWAIT) : 0) }
         guard got > 0 else {
             let error = errno
             if got < 0, error == EINTR || error == EAGAIN { return }
@@ -513,13 +535,15 @@ func runFloorServer(path: String, handingOff: Bool) throws {
         }
     }
     while true {
-        var ready = epoll_event()
-        let count = epoll_wait(epoll, &ready, 1, -1)
-        if count < 0 {
-            if errno == EINTR { continue }
-            throw FloorError.errno("epoll_wait")
+        if !floorSpins {
+            var ready = epoll_event()
+            let count = epoll_wait(epoll, &ready, 1, -1)
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw FloorError.errno("epoll_wait")
+            }
         }
-        let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + buffered, $0.count - buffered) }
+        let got = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + buffered, $0.count - buffered, floorSpins ? CInt(MSG_DONTWAIT) : 0) }
         if got == 0 {
             if let serving {
                 mailbox.post(nil)
@@ -529,7 +553,10 @@ func runFloorServer(path: String, handingOff: Bool) throws {
             return
         }
         if got < 0 {
-            if errno == EINTR || errno == EAGAIN { continue }
+            if errno == EINTR || errno == EAGAIN {
+                if floorSpins { floor_pause() }
+                continue
+            }
             throw FloorError.errno("read")
         }
         buffered += got

@@ -22,6 +22,10 @@
 // With `ROUND_TRIP_TIMES` set, it prints the time from its first send to the reply.
 // `floor-stream` (a client) and `floor-sink` (a server) are the same stream's Swift floor
 // (SwiftFloorStream.swift); each faces the engine's other side as well as its own.
+//
+// With `ROUND_TRIP_SPIN` set, every side spins: the engine's connections with the
+// spin-then-block wait strategy (50 µs, the harness's), the Swift floor's sides with reads that
+// do not wait (SwiftFloor.swift). Only with the processes on different cores.
 import Dispatch
 import Foundation
 import IPCCore
@@ -66,13 +70,15 @@ do {
 let transport = UnixSocketTransport(framing: .binary)
 /// The stream's one-way messages' msgid.
 let streamMessage: UInt32 = 2
+/// The engine's wait strategy: spin-then-block with `ROUND_TRIP_SPIN` set, else blocking.
+let engineWaitStrategy: WaitStrategy = floorSpins ? .spinThenBlock() : .blocking
 
 /// Connects to the server, retrying for up to 120 s while its socket is not there yet.
 @Sendable func connectRetrying(_ transport: UnixSocketTransport, to endpoint: Endpoint) async throws -> any MessageConnection {
     let deadline = ContinuousClock.now + .seconds(120)
     while true {
         do {
-            return try await transport.connect(to: endpoint, options: .defaults)
+            return try await transport.connect(to: endpoint, options: .defaults { $0.waitStrategy = engineWaitStrategy })
         } catch let error as IPCError where error.code == .endpointNotFound && ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(20))
         }
@@ -97,8 +103,8 @@ case "serve" where arguments[3] == "floor" || arguments[3] == "floor-task":
 case "serve":
     let options: ConnectionOptions
     switch arguments[3] {
-    case "on-loop": options = .defaults { $0.onLoopRequestHandler = { _, payload in payload } }
-    case "task": options = .defaults { $0.requestHandler = { _, payload in payload } }
+    case "on-loop": options = .defaults { $0.onLoopRequestHandler = { _, payload in payload }; $0.waitStrategy = engineWaitStrategy }
+    case "task": options = .defaults { $0.requestHandler = { _, payload in payload }; $0.waitStrategy = engineWaitStrategy }
     case "sink":
         // Touched only on the connection's loop: the handlers below both run there.
         final class Taken: @unchecked Sendable { var messages: UInt64 = 0 }
