@@ -127,7 +127,7 @@ let package = Package(
             ]
         ),
         // The engine in process, over a socketpair channel of the tests' own.
-        .testTarget(name: "IPCEngineTests", dependencies: ["IPCCore", "IPCEngine", "CIPCShims", "IPCTestSupport"]),
+        .testTarget(name: "IPCEngineTests", dependencies: ["IPCCore", "IPCEngine", "IPCSystem", "CIPCShims", "IPCTestSupport"]),
         .testTarget(name: "IPCFramingTests", dependencies: ["IPCCore", "IPCFraming", "IPCTestSupport"]),
         .testTarget(name: "IPCSecureCodingTests", dependencies: ["IPCCore", "IPCSecureCoding", "IPCTestSupport"]),
         // Helpers shared by the test targets: temporary group directories, deadlines, probes.

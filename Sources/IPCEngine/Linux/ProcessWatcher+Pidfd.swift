@@ -12,12 +12,27 @@ import SystemPackage
 /// Transports without a connection to break (message queues, shared stores) learn of a peer's
 /// death this way; it sees the death itself, not the closing of a descriptor that a child
 /// process might still hold.
+///
+/// Where `pidfd_open` is missing or refused (`ENOSYS`: a kernel before 5.3, or valgrind;
+/// `EPERM`/`EACCES`: a seccomp filter, as in container runtimes with an older default profile),
+/// or with `IPCBENCH_PROCESS_WATCH=poll`, the watcher polls instead: one thread of its own, made
+/// at the first such watch, reads `/proc/<pid>/stat` of every watched process every
+/// ``pollInterval`` and reports an exit when the file is gone, says the process is a zombie, or
+/// names another start time (a later process given the same pid). An exit is then seen up to
+/// that much later; the handler still runs on the loop's thread.
 package final class ProcessWatcher: Sendable {
-    package static let shared = ProcessWatcher()
+    package static let shared = ProcessWatcher(polling: ProcessWatcher.pollingRequested)
+
+    /// How often the polling watcher looks at each watched process.
+    package static let pollInterval: Duration = .milliseconds(10)
+
+    /// Whether `IPCBENCH_PROCESS_WATCH=poll` asks for the polling watcher (read once).
+    private static let pollingRequested = getenv("IPCBENCH_PROCESS_WATCH").map { String(cString: $0) } == "poll"
 
     /// A registration; cancelling it guarantees the handler will not start afterwards.
     package struct Watch: Sendable, Hashable {
         fileprivate let token: UInt64
+        fileprivate let polled: Bool
     }
 
     private struct Entry {
@@ -26,27 +41,61 @@ package final class ProcessWatcher: Sendable {
         var handler: @Sendable () -> Void
     }
 
-    private let entries = Mutex<[UInt64: Entry]>([:])
+    /// A process watched by polling: who it is, and whether its exit is on the way to its loop.
+    private struct PolledEntry {
+        var pid: Int32
+        var startTime: UInt64
+        var loop: EventLoop
+        var handler: @Sendable () -> Void
+        var reported = false
+    }
 
-    private init() {}
+    private struct Polling {
+        var entries: [UInt64: PolledEntry] = [:]
+        var nextToken: UInt64 = 1
+        var threadStarted = false
+    }
+
+    private let entries = Mutex<[UInt64: Entry]>([:])
+    private let polling = Mutex(Polling())
+    /// Whether every watch polls (`IPCBENCH_PROCESS_WATCH=poll`, or a watcher made so).
+    private let alwaysPolls: Bool
+    /// Set once `pidfd_open` was missing or refused: later watches poll without asking again.
+    private let pidfdUnavailable = Atomic<Bool>(false)
+
+    /// - Parameter polling: watch every process by polling `/proc` (tests, and
+    ///   `IPCBENCH_PROCESS_WATCH=poll`), not through pidfds.
+    package init(polling: Bool) {
+        alwaysPolls = polling
+    }
+
+    /// Whether this watcher polls (by request, or since `pidfd_open` was missing or refused).
+    package var polls: Bool { alwaysPolls || pidfdUnavailable.load(ordering: .relaxed) }
 
     /// Calls `handler` once, on the event loop's thread, when process `pid` exits. If it has
     /// already exited (or never existed), the handler runs at once on the calling thread.
-    /// - Throws: ``IPCError/Code/transportFailure`` if a pidfd cannot be opened or watched.
+    /// - Throws: ``IPCError/Code/transportFailure`` if a pidfd cannot be opened (for another
+    ///   reason than its call being missing or refused) or watched, or the polling thread cannot
+    ///   be started.
     @discardableResult
     package func watch(pid: Int32, _ handler: @escaping @Sendable () -> Void) throws -> Watch {
         let loop = try EventLoop.shared()
+        if polls { return try watchPolling(pid: pid, loop: loop, handler) }
         let pidfd = ipc_pidfd_open(pid, 0)
         if pidfd < 0 {
             let error = Errno(rawValue: errno)
             if error == .noSuchProcess {
                 handler()
-                return Watch(token: 0)
+                return Watch(token: 0, polled: false)
+            }
+            if Self.meansUnavailable(error) {
+                pidfdUnavailable.store(true, ordering: .relaxed)
+                return try watchPolling(pid: pid, loop: loop, handler)
             }
             throw IPCError.syscall("pidfd_open", error, context: "pid \(pid)")
         }
         _ = fcntl(pidfd, F_SETFD, FD_CLOEXEC)
-        let exit = ExitHandler()
+        let exit = ExitHandler(watcher: self)
         let token: UInt64
         do {
             token = try loop.register(pidfd, interest: .readable, handler: exit)
@@ -58,23 +107,92 @@ package final class ProcessWatcher: Sendable {
         // pidfd, still readable, is reported again on its next round.
         entries.withLock { $0[token] = Entry(pidfd: pidfd, loop: loop, handler: handler) }
         exit.token.store(token, ordering: .releasing)
-        return Watch(token: token)
+        return Watch(token: token, polled: false)
+    }
+
+    /// Whether a failed `pidfd_open` means the call itself is missing or refused here, not that
+    /// this process cannot be watched.
+    private static func meansUnavailable(_ error: Errno) -> Bool {
+        error == .noFunction || error == .notPermitted || error == .permissionDenied
+    }
+
+    private func watchPolling(pid: Int32, loop: EventLoop, _ handler: @escaping @Sendable () -> Void) throws -> Watch {
+        guard let stat = ProcessStat.read(pid: pid), !stat.exited else {
+            handler()
+            return Watch(token: 0, polled: true)
+        }
+        let (token, start): (UInt64, Bool) = polling.withLock { polling in
+            let token = polling.nextToken
+            polling.nextToken += 1
+            polling.entries[token] = PolledEntry(pid: pid, startTime: stat.startTime, loop: loop, handler: handler)
+            defer { polling.threadStarted = true }
+            return (token, !polling.threadStarted)
+        }
+        if start {
+            do {
+                try PosixThread.detach(name: "ipc-pid-poll") { [self] in pollForever() }
+            } catch {
+                polling.withLock {
+                    $0.entries[token] = nil
+                    $0.threadStarted = false
+                }
+                throw error
+            }
+        }
+        return Watch(token: token, polled: true)
+    }
+
+    /// The polling thread: every ``pollInterval``, each watched process's stat; an exit goes to
+    /// the watch's loop, which ends the watch and calls its handler.
+    private func pollForever() {
+        let interval = timespec(tv_sec: 0, tv_nsec: Int(Self.pollInterval.wholeNanoseconds))
+        while true {
+            var request = interval
+            var rest = timespec()
+            while nanosleep(&request, &rest) != 0, errno == EINTR { request = rest }
+            let watched = polling.withLock { polling in
+                polling.entries.compactMap { $0.value.reported ? nil : ($0.key, $0.value.pid, $0.value.startTime) }
+            }
+            for (token, pid, startTime) in watched {
+                if let stat = ProcessStat.read(pid: pid), !stat.exited, stat.startTime == startTime { continue }
+                let loop: EventLoop? = polling.withLock { polling in
+                    guard polling.entries[token]?.reported == false else { return nil }
+                    polling.entries[token]?.reported = true
+                    return polling.entries[token]?.loop
+                }
+                loop?.execute { [self] in polledExited(token) }
+            }
+        }
     }
 
     /// Stops watching. After it returns, the handler does not start (it may be running already).
     package func cancel(_ watch: Watch) {
+        if watch.polled {
+            _ = polling.withLock { $0.entries.removeValue(forKey: watch.token) }
+            return
+        }
         guard let entry = entries.withLock({ $0.removeValue(forKey: watch.token) }) else { return }
         entry.loop.deregister(watch.token)
         try? FileDescriptor(rawValue: entry.pidfd).close()
     }
 
-    /// Whether `pid` is alive right now (a zombie counts as dead).
+    /// Whether `pid` is alive right now (a zombie counts as dead). Where `pidfd_open` is missing
+    /// or refused, or fails for want of a descriptor, `/proc/<pid>/stat` answers instead: only a
+    /// process that is not there counts as dead, not a call that failed.
     package static func isAlive(pid: Int32) -> Bool {
+        guard !shared.polls else { return processStatSaysAlive(pid) }
         let pidfd = ipc_pidfd_open(pid, 0)
-        guard pidfd >= 0 else { return false }
+        guard pidfd >= 0 else {
+            let error = Errno(rawValue: errno)
+            return error == .noSuchProcess ? false : processStatSaysAlive(pid)
+        }
         defer { try? FileDescriptor(rawValue: pidfd).close() }
         var descriptor = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
         return poll(&descriptor, 1, 0) == 0
+    }
+
+    private static func processStatSaysAlive(_ pid: Int32) -> Bool {
+        ProcessStat.read(pid: pid).map { !$0.exited } ?? false
     }
 
     fileprivate func exited(_ token: UInt64) {
@@ -84,14 +202,25 @@ package final class ProcessWatcher: Sendable {
         entry.handler()
     }
 
+    /// Loop thread: a polled process's exit, unless its watch was cancelled meanwhile.
+    private func polledExited(_ token: UInt64) {
+        guard let entry = polling.withLock({ $0.entries.removeValue(forKey: token) }) else { return }
+        entry.handler()
+    }
+
     /// Set once, right after registering; an event before that is reported again (the pidfd
     /// stays readable).
     private final class ExitHandler: EventHandler {
         let token = Atomic<UInt64>(0)
+        unowned let watcher: ProcessWatcher
+
+        init(watcher: ProcessWatcher) {
+            self.watcher = watcher
+        }
 
         func handleEvent(readable: Bool, writable: Bool, hangUp: Bool) {
             let token = token.load(ordering: .acquiring)
-            if token != 0 { ProcessWatcher.shared.exited(token) }
+            if token != 0 { watcher.exited(token) }
         }
     }
 }

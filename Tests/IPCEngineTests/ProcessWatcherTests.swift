@@ -1,0 +1,126 @@
+import Foundation
+import Glibc
+@testable import IPCEngine
+import IPCSystem
+import IPCTestSupport
+import Synchronization
+import Testing
+
+/// The process watcher, both ways: through pidfds, and by polling `/proc` (where `pidfd_open` is
+/// missing or refused, or `IPCBENCH_PROCESS_WATCH=poll`). Each watches real child processes
+/// (`/bin/sleep`), started with `posix_spawn` and reaped only after the test has looked, so a
+/// killed one stays a zombie meanwhile, as a peer a process has started does until it reaps it.
+@Suite("Process watcher")
+struct ProcessWatcherTests {
+    /// A child running `sleep 30`, not reaped until ``reap()``.
+    final class Child: Sendable {
+        let pid: pid_t
+
+        init() throws {
+            var pid: pid_t = 0
+            let words: [String] = ["/bin/sleep", "30"]
+            let arguments: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) } + [nil]
+            defer { arguments.forEach { free($0) } }
+            let result = posix_spawn(&pid, "/bin/sleep", nil, nil, arguments, environ)
+            guard result == 0 else { throw POSIXError(POSIXErrorCode(rawValue: result) ?? .EIO) }
+            self.pid = pid
+        }
+
+        func kill() { _ = Glibc.kill(pid, SIGKILL) }
+
+        func reap() {
+            var status: Int32 = 0
+            _ = waitpid(pid, &status, 0)
+        }
+    }
+
+    /// Counts a handler's calls and whether each ran on the loop's thread.
+    final class Calls: Sendable {
+        private let state = Mutex<(count: Int, onLoop: Bool)>((0, true))
+        func record() {
+            let onLoop = (try? EventLoop.shared().inEventLoop) ?? false
+            state.withLock { $0 = ($0.count + 1, $0.onLoop && onLoop) }
+        }
+        var count: Int { state.withLock { $0.count } }
+        var allOnLoop: Bool { state.withLock { $0.onLoop } }
+    }
+
+    @Test("a killed process's exit is reported once, on the loop's thread (a zombie counts as exited)", arguments: [false, true])
+    func killedProcess(polling: Bool) async throws {
+        let watcher = ProcessWatcher(polling: polling)
+        let child = try Child()
+        defer { child.reap() }
+        let calls = Calls()
+        _ = try watcher.watch(pid: child.pid) { calls.record() }
+        #expect(calls.count == 0)
+        child.kill()
+        try await withDeadline(seconds: 20, "the exit of \(child.pid) reported") {
+            while calls.count == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        }
+        // Polling goes on: the exit is not reported a second time.
+        try await Task.sleep(for: ProcessWatcher.pollInterval * 5)
+        #expect(calls.count == 1)
+        #expect(calls.allOnLoop)
+    }
+
+    @Test("a cancelled watch never calls its handler", arguments: [false, true])
+    func cancelled(polling: Bool) async throws {
+        let watcher = ProcessWatcher(polling: polling)
+        let child = try Child()
+        defer { child.reap() }
+        let calls = Calls()
+        let watch = try watcher.watch(pid: child.pid) { calls.record() }
+        watcher.cancel(watch)
+        child.kill()
+        try await Task.sleep(for: ProcessWatcher.pollInterval * 20)
+        #expect(calls.count == 0)
+    }
+
+    @Test("a process already gone is reported at once, on the calling thread", arguments: [false, true])
+    func alreadyGone(polling: Bool) throws {
+        let watcher = ProcessWatcher(polling: polling)
+        let child = try Child()
+        child.kill()
+        child.reap()
+        let calls = Calls()
+        _ = try watcher.watch(pid: child.pid) { calls.record() }
+        #expect(calls.count == 1)
+    }
+
+    @Test("isAlive: this process is, a killed child not yet reaped is not, a reaped one is not")
+    func isAlive() throws {
+        #expect(ProcessWatcher.isAlive(pid: getpid()))
+        let child = try Child()
+        #expect(ProcessWatcher.isAlive(pid: child.pid))
+        child.kill()
+        // Until the kernel has made it a zombie.
+        var waited = 0
+        while ProcessStat.read(pid: child.pid)?.exited == false, waited < 10_000 {
+            usleep(1000)
+            waited += 1
+        }
+        #expect(!ProcessWatcher.isAlive(pid: child.pid))
+        #expect(ProcessStat.read(pid: child.pid)?.exited == true)
+        child.reap()
+        #expect(!ProcessWatcher.isAlive(pid: child.pid))
+        #expect(ProcessStat.read(pid: child.pid) == nil)
+    }
+
+    @Test("a stat line is read from its last parenthesis: a command name may hold spaces and ') '")
+    func statParsing() throws {
+        let tail = " 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21"
+        let plain = try #require(ProcessStat.parse(Array("42 (sleep) S\(tail)".utf8)))
+        #expect(plain.state == UInt8(ascii: "S") && plain.startTime == 987_654)
+        let odd = try #require(ProcessStat.parse(Array("42 (a) Z 1 (b) R\(tail)".utf8)))
+        #expect(odd.state == UInt8(ascii: "R") && !odd.exited)
+        #expect(ProcessStat.parse(Array("42 (x) Z\(tail)".utf8))?.exited == true)
+        // Truncated, no parenthesis, a state of two letters, a start time that is not a number.
+        #expect(ProcessStat.parse(Array("42 (sleep) S 1 2 3".utf8)) == nil)
+        #expect(ProcessStat.parse(Array("42 sleep S\(tail)".utf8)) == nil)
+        #expect(ProcessStat.parse(Array("42 (sleep) SS\(tail)".utf8)) == nil)
+        #expect(ProcessStat.parse(Array("42 (sleep) S\(tail.replacingOccurrences(of: "987654", with: "-1"))".utf8)) == nil)
+        // This process's own file.
+        let own = try #require(ProcessStat.read(pid: getpid()))
+        #expect(!own.exited && own.startTime > 0)
+    }
+}
