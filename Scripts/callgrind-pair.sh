@@ -27,6 +27,13 @@ status=0
 wait "$client_pid" || status=$?
 client_pid=
 [ "$status" -eq 0 ] || { echo "the client failed:" >&2; cat "$dir/client.log" >&2; exit 1; }
+# The server ends once it sees its client go; a server that has not within two minutes hangs.
+waited=0
+while kill -0 "$server" 2>/dev/null && [ "$waited" -lt 1200 ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+done
+kill -0 "$server" 2>/dev/null && { echo "the server did not end within 120 s of its client:" >&2; cat "$dir/server.log" >&2; exit 1; }
 status=0
 wait "$server" || status=$?
 server=

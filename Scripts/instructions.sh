@@ -6,6 +6,15 @@
 # engine, the Swift runtime, libc), not the kernel's: what the engine's own code costs, and
 # repeatable on a busy machine, where times are not.
 #
+# Two rows more are the same on-loop round trip over notify and message-port
+# (`ROUND_TRIP_TRANSPORT`): the engine's path over shared-memory rings and eventfd doorbells, and
+# over message queues. valgrind 3.19 does not know `pidfd_open`, so the engine watches the peer's
+# process by polling /proc there (docs/DESIGN-NOTES.md, "Where there is no pidfd"). The polling
+# thread runs by the clock, not by the round trip: at the default 10 ms it added 300-400
+# instructions a round trip to each side under valgrind. Its interval is set to a second
+# (`IPCBENCH_PROCESS_WATCH_INTERVAL_MS`), a few instructions a round trip; not longer, since a
+# notify or message-port server learns that its client has gone this way.
+#
 # Three rows more are the Swift floor (Benchmarks/RoundTripInstructions/.../SwiftFloor.swift):
 # the same round trip between a minimal async Swift client on a task executor of its own and a
 # synchronous epoll echo server, without and with the cancellation handler a cancellable request
@@ -60,26 +69,30 @@ swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
 binary="$work/round-trip-instructions"
 strip --strip-debug -o "$binary" "Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions"
 
-# count SERVER CLIENT ROUND_TRIPS: a server (on-loop, task, sink, floor or floor-task) and a
-# client (engine, stream, floor or floor-cancellable) under callgrind (Scripts/callgrind-pair.sh);
-# prints "server client". For the stream, ROUND_TRIPS is its number of messages.
+# count SERVER CLIENT ROUND_TRIPS TRANSPORT: a server (on-loop, task, sink, floor or floor-task)
+# and a client (engine, stream, floor or floor-cancellable) under callgrind
+# (Scripts/callgrind-pair.sh); prints "server client". For the stream, ROUND_TRIPS is its number
+# of messages.
 count() {
-    "$(dirname "$0")/callgrind-pair.sh" "$binary" "$1" "$2" "$3" "$(mktemp -d "$work/group-XXXXXX")"
+    ROUND_TRIP_TRANSPORT=$4 IPCBENCH_PROCESS_WATCH_INTERVAL_MS=1000 \
+        "$(dirname "$0")/callgrind-pair.sh" "$binary" "$1" "$2" "$3" "$(mktemp -d "$work/group-XXXXXX")"
 }
 
 results="$work/results.txt"
 : > "$results"
-# Each row: its name's key, the server, the client.
-rows=("on-loop on-loop engine" "task task engine" "floor floor floor" "floor-cancellable floor floor-cancellable" "floor-task floor-task floor-cancellable")
-[ "$stream" -eq 0 ] || rows+=("stream sink stream")
+# Each row: its name's key, the server, the client, the transport.
+rows=("on-loop on-loop engine unix-socket" "task task engine unix-socket" "notify-on-loop on-loop engine notify"
+    "message-port-on-loop on-loop engine message-port" "floor floor floor unix-socket"
+    "floor-cancellable floor floor-cancellable unix-socket" "floor-task floor-task floor-cancellable unix-socket")
+[ "$stream" -eq 0 ] || rows+=("stream sink stream unix-socket")
 for row in "${rows[@]}"; do
-    read -r key server client <<< "$row"
+    read -r key server client transport <<< "$row"
     unit="round trip"
     [ "$key" != stream ] || unit=message
-    echo "== instructions per $unit: $key (server $server, client $client; callgrind, 3 pairs)" >&2
+    echo "== instructions per $unit: $key (server $server, client $client, $transport; callgrind, 3 pairs)" >&2
     for pair in 1 2 3; do
-        short=$(count "$server" "$client" 1000)
-        long=$(count "$server" "$client" 5000)
+        short=$(count "$server" "$client" 1000 "$transport")
+        long=$(count "$server" "$client" 5000 "$transport")
         echo "$key $short $long" >> "$results"
     done
 done
@@ -91,6 +104,8 @@ results, output, check, update = sys.argv[1:5]
 names = {
     "on-loop": "unix-socket binary 64 B, on-loop handler",
     "task": "unix-socket binary 64 B, task handler",
+    "notify-on-loop": "notify 64 B, on-loop handler",
+    "message-port-on-loop": "message-port 64 B, on-loop handler",
     "floor": "floor: Swift async client, epoll echo server, 64 B",
     "floor-cancellable": "floor: Swift async client with a cancellation handler, epoll echo server, 64 B",
     "floor-task": "floor: Swift async client with a cancellation handler, async handler on a serving thread, 64 B",

@@ -13,7 +13,10 @@ let package = Package(
         .target(name: "CFloorSystem"),
         .executableTarget(
             name: "round-trip-instructions",
-            dependencies: ["CFloorSystem", .product(name: "IPCCore", package: "ipcbench"), .product(name: "UnixSocketTransport", package: "ipcbench")]
+            dependencies: [
+                "CFloorSystem", .product(name: "IPCCore", package: "ipcbench"), .product(name: "UnixSocketTransport", package: "ipcbench"),
+                .product(name: "NotifyTransport", package: "ipcbench"), .product(name: "MessagePortTransport", package: "ipcbench"),
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -17,14 +17,17 @@ import SystemPackage
 /// `EPERM`/`EACCES`: a seccomp filter, as in container runtimes with an older default profile),
 /// or with `IPCBENCH_PROCESS_WATCH=poll`, the watcher polls instead: one thread of its own, made
 /// at the first such watch, reads `/proc/<pid>/stat` of every watched process every
-/// ``pollInterval`` and reports an exit when the file is gone, says the process is a zombie, or
+/// ``pollInterval`` (10 ms, or `IPCBENCH_PROCESS_WATCH_INTERVAL_MS`) and reports an exit when the file is gone, says the process is a zombie, or
 /// names another start time (a later process given the same pid). An exit is then seen up to
 /// that much later; the handler still runs on the loop's thread.
 package final class ProcessWatcher: Sendable {
     package static let shared = ProcessWatcher(polling: ProcessWatcher.pollingRequested)
 
-    /// How often the polling watcher looks at each watched process.
-    package static let pollInterval: Duration = .milliseconds(10)
+    /// How often the polling watcher looks at each watched process: 10 ms, or
+    /// `IPCBENCH_PROCESS_WATCH_INTERVAL_MS` (whole milliseconds, 1 to 86,400,000; read once).
+    package static let pollInterval: Duration = .milliseconds(
+        getenv("IPCBENCH_PROCESS_WATCH_INTERVAL_MS").flatMap { Int(String(cString: $0)) }.flatMap { (1...86_400_000).contains($0) ? $0 : nil } ?? 10
+    )
 
     /// Whether `IPCBENCH_PROCESS_WATCH=poll` asks for the polling watcher (read once).
     private static let pollingRequested = getenv("IPCBENCH_PROCESS_WATCH").map { String(cString: $0) } == "poll"
@@ -145,7 +148,8 @@ package final class ProcessWatcher: Sendable {
     /// The polling thread: every ``pollInterval``, each watched process's stat; an exit goes to
     /// the watch's loop, which ends the watch and calls its handler.
     private func pollForever() {
-        let interval = timespec(tv_sec: 0, tv_nsec: Int(Self.pollInterval.wholeNanoseconds))
+        let nanoseconds = Int(Self.pollInterval.wholeNanoseconds)
+        let interval = timespec(tv_sec: nanoseconds / 1_000_000_000, tv_nsec: nanoseconds % 1_000_000_000)
         while true {
             var request = interval
             var rest = timespec()

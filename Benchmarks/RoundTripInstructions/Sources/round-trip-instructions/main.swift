@@ -23,12 +23,18 @@
 // `floor-stream` (a client) and `floor-sink` (a server) are the same stream's Swift floor
 // (SwiftFloorStream.swift); each faces the engine's other side as well as its own.
 //
+// With `ROUND_TRIP_TRANSPORT` set to `notify` or `message-port`, the engine's sides use that
+// transport instead of unix-socket (the Swift floor's sides and the stream are unix-socket
+// only). A server makes `<group>/echo.ready` once it listens, whatever the transport.
+//
 // With `ROUND_TRIP_SPIN` set, every side spins: the engine's connections with the
 // spin-then-block wait strategy (50 µs, the harness's), the Swift floor's sides with reads that
 // do not wait (SwiftFloor.swift). Only with the processes on different cores.
 import Dispatch
 import Foundation
 import IPCCore
+import MessagePortTransport
+import NotifyTransport
 import UnixSocketTransport
 
 /// Runs `body` as a task and waits for it on this (non-async) thread; exits 1 with its error.
@@ -62,19 +68,36 @@ let arguments = CommandLine.arguments
 guard arguments.count >= 4 else { usage() }
 let endpoint: Endpoint
 do {
-    endpoint = try Endpoint(group: GroupDirectory(path: arguments[2]), name: "echo")
+    // Scoped to the group (`<group identifier>.echo`), as message-port requires; the socket
+    // file is still `<group>/echo.sock` for the Swift floor.
+    let group = try GroupDirectory(path: arguments[2])
+    endpoint = try Endpoint(group: group, name: ProcessInfo.processInfo.environment["ROUND_TRIP_TRANSPORT"] == "message-port" ? group.identifier + ".echo" : "echo")
 } catch {
     FileHandle.standardError.write(Data("round-trip-instructions: \(error)\n".utf8))
     exit(64)
 }
-let transport = UnixSocketTransport(framing: .binary)
+/// unix-socket with binary framing, unless `ROUND_TRIP_TRANSPORT` names another transport.
+let transportName = ProcessInfo.processInfo.environment["ROUND_TRIP_TRANSPORT"] ?? "unix-socket"
+let transport: any MessageTransport
+switch transportName {
+case "unix-socket": transport = UnixSocketTransport(framing: .binary)
+case "notify": transport = NotifyTransport()
+case "message-port": transport = MessagePortTransport()
+default:
+    FileHandle.standardError.write(Data("round-trip-instructions: ROUND_TRIP_TRANSPORT is unix-socket, notify or message-port, not \(transportName)\n".utf8))
+    exit(64)
+}
+guard transportName == "unix-socket" || !(arguments[3].hasPrefix("floor") || arguments.last!.hasPrefix("floor") || arguments.last! == "stream" || arguments[3] == "sink") else {
+    FileHandle.standardError.write(Data("round-trip-instructions: the Swift floor and the stream are unix-socket only\n".utf8))
+    exit(64)
+}
 /// The stream's one-way messages' msgid.
 let streamMessage: UInt32 = 2
 /// The engine's wait strategy: spin-then-block with `ROUND_TRIP_SPIN` set, else blocking.
 let engineWaitStrategy: WaitStrategy = floorSpins ? .spinThenBlock() : .blocking
 
 /// Connects to the server, retrying for up to 120 s while its socket is not there yet.
-@Sendable func connectRetrying(_ transport: UnixSocketTransport, to endpoint: Endpoint) async throws -> any MessageConnection {
+@Sendable func connectRetrying(_ transport: any MessageTransport, to endpoint: Endpoint) async throws -> any MessageConnection {
     let deadline = ContinuousClock.now + .seconds(120)
     while true {
         do {
@@ -82,6 +105,18 @@ let engineWaitStrategy: WaitStrategy = floorSpins ? .spinThenBlock() : .blocking
         } catch let error as IPCError where error.code == .endpointNotFound && ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(20))
         }
+    }
+}
+
+/// Listens at the endpoint and serves its one client until it goes.
+@Sendable func serveOneClient<T: MessageTransport>(_ transport: T, options: ConnectionOptions) async throws {
+    let listener = try transport.listen(at: endpoint, options: options, acceptFilter: nil)
+    defer { listener.close() }
+    // Listening: the scripts wait for this file (Scripts/wait-for-server.sh).
+    FileManager.default.createFile(atPath: arguments[2] + "/echo.ready", contents: nil)
+    for await connection in listener.connections {
+        for await _ in connection.messages {}
+        return
     }
 }
 
@@ -121,15 +156,7 @@ case "serve":
         }
     default: usage()
     }
-    runAndWait {
-        let listener = try transport.listen(at: endpoint, options: options, acceptFilter: nil)
-        defer { listener.close() }
-        for await connection in listener.connections {
-            // Serves the one client until it goes.
-            for await _ in connection.messages {}
-            return
-        }
-    }
+    runAndWait { [options] in try await serveOneClient(transport, options: options) }
 case "client" where arguments.count == 6 && arguments[5] == "stream":
     guard let count = Int(arguments[3]), count >= 0, let size = Int(arguments[4]), size >= 0 else { usage() }
     runAndWait {
