@@ -90,22 +90,24 @@ static int poll_until_readable(nf_channel *channel, int fd) {
 /// The spinning stream and queue floors: poll by receiving. Each round tries the receive
 /// itself without waiting for a first byte (recvmsg with MSG_DONTWAIT; mq_timedreceive with a
 /// deadline in the past), so that a message costs one call when it comes, as in the engine's
-/// spinning loop; a poll(2) with a zero timeout, then the receive, costs a call more, and a
-/// round trip 11-20 % more on this repository's VM (Reports/spinning-floors). After
+/// spinning loop; a poll(2) with a zero timeout, then the receive, costs a call more, and made a
+/// round trip 7-17 % slower on this repository's VM (Reports/spinning-floors). After
 /// NF_SPIN_LIMIT_NANOSECONDS the wait goes on in poll(2), without the CPU.
 static int receive_spinning(nf_channel *channel, const struct nf_operations *operations, uint32_t *length, void *payload, size_t capacity) {
     uint32_t polls = 0;
     uint64_t end = 0;
     channel->receive_now = true;
     int status;
+    bool nothing_yet;
     for (;;) {
         status = operations->receive(channel, length, payload, capacity);
-        if (status == 0 || errno != EAGAIN) break;
+        nothing_yet = status != 0 && errno == EAGAIN;
+        if (!nothing_yet) break;
         nf_cpu_relax();
         if (!nf_still_spinning(&polls, &end)) break;
     }
     channel->receive_now = false;
-    if (status == 0 || errno != EAGAIN) return status;
+    if (!nothing_yet) return status;
     if (poll_until_readable(channel, channel->in_fd) != 0) return -1;
     return operations->receive(channel, length, payload, capacity);
 }
@@ -598,7 +600,7 @@ int nf_read_message(int fd, bool file, bool now, uint32_t *length, void *payload
             count_read = NF_RETRY(preadv(fd, window, count, (off_t)received));
         } else if (now && received == 0) {
             struct msghdr message = {.msg_iov = window, .msg_iovlen = (size_t)count};
-            count_read = NF_RETRY(recvmsg(fd, &message, MSG_DONTWAIT));
+            count_read = NF_RETRY(ipc_sys_recvmsg(fd, &message, MSG_DONTWAIT));
             if (count_read < 0 && errno == EWOULDBLOCK) errno = EAGAIN;
         } else {
             count_read = NF_RETRY(ipc_sys_readv(fd, window, count));

@@ -136,8 +136,7 @@ static int mqueue_send(nf_channel *channel, uint32_t length, const void *payload
 
 /// Receives one queue message into `buffer` (room for a whole queue message). With `now`, does
 /// not wait: an empty queue fails with EAGAIN (a deadline in the past, on the blocking
-/// descriptor: an O_NONBLOCK one answered as fast by median but slower at p90, since its
-/// tighter polls take the queue's lock more often, which the sender then waits for).
+/// descriptor: an O_NONBLOCK one was no faster, Reports/spinning-floors).
 static ssize_t receive_fragment(nf_channel *channel, void *buffer, bool now) {
     size_t size = (size_t)channel->message_size;
     if (now) {

@@ -8,14 +8,36 @@ package struct ProcessStat: Sendable, Equatable {
     /// When the process started, in clock ticks after boot (the file's 22nd field).
     package let startTime: UInt64
 
+    package init(state: UInt8, startTime: UInt64) {
+        self.state = state
+        self.startTime = startTime
+    }
+
     /// Whether the process has exited (a zombie, not yet reaped, has).
     package var exited: Bool { state == UInt8(ascii: "Z") || state == UInt8(ascii: "X") }
 
-    /// The stat of process `pid` now, or `nil` if there is none (or its file cannot be read or
-    /// parsed: the caller treats that as gone).
-    package static func read(pid: Int32) -> ProcessStat? {
-        guard pid > 0, let text = readSmallFile("/proc/\(pid)/stat") else { return nil }
-        return parse(Array(text.utf8))
+    /// What reading a process's stat file found.
+    package enum Reading: Sendable, Equatable {
+        /// The process, as its file says.
+        case found(ProcessStat)
+        /// No such process (no file, or one that vanished while being read).
+        case gone
+        /// The file could not be opened for another reason (a full descriptor table), or did not
+        /// parse: this says nothing of the process.
+        case unknown
+    }
+
+    /// The stat of process `pid` now.
+    package static func read(pid: Int32) -> Reading {
+        guard pid > 0 else { return .gone }
+        let fd = open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return errno == ENOENT || errno == ESRCH ? .gone : .unknown }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 1024)
+        let count = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+        // A process that exits while its file is open reads as an error (ESRCH) or nothing.
+        guard count > 0 else { return count == 0 || errno == ESRCH ? .gone : .unknown }
+        return parse(Array(bytes[..<count])).map(Reading.found) ?? .unknown
     }
 
     /// Parses a stat line. The command name, in parentheses, may itself hold spaces and `) `:

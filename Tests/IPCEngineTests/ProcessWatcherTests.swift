@@ -49,7 +49,10 @@ struct ProcessWatcherTests {
     func killedProcess(polling: Bool) async throws {
         let watcher = ProcessWatcher(polling: polling)
         let child = try Child()
-        defer { child.reap() }
+        defer {
+            child.kill()
+            child.reap()
+        }
         let calls = Calls()
         _ = try watcher.watch(pid: child.pid) { calls.record() }
         #expect(calls.count == 0)
@@ -67,7 +70,10 @@ struct ProcessWatcherTests {
     func cancelled(polling: Bool) async throws {
         let watcher = ProcessWatcher(polling: polling)
         let child = try Child()
-        defer { child.reap() }
+        defer {
+            child.kill()
+            child.reap()
+        }
         let calls = Calls()
         let watch = try watcher.watch(pid: child.pid) { calls.record() }
         watcher.cancel(watch)
@@ -92,18 +98,67 @@ struct ProcessWatcherTests {
         #expect(ProcessWatcher.isAlive(pid: getpid()))
         let child = try Child()
         #expect(ProcessWatcher.isAlive(pid: child.pid))
+        guard case .found(let running) = ProcessStat.read(pid: child.pid) else {
+            Issue.record("no stat for the running child \(child.pid)")
+            return
+        }
+        let startTime = running.startTime
+        #expect(!running.exited)
         child.kill()
         // Until the kernel has made it a zombie.
         var waited = 0
-        while ProcessStat.read(pid: child.pid)?.exited == false, waited < 10_000 {
+        while ProcessStat.read(pid: child.pid) != .found(ProcessStat(state: UInt8(ascii: "Z"), startTime: startTime)), waited < 10_000 {
             usleep(1000)
             waited += 1
         }
         #expect(!ProcessWatcher.isAlive(pid: child.pid))
-        #expect(ProcessStat.read(pid: child.pid)?.exited == true)
+        #expect(ProcessStat.read(pid: child.pid) == .found(ProcessStat(state: UInt8(ascii: "Z"), startTime: startTime)))
         child.reap()
         #expect(!ProcessWatcher.isAlive(pid: child.pid))
-        #expect(ProcessStat.read(pid: child.pid) == nil)
+        #expect(ProcessStat.read(pid: child.pid) == .gone)
+    }
+
+    /// With every descriptor in use, neither a pidfd nor the stat file can be opened: a process
+    /// that is there must still count as alive (a server out of descriptors once took its live
+    /// clients for dead ones), and one that is not as dead. In a process of its own, whose
+    /// descriptor table this fills.
+    @Test("isAlive with no descriptor to spare: a live process is alive, a reaped one is not")
+    func isAliveWithoutDescriptors() async throws {
+        guard ChildProcessTest.isChildRun else {
+            try await ChildProcessTest.run(filter: "isAliveWithoutDescriptors")
+            return
+        }
+        let child = try Child()
+        let gone = try Child()
+        gone.kill()
+        gone.reap()
+        var limit = rlimit()
+        getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+        let saved = limit
+        // Fills the table up to a soft limit a little above the descriptors open now.
+        var highest: Int32 = 0
+        for fd in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] { highest = max(highest, Int32(fd) ?? 0) }
+        limit.rlim_cur = rlim_t(highest + 8)
+        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+        var fillers: [Int32] = []
+        while true {
+            let fd = open("/dev/null", O_RDONLY | O_CLOEXEC)
+            if fd < 0 { break }
+            fillers.append(fd)
+        }
+        let full = errno == EMFILE
+        let childAlive = ProcessWatcher.isAlive(pid: child.pid)
+        let goneAlive = ProcessWatcher.isAlive(pid: gone.pid)
+        let stat = ProcessStat.read(pid: child.pid)
+        fillers.forEach { close($0) }
+        limit = saved
+        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+        child.kill()
+        child.reap()
+        #expect(full)
+        #expect(stat == .unknown)
+        #expect(childAlive)
+        #expect(!goneAlive)
     }
 
     @Test("a stat line is read from its last parenthesis: a command name may hold spaces and ') '")
@@ -120,7 +175,10 @@ struct ProcessWatcherTests {
         #expect(ProcessStat.parse(Array("42 (sleep) SS\(tail)".utf8)) == nil)
         #expect(ProcessStat.parse(Array("42 (sleep) S\(tail.replacingOccurrences(of: "987654", with: "-1"))".utf8)) == nil)
         // This process's own file.
-        let own = try #require(ProcessStat.read(pid: getpid()))
+        guard case .found(let own) = ProcessStat.read(pid: getpid()) else {
+            Issue.record("no stat for this process")
+            return
+        }
         #expect(!own.exited && own.startTime > 0)
     }
 }

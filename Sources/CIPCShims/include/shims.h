@@ -171,6 +171,9 @@ static inline long ipc_sys_send(int fd, const void *buffer, unsigned long length
 static inline long ipc_sys_sendmsg(int fd, const struct msghdr *message, int flags) {
     return syscall(SYS_sendmsg, fd, message, flags);
 }
+static inline long ipc_sys_recvmsg(int fd, struct msghdr *message, int flags) {
+    return syscall(SYS_recvmsg, fd, message, flags);
+}
 static inline long ipc_sys_recv(int fd, void *buffer, unsigned long length, int flags) {
     return syscall(SYS_recvfrom, fd, buffer, length, flags, (void *)0, (void *)0);
 }

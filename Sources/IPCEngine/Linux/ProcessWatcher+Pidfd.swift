@@ -19,7 +19,9 @@ import SystemPackage
 /// at the first such watch, reads `/proc/<pid>/stat` of every watched process every
 /// ``pollInterval`` (10 ms, or `IPCBENCH_PROCESS_WATCH_INTERVAL_MS`) and reports an exit when the file is gone, says the process is a zombie, or
 /// names another start time (a later process given the same pid). An exit is then seen up to
-/// that much later; the handler still runs on the loop's thread.
+/// that much later; the handler still runs on the loop's thread. The thread ends when nothing is
+/// watched; a stat file it cannot open for want of a descriptor is looked at again next round,
+/// never taken for an exit.
 package final class ProcessWatcher: Sendable {
     package static let shared = ProcessWatcher(polling: ProcessWatcher.pollingRequested)
 
@@ -120,9 +122,15 @@ package final class ProcessWatcher: Sendable {
     }
 
     private func watchPolling(pid: Int32, loop: EventLoop, _ handler: @escaping @Sendable () -> Void) throws -> Watch {
-        guard let stat = ProcessStat.read(pid: pid), !stat.exited else {
+        let stat: ProcessStat
+        switch ProcessStat.read(pid: pid) {
+        case .found(let found) where !found.exited:
+            stat = found
+        case .found, .gone:
             handler()
             return Watch(token: 0, polled: true)
+        case .unknown:
+            throw IPCError(code: .transportFailure, message: "cannot watch process \(pid): its /proc/\(pid)/stat cannot be read (is the descriptor table full?)")
         }
         let (token, start): (UInt64, Bool) = polling.withLock { polling in
             let token = polling.nextToken
@@ -133,7 +141,7 @@ package final class ProcessWatcher: Sendable {
         }
         if start {
             do {
-                try PosixThread.detach(name: "ipc-pid-poll") { [self] in pollForever() }
+                try PosixThread.detach(name: "ipc-pid-poll") { [self] in pollWhileWatched() }
             } catch {
                 polling.withLock {
                     $0.entries[token] = nil
@@ -146,19 +154,31 @@ package final class ProcessWatcher: Sendable {
     }
 
     /// The polling thread: every ``pollInterval``, each watched process's stat; an exit goes to
-    /// the watch's loop, which ends the watch and calls its handler.
-    private func pollForever() {
+    /// the watch's loop, which ends the watch and calls its handler. It ends when nothing is
+    /// watched any more (the next watch starts another), so a process whose watches have all
+    /// ended has no thread waking for them.
+    private func pollWhileWatched() {
         let nanoseconds = Int(Self.pollInterval.wholeNanoseconds)
         let interval = timespec(tv_sec: nanoseconds / 1_000_000_000, tv_nsec: nanoseconds % 1_000_000_000)
         while true {
             var request = interval
             var rest = timespec()
             while nanosleep(&request, &rest) != 0, errno == EINTR { request = rest }
-            let watched = polling.withLock { polling in
-                polling.entries.compactMap { $0.value.reported ? nil : ($0.key, $0.value.pid, $0.value.startTime) }
+            let watched: [(UInt64, Int32, UInt64)]? = polling.withLock { polling in
+                guard !polling.entries.isEmpty else {
+                    polling.threadStarted = false
+                    return nil
+                }
+                return polling.entries.compactMap { $0.value.reported ? nil : ($0.key, $0.value.pid, $0.value.startTime) }
             }
+            guard let watched else { return }
             for (token, pid, startTime) in watched {
-                if let stat = ProcessStat.read(pid: pid), !stat.exited, stat.startTime == startTime { continue }
+                switch ProcessStat.read(pid: pid) {
+                case .found(let stat) where !stat.exited && stat.startTime == startTime: continue
+                // Says nothing of the process (no descriptor to spare): the next round looks again.
+                case .unknown: continue
+                case .found, .gone: break
+                }
                 let loop: EventLoop? = polling.withLock { polling in
                     guard polling.entries[token]?.reported == false else { return nil }
                     polling.entries[token]?.reported = true
@@ -181,22 +201,31 @@ package final class ProcessWatcher: Sendable {
     }
 
     /// Whether `pid` is alive right now (a zombie counts as dead). Where `pidfd_open` is missing
-    /// or refused, or fails for want of a descriptor, `/proc/<pid>/stat` answers instead: only a
-    /// process that is not there counts as dead, not a call that failed.
+    /// or refused, or fails for want of a descriptor, `/proc/<pid>/stat` answers instead, and
+    /// where that cannot be read either, `kill(pid, 0)`: only a process that is not there counts
+    /// as dead, not a call that failed.
     package static func isAlive(pid: Int32) -> Bool {
-        guard !shared.polls else { return processStatSaysAlive(pid) }
+        guard !shared.polls else { return aliveWithoutPidfd(pid) }
         let pidfd = ipc_pidfd_open(pid, 0)
         guard pidfd >= 0 else {
             let error = Errno(rawValue: errno)
-            return error == .noSuchProcess ? false : processStatSaysAlive(pid)
+            return error == .noSuchProcess ? false : aliveWithoutPidfd(pid)
         }
         defer { try? FileDescriptor(rawValue: pidfd).close() }
         var descriptor = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
-        return poll(&descriptor, 1, 0) == 0
+        while true {
+            let ready = poll(&descriptor, 1, 0)
+            if ready >= 0 { return ready == 0 }
+            if errno != EINTR { return aliveWithoutPidfd(pid) }
+        }
     }
 
-    private static func processStatSaysAlive(_ pid: Int32) -> Bool {
-        ProcessStat.read(pid: pid).map { !$0.exited } ?? false
+    private static func aliveWithoutPidfd(_ pid: Int32) -> Bool {
+        switch ProcessStat.read(pid: pid) {
+        case .found(let stat): return !stat.exited
+        case .gone: return false
+        case .unknown: return kill(pid, 0) == 0 || errno != ESRCH
+        }
     }
 
     fileprivate func exited(_ token: UInt64) {
@@ -216,7 +245,8 @@ package final class ProcessWatcher: Sendable {
     /// stays readable).
     private final class ExitHandler: EventHandler {
         let token = Atomic<UInt64>(0)
-        unowned let watcher: ProcessWatcher
+        /// Held while the pidfd is registered (the registration ends with the watch).
+        let watcher: ProcessWatcher
 
         init(watcher: ProcessWatcher) {
             self.watcher = watcher

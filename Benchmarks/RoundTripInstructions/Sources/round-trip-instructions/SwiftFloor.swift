@@ -306,7 +306,9 @@ final class FloorClient: @unchecked Sendable {
     /// Reads what the socket has (without waiting when spinning); a whole reply frame resumes
     /// the waiting request.
     private func readReply() throws {
-        let got = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + buffered, $0.count - buffered, floorSpins ? CInt(MSG_DONTWAIT) : 0) }
+        let got = buffer.withUnsafeMutableBytes { bytes in
+            floorSpins ? recv(fd, bytes.baseAddress! + buffered, bytes.count - buffered, CInt(MSG_DONTWAIT)) : read(fd, bytes.baseAddress! + buffered, bytes.count - buffered)
+        }
         guard got > 0 else {
             let error = errno
             if got < 0, error == EINTR || error == EAGAIN { return }
@@ -543,7 +545,9 @@ func runFloorServer(path: String, handingOff: Bool) throws {
                 throw FloorError.errno("epoll_wait")
             }
         }
-        let got = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + buffered, $0.count - buffered, floorSpins ? CInt(MSG_DONTWAIT) : 0) }
+        let got = buffer.withUnsafeMutableBytes { bytes in
+            floorSpins ? recv(fd, bytes.baseAddress! + buffered, bytes.count - buffered, CInt(MSG_DONTWAIT)) : read(fd, bytes.baseAddress! + buffered, bytes.count - buffered)
+        }
         if got == 0 {
             if let serving {
                 mailbox.post(nil)
