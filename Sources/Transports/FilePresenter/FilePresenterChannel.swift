@@ -148,7 +148,11 @@ final class FilePresenterChannel: EngineChannel, @unchecked Sendable {
             retryLater()
             return nil
         }
-        retry.reset()
+        // A compaction a writer's lock held off: the writer may wait for the room it makes and
+        // write nothing meanwhile, so no change of the file would bring the next try (a stream
+        // stalled until its sender's timeout about one run in ten). Tried again from the timer,
+        // backing off as for a locked read.
+        if reader.compactionOwed { retryLater() } else { retry.reset() }
         if count > 0 {
             // The end, if it came, is reported after these records: read again for it.
             if peerGone { loop.execute { [weak self] in self?.attached?.readNow() } }

@@ -289,6 +289,11 @@ final class JournalReader: @unchecked Sendable {
     /// Records read from the file and not handled yet, because a handler asked to stop (the
     /// application's buffer was full): the bytes of `buffer` in this range, handled first next time.
     private var pending: Range<Int> = 0..<0
+    /// A compaction was due and skipped because a writer held the lock. It is tried again at
+    /// the next ``fill()``, even one that finds nothing new: a writer waiting for the room it
+    /// makes writes nothing meanwhile, so no change of the file would bring that fill, and the
+    /// reader's owner must call it from a timer (``FilePresenterChannel``).
+    private(set) var compactionOwed = false
 
     init(_ journal: JournalFile, maximumPayloadLength: Int) {
         self.journal = journal
@@ -313,7 +318,7 @@ final class JournalReader: @unchecked Sendable {
         guard let available = try readOnce() else { return nil }
         pending = 0..<available
         // The records are in memory already: the file's may be compacted.
-        if available > 0 { try compactIfDue() }
+        if available > 0 || compactionOwed { try compactIfDue() }
         return available
     }
 
@@ -365,11 +370,15 @@ final class JournalReader: @unchecked Sendable {
 
     /// Once the consumed records reach the threshold, moves the unread ones (if they are no more
     /// than the consumed ones, so the copying stays proportional to what was read) to the start,
-    /// and shortens the file. Skipped, to be tried after the next read, if writers keep the lock.
+    /// and shortens the file. Skipped, to be tried at the next ``fill()`` (``compactionOwed``),
+    /// if a writer holds the lock.
     private func compactIfDue() throws {
         let threshold = JournalHeader.compactionThreshold(capacity: capacity)
         let consumedBytes = consumed - JournalHeader.length
-        guard consumedBytes >= threshold else { return }
+        guard consumedBytes >= threshold else {
+            compactionOwed = false
+            return
+        }
         func compact(_ access: FileAccess) throws {
             let unread = try journal.committedEnd() - consumed
             guard unread >= 0 else {
@@ -384,7 +393,7 @@ final class JournalReader: @unchecked Sendable {
             if try access.size() > keep { try access.truncate(to: keep) }
             consumed = JournalHeader.length
         }
-        // Skipped, to be tried after the next read, if a writer holds the lock now.
-        _ = try coordinator.tryCoordinate(file, exclusive: true, byAccessor: compact)
+        // Skipped, to be tried at the next fill, if a writer holds the lock now.
+        compactionOwed = try coordinator.tryCoordinate(file, exclusive: true, byAccessor: compact) == nil
     }
 }
