@@ -82,8 +82,10 @@ PY
 start_server() {
     local binary="$1" system="$2" address="$3" work="$4"; shift 4
     rm -f "$work/stdin"; mkfifo "$work/stdin"
+    # Descriptor 7, a file of the work directory, stands for what the harness's Process gives
+    # serve beyond its standard streams: no daemon serve starts may hold it (README, "Descriptors").
     "$bin/$binary" serve --system "$system" --address "$address" "${server_cpu[@]}" "$@" \
-        <"$work/stdin" >"$work/serve.out" 2>"$work/serve.err" &
+        <"$work/stdin" >"$work/serve.out" 2>"$work/serve.err" 7>"$work/inherited" &
     server_pid=$!
     exec {server_stdin}>"$work/stdin"
     local waited=0
@@ -165,6 +167,13 @@ for entry in "${all_systems[@]}"; do
         fail "$system: serve: $start_error"; kill "$server_pid" 2>/dev/null; exec {server_stdin}>&-; rm -rf "$work" "$machine_before"; continue
     fi
     read_daemon_pid
+    if [ -n "$daemon_pid" ]; then
+        if find /proc/"$daemon_pid"/fd -lname "$work/inherited" 2>/dev/null | grep -q .; then
+            fail "daemon $daemon_pid holds a descriptor serve inherited (README, \"Descriptors\")"
+        else
+            pass "daemon $daemon_pid holds none of the descriptors serve inherited"
+        fi
+    fi
 
     # measure MODE PAYLOAD WARMUP COUNT [extra...]: sets status and leaves out/err in $work.
     measure() {

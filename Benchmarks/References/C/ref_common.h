@@ -143,10 +143,33 @@ static long ref_parse_number(const char *const *systems, const char *option, con
     return (long)value;
 }
 
+/* Every descriptor this program inherited, past standard input, output and error, is made
+ * close-on-exec, so that no program it runs (serve's daemons: dbus-daemon, iox-roudi) holds one.
+ * The harness starts references with Foundation's Process, which on Linux learns of a child's
+ * exit when the child's end of a socket pair it inherited closes (swift-corelibs-foundation,
+ * Process.run); a daemon holding that end kept the harness waiting on a serve that had been
+ * SIGKILLed until the daemon ended: 45 s for RouDi, which itself waited for that unreaped serve
+ * (Benchmarks/References/README.md, "Descriptors"). */
+static void ref_keep_inherited_descriptors(void)
+{
+    DIR *directory = opendir("/proc/self/fd");
+    if (!directory) return;
+    struct dirent *entry;
+    while ((entry = readdir(directory)) != NULL) {
+        char *end;
+        long fd = strtol(entry->d_name, &end, 10);
+        if (*end != '\0' || end == entry->d_name || fd < 3 || fd == dirfd(directory)) continue;
+        int flags = fcntl((int)fd, F_GETFD);
+        if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl((int)fd, F_SETFD, flags | FD_CLOEXEC);
+    }
+    closedir(directory);
+}
+
 static void ref_parse_args(int argc, char **argv, const char *const *systems, struct ref_args *args)
 {
     const char *slash = strrchr(argv[0], '/');
     ref_program = slash ? slash + 1 : argv[0];
+    ref_keep_inherited_descriptors();
     memset(args, 0, sizeof *args);
     args->cpu = -1;
     args->server_pid = -1;
