@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import IPCCore
 @testable import IPCEngine
 import IPCSystem
 import IPCTestSupport
@@ -16,12 +17,11 @@ struct ProcessWatcherTests {
     final class Child: Sendable {
         let pid: pid_t
 
-        init() throws {
+        init(_ words: [String] = ["/bin/sleep", "30"]) throws {
             var pid: pid_t = 0
-            let words: [String] = ["/bin/sleep", "30"]
             let arguments: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) } + [nil]
             defer { arguments.forEach { free($0) } }
-            let result = posix_spawn(&pid, "/bin/sleep", nil, nil, arguments, environ)
+            let result = posix_spawn(&pid, words[0], nil, nil, arguments, environ)
             guard result == 0 else { throw POSIXError(POSIXErrorCode(rawValue: result) ?? .EIO) }
             self.pid = pid
         }
@@ -91,6 +91,57 @@ struct ProcessWatcherTests {
         let calls = Calls()
         _ = try watcher.watch(pid: child.pid) { calls.record() }
         #expect(calls.count == 1)
+    }
+
+    /// A process whose main thread ended first (`pthread_exit`): its state in `/proc` is a
+    /// zombie's, yet it runs on in its other thread. Python's main thread calls `pthread_exit`
+    /// through ctypes; its other thread ends once the file named by its argument exists.
+    static let mainThreadEndsFirst = """
+        import ctypes, os, sys, threading, time
+        def wait():
+            while not os.path.exists(sys.argv[1]): time.sleep(0.005)
+        threading.Thread(target=wait).start()
+        ctypes.CDLL(None).pthread_exit(None)
+        """
+
+    @Test("a process whose main thread ended before its other thread is alive until that one ends; then its exit is reported", arguments: [false, true])
+    func mainThreadEndedFirst(polling: Bool) async throws {
+        let group = try TestGroup()
+        let go = group.directory.path + "/go"
+        let child = try Child(["/usr/bin/python3", "-c", Self.mainThreadEndsFirst, go])
+        defer {
+            child.kill()
+            child.reap()
+        }
+        // Until the main thread has ended: the state says zombie.
+        let deadline = ContinuousClock.now + .seconds(20)
+        var stat: ProcessStat?
+        while ContinuousClock.now < deadline {
+            if case .found(let found) = ProcessStat.read(pid: child.pid), found.state == UInt8(ascii: "Z") {
+                stat = found
+                break
+            }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        let leaderEnded = try #require(stat, "the child's main thread did not end within 20 s")
+        #expect(leaderEnded.threadsRunOn && !leaderEnded.exited)
+        #expect(ProcessWatcher.isAlive(pid: child.pid))
+        let watcher = ProcessWatcher(polling: polling)
+        let calls = Calls()
+        let watch = try watcher.watch(pid: child.pid) { calls.record() }
+        defer { watcher.cancel(watch) }
+        try await Task.sleep(for: ProcessWatcher.pollInterval * 10)
+        #expect(calls.count == 0, "the exit of a process that runs on was reported")
+        // Its other thread ends: now it has exited.
+        FileManager.default.createFile(atPath: go, contents: nil)
+        while calls.count == 0, ContinuousClock.now < deadline + .seconds(20) { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(calls.count == 1 && calls.allOnLoop)
+        #expect(!ProcessWatcher.isAlive(pid: child.pid))
+        guard case .found(let ended) = ProcessStat.read(pid: child.pid) else {
+            Issue.record("no stat for the unreaped child \(child.pid)")
+            return
+        }
+        #expect(ended.exited && !ended.threadsRunOn)
     }
 
     @Test("isAlive: this process is, a killed child not yet reaped is not, a reaped one is not")

@@ -17,8 +17,10 @@ import SystemPackage
 /// `EPERM`/`EACCES`: a seccomp filter, as in container runtimes with an older default profile),
 /// or with `IPCBENCH_PROCESS_WATCH=poll`, the watcher polls instead: one thread of its own, made
 /// at the first such watch, reads `/proc/<pid>/stat` of every watched process every
-/// ``pollInterval`` (10 ms, or `IPCBENCH_PROCESS_WATCH_INTERVAL_MS`) and reports an exit when the file is gone, says the process is a zombie, or
-/// names another start time (a later process given the same pid). An exit is then seen up to
+/// ``pollInterval`` (10 ms, or `IPCBENCH_PROCESS_WATCH_INTERVAL_MS`) and reports an exit when
+/// the file is gone, says the process is a zombie with no thread left (``ProcessStat/exited``:
+/// a main thread that ended before the others is not an exit, as for a pidfd), or names another
+/// start time (a later process given the same pid). An exit is then seen up to
 /// that much later; the handler still runs on the loop's thread. The thread ends when nothing is
 /// watched; a stat file it cannot open for want of a descriptor is looked at again next round,
 /// never taken for an exit.
