@@ -365,7 +365,8 @@ final class ReferenceSession: Sendable {
     }
 
     /// Closes the server's standard input (its signal to stop) and waits up to 5 s before
-    /// SIGKILL, then up to 30 s more for the exit to be seen; nothing if it is not running.
+    /// SIGKILL, then up to `exitSeenWithin` (30 s) more for the exit to be seen; nothing if it is
+    /// not running.
     ///
     /// Foundation's `Process` sees a child's exit (and reaps it) only once every copy of the
     /// child's end of a socket pair has closed, so a process the server started and that kept a
@@ -373,21 +374,21 @@ final class ReferenceSession: Sendable {
     /// descriptor on (Benchmarks/References/README.md, "Descriptors"); should one ever do, the
     /// run goes on after those 30 s, says so on standard error, and the server is reaped
     /// whenever that copy closes.
-    func stop() {
+    func stop(exitSeenWithin: Duration = .seconds(30)) {
         guard let (process, input) = server.withLock({ running in defer { running = nil }; return running }) else { return }
-        end(process, input: input)
+        end(process, input: input, exitSeenWithin: exitSeenWithin)
     }
 
-    /// Ends a server (``stop()``) that may already have exited.
-    private func end(_ process: Process, input: Pipe) {
+    /// Ends a server (``stop(exitSeenWithin:)``) that may already have exited.
+    private func end(_ process: Process, input: Pipe, exitSeenWithin: Duration = .seconds(30)) {
         try? input.fileHandleForWriting.close()
         let deadline = Date().addingTimeInterval(5)
         while process.isRunning, Date() < deadline { usleep(10_000) }
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        let seen = Date().addingTimeInterval(30)
+        let seen = Date().addingTimeInterval(Double(exitSeenWithin.wholeNanoseconds) / 1e9)
         while process.isRunning, Date() < seen { usleep(10_000) }
         if process.isRunning {
-            let message = "ipcbench: ref:\(reference.system): serve (pid \(process.processIdentifier)) was stopped, but its exit was not seen within 30 s: a process it started still holds a descriptor it inherited; going on\n"
+            let message = "ipcbench: ref:\(reference.system): serve (pid \(process.processIdentifier)) was stopped, but its exit was not seen within \(exitSeenWithin): a process it started still holds a descriptor it inherited; going on\n"
             FileHandle.standardError.write(Data(message.utf8))
         }
         try? FileManager.default.removeItem(at: address)

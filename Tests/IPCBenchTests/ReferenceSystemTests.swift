@@ -194,6 +194,49 @@ struct ReferenceSystemTests {
         #expect(table.contains("not detected"))
     }
 
+    /// A stand-in whose serve starts a daemon as iceoryx's and D-Bus's serves do (fork, then
+    /// exec), but one that keeps every descriptor serve inherited, among them the socket end by
+    /// which Foundation's `Process` learns of serve's exit; it writes the daemon's pid to
+    /// `daemon.pid` beside its address directory.
+    static let serveWithALeakyDaemon = """
+        #!/usr/bin/env python3
+        import os, sys
+        options = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+        if sys.argv[1] != "serve":
+            sys.exit(4)
+        daemon = os.fork()
+        if daemon == 0:
+            os.execvp("sleep", ["sleep", "600"])
+        with open(os.path.join(os.path.dirname(options["--address"].rstrip("/")), "daemon.pid"), "w") as file:
+            file.write(str(daemon))
+        print("ready", flush=True)
+        sys.stdin.read()
+        """
+
+    @Test("stopping a server whose daemon kept its descriptors returns after its bound, and leaves the daemon alone")
+    func stopDoesNotWaitForADaemon() throws {
+        let group = try TestGroup()
+        let path = group.directory.path + "/ref-leaky"
+        try Data(Self.serveWithALeakyDaemon.utf8).write(to: URL(fileURLWithPath: path))
+        try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: path)
+        let session = try ReferenceSession(
+            ReferenceSystem(system: "leaky", executable: URL(fileURLWithPath: path)), placement: .unpinned,
+            group: URL(fileURLWithPath: group.directory.path)
+        )
+        let daemon = try #require(Int32(try String(contentsOfFile: group.directory.path + "/daemon.pid", encoding: .utf8)))
+        defer { kill(daemon, SIGKILL) }
+        // serve ends at once when its standard input closes; only the daemon, which lives for
+        // 10 minutes, keeps Foundation from seeing it. stop() must not wait for that.
+        let stopped = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            session.stop(exitSeenWithin: .seconds(1))
+            stopped.signal()
+        }
+        #expect(stopped.wait(timeout: .now() + 60) == .success, "stop() waited for the daemon serve started")
+        #expect(session.pid == nil)
+        #expect(kill(daemon, 0) == 0, "the daemon was not left alone")
+    }
+
     @Test("the choice section answers each use case with its winner and its lead, per placement")
     func verdicts() throws {
         let results = ReportFixtures.results(scale: 1, references: true)
