@@ -7,12 +7,14 @@
 #   systemd   /usr/bin/systemd-socket-activate, the launcher of the socket-activation tests
 #             (systemd need not run)
 #   valgrind  callgrind, which counts the instructions per round trip (Scripts/instructions.sh)
+#   python3   /usr/bin/python3, which runs the tests' stand-in programs (a reference system's
+#             serve and measure; a process whose main thread ends first)
 set -euo pipefail
 
 #
 #   Scripts/install-system-packages.sh [PACKAGE...]   with arguments, those packages instead
 #   (Benchmarks/References/install-system-packages.sh passes the reference systems' own)
-packages=(curl chromium libbenchmark-dev g++ make systemd valgrind)
+packages=(curl chromium libbenchmark-dev g++ make systemd valgrind python3)
 [ $# -gt 0 ] && packages=("$@")
 
 missing=()
