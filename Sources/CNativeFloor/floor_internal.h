@@ -146,6 +146,21 @@ extern const struct nf_operations nf_journal_operations;
 int nf_uring_stream_send(nf_channel *channel, uint32_t length, const void *payload);
 int nf_uring_stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity);
 int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length);
+/// A stream's framing, checked as a sink drains it (stream.c): every message's header must hold
+/// the stream's payload length, where the lengths before it put it. A sink that only counted
+/// bytes would pass a stream whose messages' bytes were interleaved (two sends in flight at
+/// once), and so time a stream no receiver could read.
+struct nf_stream_framing {
+    uint32_t length;
+    /// Payload bytes still to come before the next header.
+    size_t until_header;
+    unsigned char header[NF_HEADER_LENGTH];
+    size_t header_have;
+};
+void nf_stream_framing_start(struct nf_stream_framing *framing, uint32_t length);
+/// Checks the next `count` bytes of the stream: 0, or -1 with errno EPROTO at a header that
+/// does not hold the length.
+int nf_stream_framing_check(struct nf_stream_framing *framing, const unsigned char *bytes, size_t count);
 /// unix-stream+epoll's batched stream (stream.c): `messages` messages of `length` bytes from
 /// `payload` in one gathering write, each its header and payload (the first 2 × `messages`
 /// entries of `vector`, which it fills), without blocking, waiting for room with epoll.

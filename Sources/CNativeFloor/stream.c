@@ -68,14 +68,47 @@ static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, 
     return nf_read_message(channel->in_fd, false, channel->receive_now, length, payload, capacity);
 }
 
-/// A stream's messages, read as the bytes they are (headers included) in reads of up to 1 MiB:
-/// what a receiver that only drains the stream costs. unix-stream+epoll waits in epoll_wait
-/// before each read, as an event loop does.
+void nf_stream_framing_start(struct nf_stream_framing *framing, uint32_t length) {
+    *framing = (struct nf_stream_framing){.length = length};
+}
+
+int nf_stream_framing_check(struct nf_stream_framing *framing, const unsigned char *bytes, size_t count) {
+    size_t at = 0;
+    while (at < count) {
+        if (framing->until_header > 0) {
+            size_t skipped = count - at < framing->until_header ? count - at : framing->until_header;
+            framing->until_header -= skipped;
+            at += skipped;
+            continue;
+        }
+        size_t taken = NF_HEADER_LENGTH - framing->header_have;
+        if (taken > count - at) taken = count - at;
+        memcpy(framing->header + framing->header_have, bytes + at, taken);
+        framing->header_have += taken;
+        at += taken;
+        if (framing->header_have < NF_HEADER_LENGTH) continue;
+        uint32_t header;
+        memcpy(&header, framing->header, NF_HEADER_LENGTH);
+        if (header != framing->length) {
+            errno = EPROTO;
+            return -1;
+        }
+        framing->header_have = 0;
+        framing->until_header = framing->length;
+    }
+    return 0;
+}
+
+/// A stream's messages, read as the bytes they are (headers included) in reads of up to 1 MiB,
+/// each header checked (nf_stream_framing_check): what a receiver that only drains the stream
+/// costs. unix-stream+epoll waits in epoll_wait before each read, as an event loop does.
 static int stream_sink(nf_channel *channel, size_t count, size_t length) {
     if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_sink(channel, count, length);
     bool polling = channel->mechanism == NF_UNIX_STREAM_EPOLL;
     size_t remaining = count * (NF_HEADER_LENGTH + length);
     size_t capacity = 1 << 20;
+    struct nf_stream_framing framing;
+    nf_stream_framing_start(&framing, (uint32_t)length);
     unsigned char *buffer = malloc(capacity);
     if (buffer == NULL) return -1;
     while (remaining > 0) {
@@ -84,7 +117,7 @@ static int stream_sink(nf_channel *channel, size_t count, size_t length) {
             return -1;
         }
         ssize_t received = NF_RETRY(ipc_sys_read(channel->in_fd, buffer, remaining < capacity ? remaining : capacity));
-        if (received <= 0) {
+        if (received <= 0 || nf_stream_framing_check(&framing, buffer, (size_t)received) != 0) {
             if (received == 0) errno = EPROTO;
             free(buffer);
             return -1;

@@ -52,6 +52,8 @@ struct nf_uring {
     unsigned queued;
     /// Sends submitted or queued whose completion has not been seen.
     unsigned sends_outstanding;
+    /// The last tracked send queued since the last submission (linked to the next one queued).
+    struct io_uring_sqe *last_tracked;
     /// The receive's result once its completion is seen; `receiving` while it is outstanding.
     bool receiving;
     bool received;
@@ -235,11 +237,13 @@ static int submit_and_wait(nf_channel *channel, struct nf_uring *ring, unsigned 
         if (result >= 0) {
             // What the kernel took; with SQPOLL off it takes all or fails.
             ring->queued -= (unsigned)result < ring->queued ? (unsigned)result : ring->queued;
+            if (ring->queued == 0) ring->last_tracked = NULL;
             return reap(ring);
         }
         if (errno == EINTR) continue;
         if (errno == ETIME || errno == EBUSY) {
             ring->queued = 0;
+            ring->last_tracked = NULL;
             if (reap(ring) != 0) return -1;
             if (!channel->responder && !nf_process_alive(channel->responder_pid)) {
                 errno = ECONNRESET;
@@ -279,10 +283,14 @@ static void tag_send(struct nf_uring *ring, struct io_uring_sqe *entry, struct s
 static int queue_send(nf_channel *channel, struct nf_uring *ring, int fd, unsigned fixed_index, uint32_t header, const void *payload, size_t length, bool tracked) {
     struct send_slot *slot = tracked ? NULL : &ring->slots[0];
     while (slot == NULL) {
-        for (int index = 1; index < SLOTS; index++) {
-            if (!ring->slots[index].busy) {
-                slot = &ring->slots[index];
-                break;
+        // A new chain of tracked sends waits for the one submitted before it to complete (see
+        // tag_send); a send that joins the chain being queued waits only for a free slot.
+        if (ring->last_tracked != NULL || ring->sends_outstanding == 0) {
+            for (int index = 1; index < SLOTS; index++) {
+                if (!ring->slots[index].busy) {
+                    slot = &ring->slots[index];
+                    break;
+                }
             }
         }
         if (slot == NULL && submit_and_wait(channel, ring, 1) != 0) return -1;
@@ -326,8 +334,19 @@ static int queue_send(nf_channel *channel, struct nf_uring *ring, int fd, unsign
 
 /// Marks a queued send: a tracked one posts its completion with its slot, an untracked one only
 /// if it fails.
+///
+/// Tracked sends run one after another, as one writer's sends on a stream must. A send that
+/// does not fit the socket goes on in the kernel once there is room, and a second send in
+/// flight beside it would put its bytes between the first's: with several sends of 1 MiB in
+/// flight unordered, the receiver found a message's bytes inside the one before it
+/// (Reports/uring-stream-order). So each is linked to the tracked send queued before it in the
+/// same submission, and queue_send starts a new chain only once the sends submitted before it
+/// have completed. (IOSQE_IO_DRAIN would let the kernel start it then, but a ring refuses it,
+/// EOPNOTSUPP, once any request has used IOSQE_CQE_SKIP_SUCCESS, as the round trips' do.)
 static void tag_send(struct nf_uring *ring, struct io_uring_sqe *entry, struct send_slot *slot, bool tracked) {
     if (tracked) {
+        if (ring->last_tracked != NULL) ring->last_tracked->flags |= IOSQE_IO_LINK;
+        ring->last_tracked = entry;
         entry->user_data = (uint64_t)(slot - ring->slots) + 1;
         ring->sends_outstanding++;
     } else {
@@ -429,6 +448,9 @@ int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length) {
     size_t remaining = count * (NF_HEADER_LENGTH + length);
     size_t buffered = ring->input_end - ring->input_start;
     size_t taken = buffered < remaining ? buffered : remaining;
+    struct nf_stream_framing framing;
+    nf_stream_framing_start(&framing, (uint32_t)length);
+    if (nf_stream_framing_check(&framing, ring->input + ring->input_start, taken) != 0) return -1;
     ring->input_start += taken;
     remaining -= taken;
     size_t capacity = 1 << 20;
@@ -436,7 +458,7 @@ int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length) {
     if (buffer == NULL) return -1;
     while (remaining > 0) {
         ssize_t got = receive_into(channel, ring, channel->in_fd, 0, buffer, remaining < capacity ? remaining : capacity);
-        if (got <= 0) {
+        if (got <= 0 || nf_stream_framing_check(&framing, buffer, (size_t)got) != 0) {
             if (got == 0) errno = EPROTO;
             free(buffer);
             return -1;
