@@ -364,9 +364,12 @@ final class ReferenceSession: Sendable {
         }
     }
 
+    /// How long ``stop(exitSeenWithin:)`` waits, after SIGKILL, for a server's exit to be seen.
+    static let exitSeenBound: Duration = .seconds(30)
+
     /// Closes the server's standard input (its signal to stop) and waits up to 5 s before
-    /// SIGKILL, then up to `exitSeenWithin` (30 s) more for the exit to be seen; nothing if it is
-    /// not running.
+    /// SIGKILL, then up to `exitSeenWithin` (``exitSeenBound``) more for the exit to be seen;
+    /// nothing if it is not running.
     ///
     /// Foundation's `Process` sees a child's exit (and reaps it) only once every copy of the
     /// child's end of a socket pair has closed, so a process the server started and that kept a
@@ -374,13 +377,13 @@ final class ReferenceSession: Sendable {
     /// descriptor on (Benchmarks/References/README.md, "Descriptors"); should one ever do, the
     /// run goes on after those 30 s, says so on standard error, and the server is reaped
     /// whenever that copy closes.
-    func stop(exitSeenWithin: Duration = .seconds(30)) {
+    func stop(exitSeenWithin: Duration = exitSeenBound) {
         guard let (process, input) = server.withLock({ running in defer { running = nil }; return running }) else { return }
         end(process, input: input, exitSeenWithin: exitSeenWithin)
     }
 
     /// Ends a server (``stop(exitSeenWithin:)``) that may already have exited.
-    private func end(_ process: Process, input: Pipe, exitSeenWithin: Duration = .seconds(30)) {
+    private func end(_ process: Process, input: Pipe, exitSeenWithin: Duration = exitSeenBound) {
         try? input.fileHandleForWriting.close()
         let deadline = Date().addingTimeInterval(5)
         while process.isRunning, Date() < deadline { usleep(10_000) }
