@@ -230,6 +230,13 @@ final class PairPeer: @unchecked Sendable {
     func close() {
         _ = Glibc.close(fd)
     }
+
+    /// Ends the socket for both directions, whoever else holds it: a child process another
+    /// test spawns at that moment holds a copy of every descriptor until its exec closes them
+    /// (close-on-exec), and a `close` alone leaves the socket open that long.
+    func shutdown() {
+        _ = Glibc.shutdown(fd, CInt(SHUT_RDWR))
+    }
 }
 
 func monotonicNanoseconds() -> UInt64 {
