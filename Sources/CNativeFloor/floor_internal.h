@@ -146,21 +146,32 @@ extern const struct nf_operations nf_journal_operations;
 int nf_uring_stream_send(nf_channel *channel, uint32_t length, const void *payload);
 int nf_uring_stream_receive(nf_channel *channel, uint32_t *length, void *payload, size_t capacity);
 int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length);
-/// A stream's framing, checked as a sink drains it (stream.c): every message's header must hold
-/// the stream's payload length, where the lengths before it put it. A sink that only counted
-/// bytes would pass a stream whose messages' bytes were interleaved (two sends in flight at
-/// once), and so time a stream no receiver could read.
-struct nf_stream_framing {
-    uint32_t length;
-    /// Payload bytes still to come before the next header.
-    size_t until_header;
-    unsigned char header[NF_HEADER_LENGTH];
-    size_t header_have;
-};
-void nf_stream_framing_start(struct nf_stream_framing *framing, uint32_t length);
-/// Checks the next `count` bytes of the stream: 0, or -1 with errno EPROTO at a header that
-/// does not hold the length.
-int nf_stream_framing_check(struct nf_stream_framing *framing, const unsigned char *bytes, size_t count);
+/// A stream sink's read (stream.c, uring.c): up to `length` bytes into `buffer`; the bytes read,
+/// 0 at the end of the stream, -1 with errno. `alone`: the bytes are the rest of one message read
+/// alone (NF_SINK_ALONE), so the read may wait for all of them.
+typedef ssize_t (*nf_sink_read)(nf_channel *channel, void *buffer, size_t length, bool alone);
+/// A message of at least this many bytes, header and payload, is read alone into a buffer of its
+/// size; smaller ones are read through a buffer of NF_SINK_CAPACITY bytes, as many at once as
+/// the socket has.
+#define NF_SINK_ALONE (256 * 1024)
+#define NF_SINK_CAPACITY (1 << 20)
+/// The stream floors' receiver (stream.c): takes `count` messages of `length` payload bytes the
+/// way a message receiver must, each message whole in one place, where the engine's receiver
+/// puts them:
+/// - a message of NF_SINK_ALONE bytes or more alone, into a buffer of its size from the front,
+///   no read past its end (the engine receives the rest of a large frame into its payload's
+///   own array);
+/// - smaller ones read through a 1 MiB buffer from front to back, a message's first part moved
+///   to the front only when the rest of it (or 64 KiB) would not fit behind it (the engine's
+///   lending reassembler).
+/// It does not drain the socket into the start of one buffer: such a receiver never puts a
+/// message in one place, and its copies land in the same few hundred kilobytes every time, which
+/// a CPU whose L2 holds them makes cheaper than any message receiver's (Reports/whole-message-floors).
+/// Each message's header must hold `length` where the lengths before it put it (EPROTO if not):
+/// a sink that only counted bytes would pass a stream whose messages' bytes were interleaved (two
+/// sends in flight at once), and so time a stream no receiver could read. `buffered` is what the
+/// channel read ahead of the stream (its first bytes). 0, or -1 with errno.
+int nf_stream_sink_messages(nf_channel *channel, size_t count, size_t length, const unsigned char *buffered, size_t buffered_count, nf_sink_read read_some);
 /// unix-stream+epoll's batched stream (stream.c): `messages` messages of `length` bytes from
 /// `payload` in one gathering write, each its header and payload (the first 2 × `messages`
 /// entries of `vector`, which it fills), without blocking, waiting for room with epoll.

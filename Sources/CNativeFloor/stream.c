@@ -68,64 +68,71 @@ static int stream_receive(nf_channel *channel, uint32_t *length, void *payload, 
     return nf_read_message(channel->in_fd, false, channel->receive_now, length, payload, capacity);
 }
 
-void nf_stream_framing_start(struct nf_stream_framing *framing, uint32_t length) {
-    *framing = (struct nf_stream_framing){.length = length};
-}
-
-int nf_stream_framing_check(struct nf_stream_framing *framing, const unsigned char *bytes, size_t count) {
-    size_t at = 0;
-    while (at < count) {
-        if (framing->until_header > 0) {
-            size_t skipped = count - at < framing->until_header ? count - at : framing->until_header;
-            framing->until_header -= skipped;
-            at += skipped;
-            continue;
-        }
-        size_t taken = NF_HEADER_LENGTH - framing->header_have;
-        if (taken > count - at) taken = count - at;
-        memcpy(framing->header + framing->header_have, bytes + at, taken);
-        framing->header_have += taken;
-        at += taken;
-        if (framing->header_have < NF_HEADER_LENGTH) continue;
-        uint32_t header;
-        memcpy(&header, framing->header, NF_HEADER_LENGTH);
-        if (header != framing->length) {
-            errno = EPROTO;
-            return -1;
-        }
-        framing->header_have = 0;
-        framing->until_header = framing->length;
-    }
-    return 0;
-}
-
-/// A stream's messages, read as the bytes they are (headers included) in reads of up to 1 MiB,
-/// each header checked (nf_stream_framing_check): what a receiver that only drains the stream
-/// costs. unix-stream+epoll waits in epoll_wait before each read, as an event loop does.
-static int stream_sink(nf_channel *channel, size_t count, size_t length) {
-    if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_sink(channel, count, length);
-    bool polling = channel->mechanism == NF_UNIX_STREAM_EPOLL;
-    size_t remaining = count * (NF_HEADER_LENGTH + length);
-    size_t capacity = 1 << 20;
-    struct nf_stream_framing framing;
-    nf_stream_framing_start(&framing, (uint32_t)length);
+int nf_stream_sink_messages(nf_channel *channel, size_t count, size_t length, const unsigned char *buffered, size_t buffered_count, nf_sink_read read_some) {
+    size_t frame = NF_HEADER_LENGTH + length;
+    // The stream's bytes not yet in the buffer: no read goes past the last message.
+    size_t left = count * frame;
+    bool alone = frame >= NF_SINK_ALONE;
+    size_t capacity = alone ? frame : NF_SINK_CAPACITY;
     unsigned char *buffer = malloc(capacity);
     if (buffer == NULL) return -1;
-    while (remaining > 0) {
-        if (polling && nf_epoll_wait_readable(channel, channel->in_fd, false) != 0) {
+    size_t start = 0, end = 0;
+    // What the channel read ahead before the stream (at most its 64 KiB input buffer, less than
+    // either capacity) is the stream's first bytes.
+    size_t ahead = buffered_count < left ? buffered_count : left;
+    if (ahead > 0) memcpy(buffer, buffered, ahead);
+    end = ahead;
+    left -= ahead;
+    for (;;) {
+        // Every whole message in the buffer, its header checked where the lengths put it.
+        while (end - start >= frame) {
+            uint32_t header;
+            memcpy(&header, buffer + start, NF_HEADER_LENGTH);
+            if (header != (uint32_t)length) {
+                free(buffer);
+                errno = EPROTO;
+                return -1;
+            }
+            start += frame;
+        }
+        if (start == end) start = end = 0;
+        if (left == 0) break;
+        // A message's first part goes to the front only when the rest of it would not fit behind
+        // it, or when less than 64 KiB would: never for a message read alone (its buffer is its
+        // size and it starts at the front).
+        size_t rest = frame - (end - start);
+        size_t room = capacity - end;
+        if (start > 0 && (room < rest || room < (64 << 10))) {
+            memmove(buffer, buffer + start, end - start);
+            end -= start;
+            start = 0;
+            room = capacity - end;
+        }
+        size_t wanted = room < left ? room : left;
+        ssize_t got = read_some(channel, buffer + end, wanted, alone);
+        if (got <= 0) {
+            if (got == 0) errno = EPROTO;
             free(buffer);
             return -1;
         }
-        ssize_t received = NF_RETRY(ipc_sys_read(channel->in_fd, buffer, remaining < capacity ? remaining : capacity));
-        if (received <= 0 || nf_stream_framing_check(&framing, buffer, (size_t)received) != 0) {
-            if (received == 0) errno = EPROTO;
-            free(buffer);
-            return -1;
-        }
-        remaining -= (size_t)received;
+        end += (size_t)got;
+        left -= (size_t)got;
     }
     free(buffer);
     return 0;
+}
+
+/// The blocking and epoll streams' reads: `read(2)` of what the socket has, up to `length`;
+/// unix-stream+epoll waits in epoll_wait before each, as an event loop does.
+static ssize_t stream_sink_read(nf_channel *channel, void *buffer, size_t length, bool alone) {
+    (void)alone;
+    if (channel->mechanism == NF_UNIX_STREAM_EPOLL && nf_epoll_wait_readable(channel, channel->in_fd, false) != 0) return -1;
+    return NF_RETRY(ipc_sys_read(channel->in_fd, buffer, length));
+}
+
+static int stream_sink(nf_channel *channel, size_t count, size_t length) {
+    if (channel->mechanism == NF_UNIX_STREAM_IO_URING) return nf_uring_stream_sink(channel, count, length);
+    return nf_stream_sink_messages(channel, count, length, NULL, 0, stream_sink_read);
 }
 
 // MARK: AF_UNIX stream socket

@@ -356,12 +356,14 @@ static void tag_send(struct nf_uring *ring, struct io_uring_sqe *entry, struct s
 }
 
 /// Queues a receive of up to `length` bytes into `buffer` and waits for it: the bytes read.
-static ssize_t receive_into(nf_channel *channel, struct nf_uring *ring, int fd, unsigned fixed_index, void *buffer, size_t length) {
+/// `flags`: the receive's (MSG_WAITALL: all `length` bytes, short only at the end of the stream).
+static ssize_t receive_into(nf_channel *channel, struct nf_uring *ring, int fd, unsigned fixed_index, void *buffer, size_t length, int flags) {
     struct io_uring_sqe *entry = next_entry(ring);
     entry->opcode = IORING_OP_RECV;
     set_file(ring, entry, fd, fixed_index);
     entry->addr = (uint64_t)(uintptr_t)buffer;
     entry->len = (uint32_t)(length < UINT32_MAX ? length : UINT32_MAX);
+    entry->msg_flags = (uint32_t)flags;
     entry->user_data = RECEIVE_TAG;
     ring->receiving = true;
     return await_receive(channel, ring);
@@ -396,7 +398,7 @@ static int fill_input(nf_channel *channel, struct nf_uring *ring, size_t count) 
             ring->input_end -= ring->input_start;
             ring->input_start = 0;
         }
-        ssize_t got = receive_into(channel, ring, channel->in_fd, 0, ring->input + ring->input_end, ring->input_capacity - ring->input_end);
+        ssize_t got = receive_into(channel, ring, channel->in_fd, 0, ring->input + ring->input_end, ring->input_capacity - ring->input_end, 0);
         if (got < 0) return -1;
         if (got == 0) return 1;
         ring->input_end += (size_t)got;
@@ -432,7 +434,7 @@ int nf_uring_stream_receive(nf_channel *channel, uint32_t *length, void *payload
     ring->input_start += copied;
     // The rest of a message longer than what was read goes straight to the payload.
     while (copied < header) {
-        ssize_t got = receive_into(channel, ring, channel->in_fd, 0, (unsigned char *)payload + copied, header - copied);
+        ssize_t got = receive_into(channel, ring, channel->in_fd, 0, (unsigned char *)payload + copied, header - copied, 0);
         if (got <= 0) {
             if (got == 0) errno = EPROTO;
             return -1;
@@ -442,31 +444,24 @@ int nf_uring_stream_receive(nf_channel *channel, uint32_t *length, void *payload
     return 0;
 }
 
+/// The io_uring stream's reads: one receive through the ring; the rest of a message read alone
+/// with MSG_WAITALL, one request the kernel completes once the whole rest is there, as the
+/// engine receives a large frame's rest.
+static ssize_t uring_sink_read(nf_channel *channel, void *buffer, size_t length, bool alone) {
+    return receive_into(channel, channel->uring, channel->in_fd, 0, buffer, length, alone ? MSG_WAITALL : 0);
+}
+
 int nf_uring_stream_sink(nf_channel *channel, size_t count, size_t length) {
     struct nf_uring *ring = stream_ring(channel);
     if (ring == NULL) return -1;
-    size_t remaining = count * (NF_HEADER_LENGTH + length);
+    // What a round trip's receive read ahead is the stream's first bytes (copied by the sink
+    // before it reads; the ring's buffer is not read into meanwhile).
     size_t buffered = ring->input_end - ring->input_start;
-    size_t taken = buffered < remaining ? buffered : remaining;
-    struct nf_stream_framing framing;
-    nf_stream_framing_start(&framing, (uint32_t)length);
-    if (nf_stream_framing_check(&framing, ring->input + ring->input_start, taken) != 0) return -1;
+    size_t stream = count * (NF_HEADER_LENGTH + length);
+    size_t taken = buffered < stream ? buffered : stream;
+    const unsigned char *ahead = ring->input + ring->input_start;
     ring->input_start += taken;
-    remaining -= taken;
-    size_t capacity = 1 << 20;
-    unsigned char *buffer = malloc(capacity);
-    if (buffer == NULL) return -1;
-    while (remaining > 0) {
-        ssize_t got = receive_into(channel, ring, channel->in_fd, 0, buffer, remaining < capacity ? remaining : capacity);
-        if (got <= 0 || nf_stream_framing_check(&framing, buffer, (size_t)got) != 0) {
-            if (got == 0) errno = EPROTO;
-            free(buffer);
-            return -1;
-        }
-        remaining -= (size_t)got;
-    }
-    free(buffer);
-    return 0;
+    return nf_stream_sink_messages(channel, count, length, ahead, taken, uring_sink_read);
 }
 
 // MARK: eventfd+io_uring

@@ -127,7 +127,7 @@ public enum HTMLReport {
             guard !here.isEmpty else { continue }
             // A 0-byte message carries no payload bytes: nothing to draw in MB/s.
             let sizes = Array(Set(here.map(\.result.payloadBytes))).filter { $0 > 0 }.sorted()
-            html += "<h2>One-way throughput, \(placement)</h2>\n<p>Payload bytes per second by payload size, timed until the receiving process has consumed every message; one chart per transport, with its floors (a C sender and a receiver that only drains the kernel's buffer; beside a batched row the event-driven C stream batched the same; with --full the event-driven C streams sent one message a write) and the two fastest reference systems.</p>\n<div class=\"multiples\">"
+            html += "<h2>One-way throughput, \(placement)</h2>\n<p>Payload bytes per second by payload size, timed until the receiving process has consumed every message; one chart per transport, with its floors (a C sender and a receiver that takes each message whole; beside a batched row the event-driven C stream batched the same; with --full the event-driven C streams sent one message a write) and the two fastest reference systems.</p>\n<div class=\"multiples\">"
             for transport in orderedUnique(here.map(\.result.transport)).filter(isOurs) {
                 let mine = here.filter { $0.result.transport == transport && !$0.result.onGlobalExecutor && !$0.result.onLoopHandler }
                 let mechanism = FloorMechanism(transport: transport)

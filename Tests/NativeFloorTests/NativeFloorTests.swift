@@ -77,7 +77,10 @@ struct NativeFloorTests {
         // peer's sink checks every message's header where the lengths before it put it: a
         // stream whose messages' bytes interleave fails (unix-stream+io_uring's did, at 64 KiB
         // and 1 MiB, while it kept several sends in flight unordered).
-        for size in [0, 64, 3580, 3581, 8189, 65536, 1 << 20] {
+        // 262139 and 262140: the largest message the sink reads through its 1 MiB buffer with
+        // others, and the smallest it reads alone into a buffer of its size (NF_SINK_ALONE, a
+        // quarter MiB with its header).
+        for size in [0, 64, 3580, 3581, 8189, 65536, 262_139, 262_140, 1 << 20] {
             let nanoseconds = try await withDeadline(seconds: 30, "\(mechanism) stream of \(size) bytes") {
                 try await session.streamTime(payloadSize: size, count: size > 65536 ? 16 : 200)
             }

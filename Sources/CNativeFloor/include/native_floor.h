@@ -167,8 +167,8 @@ int nf_round_trip(nf_channel *channel, const void *request, void *reply, size_t 
 /// or one send of their copy when they come to at most 3,584 bytes (NF_COALESCED_LIMIT; the last
 /// write carries what is left when `count` is not a multiple of `batch`), written as an
 /// event loop writes: without blocking, and after a partial write the rest from the byte where
-/// it stopped, once epoll says there is room. The responder drains the stream the same way
-/// whatever the batch (its reads do not see the writes' boundaries).
+/// it stopped, once epoll says there is room. The responder takes the stream the same way
+/// whatever the batch, each message whole (its reads do not see the writes' boundaries).
 /// Only for mechanisms whose kernel buffers messages and that do not spin (unix-stream,
 /// unix-stream+epoll, mqueue, pipe; mqueue+epoll's sender would block, so it has none);
 /// ENOTSUP for the others and for a batch above 1 of another mechanism than NF_UNIX_STREAM_EPOLL,
