@@ -215,9 +215,11 @@ struct NotifyCenterTests {
         let received = try await withDeadline(seconds: 30, "three deliveries") {
             var count = 0
             let poster = Task.detached {
-                // Until the loop has seen three: a post may coalesce with the one before.
+                // Until the loop has seen three: a post may coalesce with the one before. Each
+                // post waits on a thread of its own, not on one of the cooperative pool's two,
+                // which the loop below needs (a CI run of b28d3ca saw no delivery within 30 s).
                 while !Task.isCancelled {
-                    _ = try? PeerProcess.runToCompletionSynchronously(["notifyutil", "--group", path, "--post", "test.sequence"])
+                    _ = try? await PeerProcess.runToCompletion(["notifyutil", "--group", path, "--post", "test.sequence"])
                     try? await Task.sleep(for: .milliseconds(20))
                 }
             }
