@@ -220,7 +220,7 @@ struct FilePresenterTransportTests {
         #expect(connection.peer?.pid == server.pid)
         #expect(connection.peer?.uid == getuid())
         for size in [0, 1, 64, 4095, 4096, 16 * 1024 + 1, 65536, 1 << 20, 4 << 20] {
-            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ size) }
+            let payload = periodicBytes(size, step: 7, offset: size)
             #expect(try await echo(connection, payload) == payload, "payload of \(size) bytes")
         }
     }
@@ -257,7 +257,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("inbox")
         let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
-        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client, burst: (10_000, 64))
+        let client = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client, burst: (10_000, 64)) }
         defer { client.stop() }
         let connection = try await acceptOne(listener)
         let received = try await collect(10_000, from: connection, seconds: 120)
@@ -393,7 +393,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("server")
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
-        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
+        let client = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client) }
         let accepted = try await acceptOne(listener)
         #expect(accepted.peer?.pid == client.pid)
         let journal = try #require(try files(in: group).first { $0.hasPrefix("server.\(client.pid)-") && $0.hasSuffix(".journal") })
@@ -415,7 +415,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("restart")
         await expectIPCError(.endpointNotFound) { try transport.connect(to: endpoint, options: .defaults) }
         let first = try startServer(endpoint)
-        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
+        let client = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client) }
         await expectIPCError(.endpointInUse) { try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil) }
         client.kill()
         first.kill()
@@ -500,7 +500,7 @@ struct FilePresenterTransportTests {
         defer { listener.close() }
         await expectIPCError(.accessDenied) { try transport.connect(to: endpoint, options: .defaults) }
         #expect(listener.activeConnections.isEmpty)
-        let client = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client)
+        let client = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client) }
         defer { client.stop() }
         let accepted = try await acceptOne(listener)
         #expect(seen.get().map(\.pid) == [getpid(), client.pid])
@@ -526,7 +526,7 @@ struct FilePresenterTransportTests {
         let endpoint = try group.endpoint("radio")
         let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
-        let clients = try (0..<2).map { _ in try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client) }
+        let clients = try await runBlocking { try (0..<2).map { _ in try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .client) } }
         defer { clients.forEach { $0.stop() } }
         let accepted = [try await acceptOne(listener), try await acceptOne(listener)]
         #expect(listener.broadcast([9, 9], msgid: 42, timeout: .seconds(5)) == 2)

@@ -17,12 +17,12 @@ enum HostilePeer {
         pauseMicroseconds: Int = 0,
         then ending: String = "stall",
         timeout: Int = 60
-    ) throws -> PeerProcess {
+    ) async throws -> PeerProcess {
         let input = try temporaryFile(bytes)
-        return try PeerProcess(arguments: [
+        return try await runBlocking { try PeerProcess(arguments: [
             "hostile", "socket", "--path", path, "--input", input, "--repeat-count", String(repeatCount),
             "--chunk", String(chunk), "--pause-microseconds", String(pauseMicroseconds), "--then", ending, "--timeout", String(timeout),
-        ])
+        ]) }
     }
 
     /// Runs `ipcbench hostile <arguments>` to completion and returns its exit status.

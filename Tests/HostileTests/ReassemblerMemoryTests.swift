@@ -79,13 +79,13 @@ struct ReassemblerMemoryTests {
     }
 
     private func patterned(_ count: Int) -> [UInt8] {
-        (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 5) }
+        periodicBytes(count, step: 13, offset: 5)
     }
 
     @Test("a frame within the limit still arrives whole through the growing buffer", arguments: Framing.allCases)
     func largeFrameStillArrives(_ framing: Framing) throws {
         let size = 5 << 20
-        let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        let payload = periodicBytes(size, step: 31)
         let bytes = try framing.makeEncoder(maximumPayloadLength: size).encode(Frame(kind: .message, msgid: 3, payload: payload))
         let reassembler = framing.makeReassembler(maximumPayloadLength: size)
         var offset = 0

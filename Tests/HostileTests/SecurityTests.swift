@@ -40,9 +40,9 @@ struct SecurityTests {
             ? try Endpoint(group: directory, name: directory.identifier + ".private") : try Endpoint(group: directory, name: "private")
         let umask = ["--umask", "0"]
         let common = ["peer", "--transport", transport, "--group", directory.path, "--endpoint", endpoint.name]
-        let server = try PeerProcess(arguments: common + ["--role", "server"] + umask)
+        let server = try await runBlocking { try PeerProcess(arguments: common + ["--role", "server"] + umask) }
         defer { server.stop() }
-        let client = try PeerProcess(arguments: common + ["--role", "client"] + umask)
+        let client = try await runBlocking { try PeerProcess(arguments: common + ["--role", "client"] + umask) }
         defer {
             client.stop()
             if transport == "message-port" { MessageQueue.unlink(name: PortNames.replyQueue(endpoint, pid: client.pid, serial: 1)) }
@@ -217,7 +217,7 @@ struct SecurityTests {
     func forgedLockFilePID(_ transport: String) async throws {
         let group = try TestGroup()
         let endpoint = try endpoint(group, transport)
-        let server = try PeerProcess(transport: transport, framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: transport, framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         let chosen = try TransportCatalog.transport(named: transport, framing: .binary)
         for forged in ["1", "not a pid", String(Int32.max), ""] {
@@ -241,7 +241,7 @@ struct SecurityTests {
         }
         defer { listener.close() }
         // A raw client process: it says nothing about itself, and is refused (dropped at once).
-        let refused = try HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: Array("I am pid 1, uid 0".utf8))
+        let refused = try await HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: Array("I am pid 1, uid 0".utf8))
         try await expectDropped(refused, "the refused client")
         let credentials = try #require(seen.get().first)
         #expect(credentials.pid == refused.pid)

@@ -54,7 +54,7 @@ struct StoreHostileTests {
         let endpoint = try group.endpoint("ring")
         let listener = try NotifyTransport().listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength }, acceptFilter: nil)
         defer { listener.close() }
-        let good = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client)
+        let good = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client) }
         defer { good.stop() }
         let goodConnection = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
@@ -90,7 +90,7 @@ struct StoreHostileTests {
     func notifyStoreOverwritten() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("scribble")
-        let server = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         let good = try await NotifyTransport().connect(to: endpoint, options: .defaults)
         defer { good.invalidate() }
@@ -151,7 +151,7 @@ struct StoreHostileTests {
         let endpoint = try group.scopedEndpoint("port")
         let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults { $0.maximumPayloadLength = Self.maximumPayloadLength }, acceptFilter: nil)
         defer { listener.close() }
-        let good = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+        let good = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
         defer { Self.stop(good, endpoint) }
         _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let goodConnection = try #require(listener.activeConnections.first)
@@ -174,7 +174,7 @@ struct StoreHostileTests {
             ("a message above the maximum", Self.fragment(sender: 2, total: UInt32.max, offset: 0, body: [1]), IPCError.Code.frameTooLarge),
             ("a continuation with no message in progress", Self.fragment(sender: 3, total: 100, offset: 50, body: [1]), .malformedFrame),
         ] {
-            let victim = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+            let victim = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
             defer { Self.stop(victim, endpoint) }
             let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
             let probe = InvalidationProbe()
@@ -197,7 +197,7 @@ struct StoreHostileTests {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("announce")
         // The peer server allows payloads up to 1 GiB, so each announcement is admissible.
-        let server = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         // Four clients: each holds a reply queue, and this user's queue memory (RLIMIT_MSGQUEUE,
         // 800 KiB by default, raised only with CAP_SYS_RESOURCE) holds about ten, which other
@@ -274,7 +274,7 @@ struct StoreHostileTests {
         let endpoint = try group.scopedEndpoint("hello")
         let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
-        let good = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+        let good = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
         defer { Self.stop(good, endpoint) }
         _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let goodConnection = try #require(listener.activeConnections.first)
@@ -310,7 +310,7 @@ struct StoreHostileTests {
     func filePresenterJournalTruncated() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("shrunk")
-        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         let transport = FilePresenterTransport()
         let good = try await transport.connect(to: endpoint, options: .defaults)
@@ -339,7 +339,7 @@ struct StoreHostileTests {
     func filePresenterOutboxCutWhileStreaming() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("cut")
-        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         let transport = FilePresenterTransport()
         let good = try await transport.connect(to: endpoint, options: .defaults)
@@ -380,7 +380,7 @@ struct StoreHostileTests {
     func filePresenterForgedHello() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("forged")
-        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         let transport = FilePresenterTransport()
         let good = try await transport.connect(to: endpoint, options: .defaults)
@@ -402,7 +402,7 @@ struct StoreHostileTests {
             ("bad magic", hello(pid: parts[0], serial: parts[1], magic: 0x4950_464A)),
             ("half a hello, then nothing", Array(hello(pid: 1, serial: 1).prefix(7))),
         ] {
-            let hostile = try HostilePeer.socket(path: endpoint.path(suffix: ".rendezvous"), bytes: bytes)
+            let hostile = try await HostilePeer.socket(path: endpoint.path(suffix: ".rendezvous"), bytes: bytes)
             try await expectDropped(hostile, name)
         }
         #expect(server.isRunning)
@@ -415,7 +415,7 @@ struct StoreHostileTests {
     func filePresenterOutboxGarbage() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("outbox")
-        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         let transport = FilePresenterTransport()
         let clients = try (0..<2).map { _ in try transport.connect(to: endpoint, options: .defaults) }
@@ -446,7 +446,7 @@ struct StoreHostileTests {
     func filePresenterJournal() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("journal")
-        let server = try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
         defer { server.stop() }
         let transport = FilePresenterTransport()
         let good = try await transport.connect(to: endpoint, options: .defaults)

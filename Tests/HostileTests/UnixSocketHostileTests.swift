@@ -42,7 +42,7 @@ struct UnixSocketHostileTests {
     func hugeDelayIsClamped() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("sleepy")
-        let server = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let server = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         // Killed: its receive path sleeps out the (clamped) delay.
         defer { server.kill() }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
@@ -145,12 +145,12 @@ struct UnixSocketHostileTests {
         let endpoint = try group.endpoint("hostile")
         let listener = try UnixSocketTransport(framing: input.framing).listen(at: endpoint, options: options(), acceptFilter: nil)
         defer { listener.close() }
-        let good = try PeerProcess(transport: "unix-socket", framing: input.framing, endpoint: endpoint, role: .client)
+        let good = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: input.framing, endpoint: endpoint, role: .client) }
         defer { good.stop() }
         let goodConnection = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
 
-        let hostile = try HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: input.bytes, then: input.ending)
+        let hostile = try await HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: input.bytes, then: input.ending)
         let hostileConnection = try await nextConnection(from: listener.connections, peer: hostile.pid, "the hostile client")
         let probe = InvalidationProbe()
         probe.attach(to: hostileConnection)
@@ -180,7 +180,7 @@ struct UnixSocketHostileTests {
         defer { listener.close() }
         let payload = Array("split at every byte".utf8)
         let frames = try (1...3).map { try framing == .binary ? Self.binaryFrame(payload, msgid: $0) : Self.httpFrame(payload, msgid: $0) }
-        let writer = try HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: frames.flatMap { $0 }, chunk: 1, pauseMicroseconds: 2000, then: "shutdown")
+        let writer = try await HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: frames.flatMap { $0 }, chunk: 1, pauseMicroseconds: 2000, then: "shutdown")
         let connection = try await nextConnection(from: listener.connections, peer: writer.pid, "the byte-at-a-time writer")
         let probe = InvalidationProbe()
         probe.attach(to: connection)
@@ -200,7 +200,7 @@ struct UnixSocketHostileTests {
         let listener = try UnixSocketTransport().listen(at: endpoint, options: options(), acceptFilter: nil)
         defer { listener.close() }
         let count = 100_000
-        let flooder = try HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: try Self.binaryFrame([], msgid: 1), repeatCount: count, then: "shutdown", timeout: 120)
+        let flooder = try await HostilePeer.socket(path: endpoint.path(suffix: ".sock"), bytes: try Self.binaryFrame([], msgid: 1), repeatCount: count, then: "shutdown", timeout: 120)
         let connection = try await nextConnection(from: listener.connections, peer: flooder.pid, "the flooder")
         let received = try await withDeadline(seconds: 120, "receiving the flood") {
             var received = 0
@@ -219,7 +219,7 @@ struct UnixSocketHostileTests {
         // A listener in a process of its own (default limit: 64 MiB per frame), so its memory is
         // measured alone. It keeps stalled frames for 10 minutes rather than 30 s: on a loaded
         // machine, starting the 64 hostile clients has taken longer than 30 s.
-        let server = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server, stalledFrameTimeout: .seconds(600))
+        let server = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server, stalledFrameTimeout: .seconds(600)) }
         defer { server.stop() }
         let before = try memoryUsage(of: server.pid)
         let announced = ConnectionOptions.defaults.maximumPayloadLength
@@ -230,7 +230,7 @@ struct UnixSocketHostileTests {
         let path = endpoint.path(suffix: ".sock")
         let hostile = try await withThrowingTaskGroup(of: PeerProcess.self) { group in
             for _ in 0..<64 {
-                group.addTask { try await onOwnThread { try HostilePeer.socket(path: path, bytes: bytes) } }
+                group.addTask { try await HostilePeer.socket(path: path, bytes: bytes) }
             }
             return try await group.reduce(into: []) { $0.append($1) }
         }

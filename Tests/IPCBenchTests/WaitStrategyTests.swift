@@ -16,11 +16,11 @@ struct WaitStrategyTests {
     static let strategy = WaitStrategy.spinThenBlock(.microseconds(200))
 
     /// A peer process serving with ``strategy``, and a connection to it that spins too.
-    static func connectSpinning(_ transportName: String, group: borrowing TestGroup) throws -> (PeerProcess, any MessageConnection) {
+    static func connectSpinning(_ transportName: String, group: borrowing TestGroup) async throws -> (PeerProcess, any MessageConnection) {
         let endpoint = try group.endpoint("\(group.directory.identifier).spin-\(transportName)")
-        let peer = try PeerProcess(transport: transportName, framing: .binary, endpoint: endpoint, role: .server, waitStrategy: strategy)
+        let peer = try await runBlocking { try PeerProcess(transport: transportName, framing: .binary, endpoint: endpoint, role: .server, waitStrategy: strategy) }
         do {
-            let connection = try TransportCatalog.transport(named: transportName, framing: .binary)
+            let connection = try await TransportCatalog.transport(named: transportName, framing: .binary)
                 .connect(to: endpoint, options: .defaults { $0.waitStrategy = strategy })
             return (peer, connection)
         } catch {
@@ -52,7 +52,7 @@ struct WaitStrategyTests {
     @Test("requests and replies, spinning and after falling asleep", arguments: spinning)
     func requestReply(transportName: String) async throws {
         let group = try TestGroup()
-        let (peer, connection) = try Self.connectSpinning(transportName, group: group)
+        let (peer, connection) = try await Self.connectSpinning(transportName, group: group)
         defer { connection.invalidate(); peer.stop() }
         for index in 0..<300 {
             // Every 50th request after a pause far longer than the spin time: both ends block.
@@ -82,7 +82,7 @@ struct WaitStrategyTests {
     func spinningRequestLeavesItsActorFree() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("\(group.directory.identifier).spin-actor")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server, waitStrategy: Self.strategy)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server, waitStrategy: Self.strategy) }
         defer { peer.stop() }
         // Spins for up to a minute, for a reply that would come after 20 s: a spin on the actor's
         // thread would hold the actor until the reply, so that another call to it would find the
@@ -112,7 +112,7 @@ struct WaitStrategyTests {
     @Test("one-way messages reach the peer's consumer, counted by its sink", arguments: spinning)
     func sink(transportName: String) async throws {
         let group = try TestGroup()
-        let (peer, connection) = try Self.connectSpinning(transportName, group: group)
+        let (peer, connection) = try await Self.connectSpinning(transportName, group: group)
         defer { connection.invalidate(); peer.stop() }
         for _ in 0..<500 {
             try await connection.send([UInt8](repeating: 1, count: 100), msgid: ConformancePeer.Sink.message, timeout: .seconds(10))
@@ -127,7 +127,7 @@ struct WaitStrategyTests {
     @Test("a peer killed while the connection spins: invalidation runs once, and a pending request fails instead of waiting", arguments: spinning)
     func peerKilledWhileSpinning(transportName: String) async throws {
         let group = try TestGroup()
-        let (peer, connection) = try Self.connectSpinning(transportName, group: group)
+        let (peer, connection) = try await Self.connectSpinning(transportName, group: group)
         defer { connection.invalidate(); peer.stop() }
         let probe = InvalidationProbe()
         probe.attach(to: connection)

@@ -1,5 +1,6 @@
 import IPCCore
 @testable import IPCFraming
+import IPCTestSupport
 import Testing
 
 /// The HTTP decoder reads a head laid out as this package's encoder writes them in one pass
@@ -7,7 +8,7 @@ import Testing
 /// a head given whole takes the one-pass read when it can, a head given one byte at a time never
 /// does (the first call sees one byte), and for the encoder's heads and every one-byte change,
 /// deletion, doubling and cut of them, both give the same frame or an error of the same code.
-@Suite struct HTTPCanonicalHeadTests {
+@Suite(.offTheCooperativePool) struct HTTPCanonicalHeadTests {
     static let maximumPayloadLength = 1000
 
     /// Heads of every kind, in both modes, with the longest and shortest numbers.

@@ -70,14 +70,6 @@ public final class InvalidationProbe: Sendable {
     public var reason: InvalidationReason? { state.withLock { $0.reason } }
 }
 
-/// Runs a blocking call on a thread of its own, so that it never holds one of the few threads
-/// of Swift's cooperative pool (two on a two-core machine) that the other tests need.
-public func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
-    }
-}
-
 /// Runs `body` with a deadline, failing the test instead of hanging it.
 public func withDeadline<T: Sendable>(seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
     try await withThrowingTaskGroup(of: T?.self) { group in

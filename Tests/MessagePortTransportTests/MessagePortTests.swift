@@ -39,7 +39,7 @@ struct MessagePortTests {
         #expect(connection.peer?.pid == server.pid)
         let chunk = MessageQueue.systemLimits.messageSize - PortFragmentHeader.length
         for size in [0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk, 2 * chunk + 1, 1 << 20, 16 << 20] {
-            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ size) }
+            let payload = periodicBytes(size, step: 7, offset: size)
             #expect(try await echo(connection, payload) == payload, "payload of \(size) bytes")
         }
     }
@@ -228,7 +228,7 @@ struct MessagePortTests {
         let endpoint = try group.scopedEndpoint("server")
         let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
         defer { listener.close() }
-        let client = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client)
+        let client = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
         let accepted = try await withDeadline(seconds: 30, "accepting the client") {
             for await connection in listener.connections { return connection }
             throw IPCError(code: .endpointNotFound, message: "listener closed")
@@ -359,7 +359,7 @@ struct MessagePortMessageBufferTests {
         let limit = ConnectionOptions.BufferLimit(messages: 4, bytes: 1 << 20)
         let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults { $0.messageBufferLimit = limit }, acceptFilter: nil)
         defer { listener.close() }
-        let client = try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client, burst: (50, 64))
+        let client = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client, burst: (50, 64)) }
         defer { client.stop() }
         let connection = try await acceptOne(listener)
         let probe = InvalidationProbe()

@@ -10,10 +10,16 @@ import Testing
 import SystemPackage
 
 /// The notification center against a second process (`ipcbench notifyutil`).
-@Suite("Notify center")
+///
+/// Its tests wait for deliveries that take a few hops between threads (the watcher's thread, a
+/// Dispatch thread, the waiting task), so they run on threads of their own: on Swift's
+/// cooperative pool, two threads that every other test of the process also queues on, each hop
+/// waited behind the rest (a full run here saw one test's task wait 16-32 s to start, and a
+/// delivery 15 s to reach its loop, so that three deliveries missed a 30 s deadline).
+@Suite("Notify center", .elasticThreads)
 struct NotifyCenterTests {
-    private func notifyutil(_ group: borrowing TestGroup, _ arguments: [String]) throws -> (status: Int32, output: String) {
-        try PeerProcess.runToCompletionSynchronously(["notifyutil", "--group", group.directory.path] + arguments)
+    private func notifyutil(_ group: borrowing TestGroup, _ arguments: [String]) async throws -> (status: Int32, output: String) {
+        try await PeerProcess.runToCompletion(["notifyutil", "--group", group.directory.path] + arguments)
     }
 
     @Test("K rapid posts from another process give between 1 and K deliveries, never 0", arguments: [1, 10, 1000])
@@ -23,7 +29,7 @@ struct NotifyCenterTests {
         let deliveries = Mutex(0)
         let registration = try center.register("test.burst") { deliveries.withLock { $0 += 1 } }
         defer { registration.cancel() }
-        #expect(try notifyutil(group, ["--post", "test.burst", "--count", String(posts)]).status == 0)
+        #expect(try await notifyutil(group, ["--post", "test.burst", "--count", String(posts)]).status == 0)
         // Deliveries are asynchronous: wait (generously) for at least one, then let stragglers land.
         let deadline = ContinuousClock.now + .seconds(10)
         while deliveries.withLock({ $0 }) == 0, ContinuousClock.now < deadline {
@@ -99,7 +105,7 @@ struct NotifyCenterTests {
         holder.withLock { $0 = selfCancelling }
 
         for _ in 0..<5 {
-            #expect(try notifyutil(group, ["--post", "test.cancel"]).status == 0)
+            #expect(try await notifyutil(group, ["--post", "test.cancel"]).status == 0)
             try await Task.sleep(for: .milliseconds(50))
         }
         #expect(cancelledCalls.withLock { $0 } == 0)
@@ -112,7 +118,7 @@ struct NotifyCenterTests {
         let center = try NotifyCenter(group: group.directory)
         let calls = Mutex(0)
         var registration: NotifyRegistration? = try center.register("test.release") { calls.withLock { $0 += 1 } }
-        #expect(try notifyutil(group, ["--post", "test.release"]).status == 0)
+        #expect(try await notifyutil(group, ["--post", "test.release"]).status == 0)
         try await withDeadline(seconds: 30, "the first delivery") {
             while calls.withLock({ $0 }) == 0 { try await Task.sleep(for: .milliseconds(10)) }
         }
@@ -120,7 +126,7 @@ struct NotifyCenterTests {
         registration = nil
         let before = calls.withLock { $0 }
         for _ in 0..<5 {
-            #expect(try notifyutil(group, ["--post", "test.release"]).status == 0)
+            #expect(try await notifyutil(group, ["--post", "test.release"]).status == 0)
             try await Task.sleep(for: .milliseconds(50))
         }
         #expect(calls.withLock { $0 } == before)
@@ -143,34 +149,34 @@ struct NotifyCenterTests {
             try center.setState(UInt64(index), for: "test.after.\(index)")
             #expect(try center.state(for: "test.after.\(index)") == UInt64(index))
         }
-        #expect(try notifyutil(group, ["--set", "test.shared=42"]).status == 0)
+        #expect(try await notifyutil(group, ["--set", "test.shared=42"]).status == 0)
         #expect(try center.state(for: "test.shared") == 42)
         let token = try center.checkToken(for: "test.after.3")
         _ = token.check()
-        #expect(try notifyutil(group, ["--post", "test.after.3"]).status == 0)
+        #expect(try await notifyutil(group, ["--post", "test.after.3"]).status == 0)
         #expect(token.check())
     }
 
     @Test("a check token reports posts without a handler")
-    func checkToken() throws {
+    func checkToken() async throws {
         let group = try TestGroup()
         let center = try NotifyCenter(group: group.directory)
         let token = try center.checkToken(for: "test.check")
         #expect(token.check())
         #expect(!token.check())
-        #expect(try notifyutil(group, ["--post", "test.check", "--count", "3"]).status == 0)
+        #expect(try await notifyutil(group, ["--post", "test.check", "--count", "3"]).status == 0)
         #expect(token.check())
         #expect(!token.check())
     }
 
     @Test("state values round-trip across processes", arguments: [UInt64.min, 1, 0xDEAD_BEEF_CAFE_F00D, UInt64.max])
-    func stateRoundTrip(value: UInt64) throws {
+    func stateRoundTrip(value: UInt64) async throws {
         let group = try TestGroup()
         let center = try NotifyCenter(group: group.directory)
-        #expect(try notifyutil(group, ["--set", "test.state=\(value)"]).status == 0)
+        #expect(try await notifyutil(group, ["--set", "test.state=\(value)"]).status == 0)
         #expect(try center.state(for: "test.state") == value)
         try center.setState(value ^ 1, for: "test.other")
-        #expect(try notifyutil(group, ["--get", "test.other"]).output == "\(value ^ 1)\n")
+        #expect(try await notifyutil(group, ["--get", "test.other"]).output == "\(value ^ 1)\n")
     }
 
     @Test("posts while suspended are not delivered, and coalesce into one delivery on resume")
@@ -182,7 +188,7 @@ struct NotifyCenterTests {
         defer { registration.cancel() }
         registration.suspend()
         for _ in 0..<3 {
-            #expect(try notifyutil(group, ["--post", "test.suspend", "--count", "4"]).status == 0)
+            #expect(try await notifyutil(group, ["--post", "test.suspend", "--count", "4"]).status == 0)
         }
         try await Task.sleep(for: .milliseconds(300))
         #expect(calls.withLock { $0 } == 0)
@@ -193,7 +199,7 @@ struct NotifyCenterTests {
         try await Task.sleep(for: .milliseconds(300))
         #expect(calls.withLock { $0 } == 1)
         // Resumed: a post is delivered again.
-        #expect(try notifyutil(group, ["--post", "test.suspend"]).status == 0)
+        #expect(try await notifyutil(group, ["--post", "test.suspend"]).status == 0)
         try await withDeadline(seconds: 30, "the delivery after resuming") {
             while calls.withLock({ $0 }) < 2 { try await Task.sleep(for: .milliseconds(10)) }
         }
@@ -212,30 +218,46 @@ struct NotifyCenterTests {
         let center = try NotifyCenter(group: group.directory)
         let notifications = try center.notifications("test.sequence")
         let path = group.directory.path
+        // The poster and the loop are child tasks, so that they run where the test does (the
+        // suite's own threads); a detached task queued on the cooperative pool, behind the rest
+        // of the process's tests (a full run here: 19 s before its first post).
         let received = try await withDeadline(seconds: 30, "three deliveries") {
-            var count = 0
-            let poster = Task.detached {
-                // Until the loop has seen three: a post may coalesce with the one before. Each
-                // post waits on a thread of its own, not on one of the cooperative pool's two,
-                // which the loop below needs (a CI run of b28d3ca saw no delivery within 30 s).
-                while !Task.isCancelled {
-                    _ = try? await PeerProcess.runToCompletion(["notifyutil", "--group", path, "--post", "test.sequence"])
-                    try? await Task.sleep(for: .milliseconds(20))
+            try await withThrowingTaskGroup(of: Int?.self) { tasks in
+                // Until the loop has seen three: a post may coalesce with the one before.
+                tasks.addTask {
+                    while !Task.isCancelled {
+                        _ = try? await PeerProcess.runToCompletion(["notifyutil", "--group", path, "--post", "test.sequence"])
+                        try? await Task.sleep(for: .milliseconds(20))
+                    }
+                    return nil
                 }
+                tasks.addTask {
+                    var count = 0
+                    for await _ in notifications {
+                        count += 1
+                        if count == 3 { break }
+                    }
+                    return count
+                }
+                while let result = try await tasks.next() {
+                    if let count = result {
+                        tasks.cancelAll()
+                        return count
+                    }
+                }
+                return 0
             }
-            defer { poster.cancel() }
-            for await _ in notifications {
-                count += 1
-                if count == 3 { break }
-            }
-            return count
         }
         #expect(received == 3)
         // A loop waiting on the sequence ends when it is cancelled.
-        let loop = Task { for await _ in notifications {} }
-        try await Task.sleep(for: .milliseconds(50))
-        notifications.cancel()
-        try await withDeadline(seconds: 30, "the loop to end after cancel") { await loop.value }
+        try await withDeadline(seconds: 30, "the loop to end after cancel") {
+            try await withThrowingTaskGroup(of: Void.self) { tasks in
+                tasks.addTask { for await _ in notifications {} }
+                try await Task.sleep(for: .milliseconds(50))
+                notifications.cancel()
+                try await tasks.waitForAll()
+            }
+        }
     }
 
     @Test("posts from another process make a pollable descriptor readable until acknowledged; cancel closes it")
@@ -249,7 +271,7 @@ struct NotifyCenterTests {
         }
         #expect(!readable(within: 0))
         #expect(!registration.acknowledge())
-        #expect(try notifyutil(group, ["--post", "test.fd", "--count", "5"]).status == 0)
+        #expect(try await notifyutil(group, ["--post", "test.fd", "--count", "5"]).status == 0)
         #expect(readable(within: 30_000))
         // Let the five posts' deliveries land, then one acknowledgement takes them all.
         try await Task.sleep(for: .milliseconds(200))

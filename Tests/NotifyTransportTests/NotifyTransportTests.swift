@@ -50,13 +50,13 @@ struct NotifyTransportTests {
     func echo() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("echo")
-        let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(connection.peer?.pid == peer.pid)
         for size in [0, 1, 64, 4096, 65_536, (1 << 20) - 19, 1 << 20, 16 << 20] {
-            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ size) }
+            let payload = periodicBytes(size, step: 13, offset: size)
             let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
             #expect(reply == payload, "payload of \(size) bytes")
         }
@@ -69,8 +69,8 @@ struct NotifyTransportTests {
         let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
         let count = 10_000
-        let senders = try (0..<3).map { _ in
-            try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 100))
+        let senders = try await runBlocking {
+            try (0..<3).map { _ in try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 100)) }
         }
         defer { senders.forEach { $0.stop() } }
         let connections = try await accept(3, on: listener)
@@ -136,7 +136,7 @@ struct NotifyTransportTests {
             if let (header, _, _) = store { munmap(header, 4096) }
         }
         defer { watching.set(false) }
-        let victim = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, size))
+        let victim = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (2, size)) }
         writerPID.set(victim.pid)
         let connection = try #require(try await accept(1, on: listener).first)
         let probe = InvalidationProbe()
@@ -168,7 +168,7 @@ struct NotifyTransportTests {
         #expect(delivered.first?.payload == PeerService.burstPayload(0, size: size))
         #expect(!NotifyStores.maps(getpid(), inode: inode), "the listener still maps the dead sender's store")
 
-        let next = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (1, 64))
+        let next = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (1, 64)) }
         defer { next.stop() }
         let nextConnection = try #require(try await accept(1, on: listener).first)
         let received = try await collect(1, from: nextConnection)
@@ -179,7 +179,7 @@ struct NotifyTransportTests {
     func serverKilled() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("server")
-        let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server) }
         let connection = try await transport.connect(to: endpoint, options: .defaults)
         let probe = InvalidationProbe()
         probe.attach(to: connection)
@@ -212,7 +212,7 @@ struct NotifyTransportTests {
         // doorbell rung by the reader) once the reader stops at the limit, and again and again
         // as the application reads.
         let count = 4_000
-        let client = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 1024))
+        let client = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 1024)) }
         defer { client.stop() }
         let connection = try #require(try await accept(1, on: listener).first)
         try await Task.sleep(for: .milliseconds(500))
@@ -270,7 +270,7 @@ struct NotifyTransportTests {
     func takeOver() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("owned")
-        let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server) }
         await expectIPCError(.endpointInUse) { try transport.listen(at: endpoint, options: .defaults, acceptFilter: nil) }
         peer.kill()
         peer.waitForExit()
@@ -286,7 +286,7 @@ struct NotifyTransportTests {
     func sealedStore() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("sealed")
-        let peer = try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await transport.connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }

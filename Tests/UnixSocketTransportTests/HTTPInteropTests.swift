@@ -13,7 +13,7 @@ struct HTTPInteropTests {
     func curlEcho() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("http-echo")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .http, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .http, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         for body in ["hello", String(repeating: "0123456789", count: 500)] {
             let curl = Process()

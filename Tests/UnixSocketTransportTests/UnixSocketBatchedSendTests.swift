@@ -18,7 +18,7 @@ struct UnixSocketBatchedSendTests {
     func batchedDelivery(framing: Framing) async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("batched")
-        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -54,7 +54,7 @@ struct UnixSocketBatchedSendTests {
     func coalescingLimit(framing: Framing) async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("coalescing")
-        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -65,7 +65,7 @@ struct UnixSocketBatchedSendTests {
         let header = 20
         let sizes = [0, 1, limit - header - 1, limit - header, limit - header + 1, limit]
         func payload(_ size: Int, _ seed: Int) -> [UInt8] {
-            (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ seed) }
+            periodicBytes(size, step: 31, offset: seed)
         }
         var expected: [[UInt8]] = []
         for (index, size) in sizes.enumerated() {
@@ -115,7 +115,7 @@ struct UnixSocketBatchedSendTests {
         defer { channel.close() }
         let limit = UnixSocketChannel.coalescedFrameLimit
         let frames = (0..<64).map { index in
-            Frame(kind: .message, msgid: 9, payload: (0..<(limit - 300 - index)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ index) })
+            Frame(kind: .message, msgid: 9, payload: periodicBytes(limit - 300 - index, step: 7, offset: index))
         }
         var received: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 1_000)

@@ -15,13 +15,13 @@ struct UnixSocketDeliveryTests {
     func echoAcrossSizes(framing: Framing) async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("echo")
-        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
         #expect(connection.peer?.pid == peer.pid)
         for size in [0, 1, 64, 4096, 65_536 + 3, 1 << 20, 16 << 20] {
-            let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ size) }
+            let payload = periodicBytes(size, step: 31, offset: size)
             let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
             #expect(reply == payload, "payload of \(size) bytes")
         }
@@ -31,7 +31,7 @@ struct UnixSocketDeliveryTests {
     func messageHandler() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("handler")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         // Each connection's handler keeps its own list of what it consumed.
         let lists = LockedValue<[[UInt32]]>([])
@@ -69,7 +69,7 @@ struct UnixSocketDeliveryTests {
     func orderedDelivery() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("order")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -96,7 +96,7 @@ struct UnixSocketDeliveryTests {
     func mixedSizesInOrder(framing: Framing) async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("mixed")
-        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -109,7 +109,7 @@ struct UnixSocketDeliveryTests {
             case 2: (200 << 10) + index
             default: 0
             }
-            return (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ index) }
+            return periodicBytes(size, step: 13, offset: index)
         }
         let count = 48
         let sender = Task.detached {
@@ -128,7 +128,7 @@ struct UnixSocketDeliveryTests {
     func correlation() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("correlate")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -148,7 +148,7 @@ struct UnixSocketDeliveryTests {
     func receiveTimeout() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("timeout")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.kill() }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -162,7 +162,7 @@ struct UnixSocketDeliveryTests {
     func sendTimeout() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("sendtimeout")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.kill() }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -181,7 +181,7 @@ struct UnixSocketDeliveryTests {
     func asyncSendTimeout() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("asynctimeout")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.kill() }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -205,7 +205,7 @@ struct UnixSocketDeliveryTests {
     func largeRequestsInFlightTogether(framing: Framing) async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("large")
-        let peer = try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: framing, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport(framing: framing).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -214,7 +214,7 @@ struct UnixSocketDeliveryTests {
             for index in 0..<8 {
                 tasks.addTask {
                     let size = (1 << 20) + index * 4099
-                    let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ index) }
+                    let payload = periodicBytes(size, step: 7, offset: index)
                     for _ in 0..<3 {
                         let reply = try await connection.request(payload, msgid: PeerRequest.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(60))
                         #expect(reply == payload, "request \(index)")
@@ -230,7 +230,7 @@ struct UnixSocketDeliveryTests {
     func handlerFailure() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("fail")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .http, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .http, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport(framing: .http).connect(to: endpoint, options: .defaults)
         defer { connection.invalidate() }
@@ -245,7 +245,7 @@ struct UnixSocketDeliveryTests {
     func payloadTooLarge() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("toolarge")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults { $0.maximumPayloadLength = 1024 })
         defer { connection.invalidate() }

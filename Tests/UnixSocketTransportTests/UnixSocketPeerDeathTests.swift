@@ -16,7 +16,7 @@ struct UnixSocketPeerDeathTests {
     func idlePeerKilled() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("idle")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         let messages = connection.messages
         let drain = Task.detached { for await _ in messages {} }
@@ -45,7 +45,7 @@ struct UnixSocketPeerDeathTests {
     func peerKilledMidRequest() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("midrequest")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         let pending = Task {
             try await connection.request([1, 2, 3], msgid: PeerRequest.stall, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
@@ -64,7 +64,7 @@ struct UnixSocketPeerDeathTests {
     func noSigpipe() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("sigpipe")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         let connection = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
         peer.kill()
         peer.waitForExit()

@@ -31,7 +31,7 @@ struct UnixSocketServerTests {
         let endpoint = try group.endpoint("fanout")
         let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
-        let peers = try (0..<3).map { _ in try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) }
+        let peers = try await runBlocking { try (0..<3).map { _ in try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) } }
         defer { peers.forEach { $0.stop() } }
         let connections = try await acceptConnections(3, on: listener)
         #expect(Set(connections.compactMap { $0.peer?.pid }) == Set(peers.map(\.pid)))
@@ -63,10 +63,10 @@ struct UnixSocketServerTests {
             return seen.withLock { $0.count } == 1
         }
         defer { listener.close() }
-        let accepted = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        let accepted = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) }
         defer { accepted.stop() }
         _ = try await acceptConnections(1, on: listener)
-        let refused = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        let refused = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) }
         // The refused client's connection is closed at once, so its peer process ends by itself.
         let status = try await withDeadline(seconds: 30, "the refused client exiting") { refused.waitForExit() }
         #expect(status == 0)
@@ -82,8 +82,8 @@ struct UnixSocketServerTests {
         let endpoint = try group.endpoint("survive")
         let listener = try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
         defer { listener.close() }
-        let victim = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
-        let survivor = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        let victim = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) }
+        let survivor = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) }
         defer { survivor.stop() }
         let connections = try await acceptConnections(2, on: listener)
         let victimConnection = try #require(connections.first { $0.peer?.pid == victim.pid })
@@ -106,7 +106,7 @@ struct UnixSocketServerTests {
         await expectIPCError(.endpointInUse) { try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil) }
         listener.close()
 
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
         await expectIPCError(.endpointInUse) { try UnixSocketTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil) }
         // The live server was not disturbed.
@@ -119,7 +119,7 @@ struct UnixSocketServerTests {
     func staleEndpointReclaimed() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("stale")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         peer.kill()
         peer.waitForExit()
         #expect(FileManager.default.fileExists(atPath: endpoint.path(suffix: ".sock")))
@@ -190,7 +190,7 @@ struct UnixSocketMessageBufferTests {
         defer { listener.close() }
         // 4,000 messages of 1 KiB: far more than the socket's kernel buffers hold.
         let count = 4_000
-        let client = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 1024))
+        let client = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client, burst: (count, 1024)) }
         defer { client.stop() }
         let connection = try await acceptOne(listener)
         // Not reading for a while: the loop fills the buffer to its limit and stops reading.
@@ -218,7 +218,7 @@ struct UnixSocketScaleTests {
         // A client in another process, started first: Foundation's Process.run on Linux has
         // crashed (a bad pointer in memcpy, once in CI) when the spawning process already had
         // some 2,000 descriptors open, so it is started while this process has few.
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .client) }
         defer { peer.stop() }
         let remote = try await withDeadline(seconds: 30, "accepting the client process") {
             while true {

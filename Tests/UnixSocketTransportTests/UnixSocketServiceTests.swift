@@ -85,7 +85,7 @@ struct UnixSocketServiceTests {
     func invalidatesAServiceGoneForGood() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("gone")
-        let peer = try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server)
+        let peer = try await runBlocking { try PeerProcess(transport: "unix-socket", framing: .binary, endpoint: endpoint, role: .server) }
         let policy = ServiceConnection.Policy(outageLimit: .seconds(1))
         let service = ServiceConnection(to: endpoint, over: UnixSocketTransport(), policy: policy)
         defer { service.invalidate() }
