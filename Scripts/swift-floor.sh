@@ -24,7 +24,9 @@
 # 99th percentile (the clock is read only in these timed runs); the table gives each pair's
 # median over the rounds, the range of the rounds' medians, and the ratio to the median of the C
 # floor that does the same work: `unix-stream+epoll+handoff` for the pairs whose server hands
-# requests to a task, `unix-stream+epoll` for the others.
+# requests to a task, `unix-stream+epoll` for the others; then the median (and range) of each
+# round's ratio to that floor in the same round, which the machine's drift between rounds does
+# not move as it moves the ratio of medians.
 #
 # With --stream BYTES, the one-way stream instead (docs/ENGINE.md, "Where the large streams' time
 # goes"): messages of BYTES sent one `send` each, then a request the server answers with the
@@ -254,14 +256,18 @@ lines = []
 for placement, table in rows.items():
     floors = {False: f"C floor:unix-stream{way}", True: f"C floor:unix-stream{way}+handoff"}
     medians = {hands: statistics.median(table[name]["p50"]) for hands, name in floors.items()}
-    lines += [f"### {placement}", "", "| pair | p50 (median of rounds) | rounds' p50 | p99 (median) | ÷ C floor of the same work |", "|---|---:|---|---:|---|"]
+    lines += [f"### {placement}", "", "| pair | p50 (median of rounds) | rounds' p50 | p99 (median) | ÷ C floor of the same work | rounds' ratios: median (range) |", "|---|---:|---|---:|---|---|"]
     entries = {}
     for name, row in table.items():
         p50, p99 = statistics.median(row["p50"]), statistics.median(row["p99"])
         hands = name in handing_off
         ratio = p50 / medians[hands]
-        entries[name] = {"p50": p50, "p99": p99, "roundP50s": row["p50"], "roundP99s": row["p99"], "sameWorkFloor": floors[hands][2:], "ratioToSameWorkFloor": round(ratio, 3)}
-        lines.append(f"| {name} | {p50 / 1000:.2f} µs | {min(row['p50']) / 1000:.2f}–{max(row['p50']) / 1000:.2f} | {p99 / 1000:.2f} µs | {ratio:.2f}× {floors[hands][8:]} |")
+        # Each round's pair against the same round's floor: the VM's speed drifts between rounds
+        # (by half, within a minute, on the Intel VM), which a ratio of medians mixes in.
+        round_ratios = [a / b for a, b in zip(row["p50"], table[floors[hands]]["p50"])]
+        by_round = statistics.median(round_ratios)
+        entries[name] = {"p50": p50, "p99": p99, "roundP50s": row["p50"], "roundP99s": row["p99"], "sameWorkFloor": floors[hands][2:], "ratioToSameWorkFloor": round(ratio, 3), "roundRatios": [round(r, 3) for r in round_ratios], "medianOfRoundRatios": round(by_round, 3)}
+        lines.append(f"| {name} | {p50 / 1000:.2f} µs | {min(row['p50']) / 1000:.2f}–{max(row['p50']) / 1000:.2f} | {p99 / 1000:.2f} µs | {ratio:.2f}× {floors[hands][8:]} | {by_round:.2f}× ({min(round_ratios):.2f}–{max(round_ratios):.2f}) |")
     result["placements"][placement] = entries
     lines.append("")
 json.dump(result, open(f"{output}/swift-floor.json", "w"), indent=2)
