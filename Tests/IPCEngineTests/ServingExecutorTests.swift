@@ -46,15 +46,17 @@ struct ServingExecutorTests {
         // Each job is awaited before the next is queued, so the threads have gone back to sleep
         // (or are going): each job must wake one. The producers are tasks of their own, which a
         // lost wake-up leaves waiting for good: the test then fails at its deadline instead of
-        // hanging the run.
-        Task.detached {
+        // hanging the run. They run on the suite's elastic threads: on the cooperative pool each
+        // of their 2,600 resumptions queued behind the rest of the process (a full run here,
+        // with gdb sampling the process: 3 jobs in 120 s).
+        Task.detached(executorPreference: ElasticExecutor.elastic) {
             for _ in 0..<200 {
                 try? await Task.sleep(for: .milliseconds(1))
                 if await Task(executorPreference: executor, operation: { Self.threadName().hasPrefix("ipc-serve-") }).value { progress.ran.add(1, ordering: .relaxed) }
             }
             progress.producersDone.add(1, ordering: .sequentiallyConsistent)
             for _ in 0..<2 {
-                Task.detached {
+                Task.detached(executorPreference: ElasticExecutor.elastic) {
                     for round in 0..<1_000 {
                         if await Task(executorPreference: executor, operation: { Self.threadName().hasPrefix("ipc-serve-") }).value { progress.ran.add(1, ordering: .relaxed) }
                         if round.isMultiple(of: 100) { try? await Task.sleep(for: .milliseconds(1)) }

@@ -44,7 +44,11 @@ extension Trait where Self == ElasticThreads {
 public final class ElasticExecutor: TaskExecutor, @unchecked Sendable {
     // @unchecked: `jobs`, `idle` and `threads` are touched with `condition` locked only; a
     // condition variable is needed for idle threads to wait, which `Mutex` does not offer.
-    static let elastic = ElasticExecutor(maximumThreads: 256)
+    /// The threads of ``Trait/elasticThreads``. `Task.detached` and `Task {}` do not inherit a
+    /// suite's executor preference: a test of such a suite that starts a task of its own which
+    /// must make progress gives it this one (`Task.detached(executorPreference: .elastic)`),
+    /// else the task queues on the cooperative pool behind the rest of the process.
+    public static let elastic = ElasticExecutor(maximumThreads: 256)
     static let computation = ElasticExecutor(maximumThreads: 2)
 
     private let condition = NSCondition()
