@@ -17,7 +17,7 @@ public import Testing
 /// Suites that start peer processes stay on the pool: they spawn through one gate
 /// (`ChildProcess`), and letting all of them start at once made the gate itself the stall. They
 /// wait for a peer's `READY` with `runBlocking`, off the pool (a peer started under load takes
-/// seconds to say it, and 62 such waits held both threads at once). The notify center's suite
+/// seconds to say it, and gdb stacks showed such waits holding both threads at once). The notify center's suite
 /// is elastic although it starts processes: only `notifyutil` posts, which end at once, and its
 /// deliveries each take several hops that queued behind the whole process on the pool.
 public struct ElasticThreads: SuiteTrait, TestTrait, TestScoping {

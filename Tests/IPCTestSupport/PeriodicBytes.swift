@@ -10,14 +10,11 @@ public func periodicBytes(_ count: Int, step: Int, offset: Int = 0) -> [UInt8] {
     var period = [UInt8](repeating: 0, count: 256)
     for index in 0..<256 { period[index] = UInt8(truncatingIfNeeded: index &* step &+ offset) }
     return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
-        period.withUnsafeBytes { source in
-            var start = 0
-            while start < count {
-                let length = min(256, count - start)
-                UnsafeMutableRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buffer)[start..<(start + length)])
-                    .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[0..<length]))
-                start += length
-            }
+        var start = 0
+        while start < count {
+            let length = min(256, count - start)
+            _ = UnsafeMutableBufferPointer(rebasing: buffer[start..<(start + length)]).initialize(from: period[0..<length])
+            start += length
         }
         initialized = count
     }
