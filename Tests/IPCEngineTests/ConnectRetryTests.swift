@@ -68,7 +68,7 @@ struct ConnectRetryTests {
 
     @Test("cancelling the task ends the wait with CancellationError")
     func cancellationEndsTheWait() async throws {
-        let task = Task {
+        let task = Task(executorPreference: ElasticExecutor.elastic) {
             try await ConnectRetry(for: .seconds(600), initialDelay: .seconds(300)).run { () -> Int in throw Self.notFound }
         }
         try await Task.sleep(for: .milliseconds(50))

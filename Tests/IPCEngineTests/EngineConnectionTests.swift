@@ -129,9 +129,9 @@ struct EngineConnectionTests {
         // The peer does not read yet: the first frame is written in part, the second waits
         // behind it without a thread.
         let big = [UInt8](repeating: 1, count: 512 * 1024)
-        let first = Task { try await connection.request(big, msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(60)) }
+        let first = Task(executorPreference: ElasticExecutor.elastic) { try await connection.request(big, msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(60)) }
         try await Task.sleep(for: .milliseconds(100))
-        let second = Task { try await connection.request([2], msgid: 2, sendTimeout: .seconds(60), receiveTimeout: .seconds(60)) }
+        let second = Task(executorPreference: ElasticExecutor.elastic) { try await connection.request([2], msgid: 2, sendTimeout: .seconds(60), receiveTimeout: .seconds(60)) }
         try await Task.sleep(for: .milliseconds(100))
         second.cancel()
         let outcome = await second.result
@@ -159,7 +159,7 @@ struct EngineConnectionTests {
         // first. (Were its deadline ignored until the first frame's, both would expire together
         // after 120 s, the first torn, ending the connection.)
         let start = ContinuousClock.now
-        let outcome = await Task { try await connection.request([2], msgid: 2, sendTimeout: .milliseconds(200), receiveTimeout: .seconds(600)) }.result
+        let outcome = await Task(executorPreference: ElasticExecutor.elastic) { try await connection.request([2], msgid: 2, sendTimeout: .milliseconds(200), receiveTimeout: .seconds(600)) }.result
         #expect(ContinuousClock.now - start < .seconds(60))
         #expect(throws: IPCError.self) { try outcome.get() }
         if case .failure(let error as IPCError) = outcome { #expect(error.code == .sendTimeout) }
@@ -185,7 +185,7 @@ struct EngineConnectionTests {
             try connection.send([7], msgid: 7, timeout: .milliseconds(200))
         }
         // Without the fix the frame vanished and the connection stayed valid: end the wait.
-        let watchdog = Task { try await Task.sleep(for: .seconds(60)); probe.continuation.finish() }
+        let watchdog = Task(executorPreference: ElasticExecutor.elastic) { try await Task.sleep(for: .seconds(60)); probe.continuation.finish() }
         defer { watchdog.cancel() }
         var iterator = probe.stream.makeAsyncIterator()
         let reason = try #require(await iterator.next())
@@ -197,11 +197,11 @@ struct EngineConnectionTests {
     func invalidationOrder() async throws {
         let (connection, peer) = try connect()
         let events = EventLog()
-        let messagesDone = Task {
+        let messagesDone = Task(executorPreference: ElasticExecutor.elastic) {
             for await _ in connection.messages {}
             events.append("messages finished")
         }
-        let pending = Task {
+        let pending = Task(executorPreference: ElasticExecutor.elastic) {
             do {
                 _ = try await connection.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(60))
             } catch let error as IPCError {

@@ -226,7 +226,7 @@ struct HeldWriteTests {
         let (connection, channel, peer) = try connect(held: 4096)
         defer { connection.invalidate(); peer.close() }
         let count = 20
-        try await Task.detached {
+        try await Task.detached(executorPreference: ElasticExecutor.elastic) {
             #expect(!connection.eventLoop.inEventLoop)
             for index in 0..<count {
                 try await connection.send(Self.payload(index), msgid: UInt32(index), timeout: .seconds(60))
@@ -288,7 +288,7 @@ struct HeldWriteTests {
         }
         let error = await sender.value
         #expect(error != nil, "10,000 sends to a peer that never reads all succeeded")
-        let watchdog = Task { try await Task.sleep(for: .seconds(60)); ended.continuation.finish() }
+        let watchdog = Task(executorPreference: ElasticExecutor.elastic) { try await Task.sleep(for: .seconds(60)); ended.continuation.finish() }
         defer { watchdog.cancel() }
         var iterator = ended.stream.makeAsyncIterator()
         let reason = try #require(await iterator.next())

@@ -59,7 +59,7 @@ struct WriteGatheringTests {
         }
         var senders: [Task<Void, any Error>] = []
         for index in 0..<6 {
-            senders.append(Task.detached {
+            senders.append(Task.detached(executorPreference: ElasticExecutor.elastic) {
                 try await connection.send([UInt8](repeating: UInt8(index), count: 100 + index), msgid: UInt32(index), timeout: .seconds(120))
             })
             try await Task.sleep(for: .milliseconds(50))
@@ -85,7 +85,7 @@ struct WriteGatheringTests {
         let (connection, channel, peer) = try connect()
         defer { connection.invalidate(); peer.close() }
         let payloads = (0..<500).map(Self.payload)
-        let sender = Task.detached { try await connection.send(contentsOf: payloads, msgid: 9, timeout: .seconds(120)) }
+        let sender = Task.detached(executorPreference: ElasticExecutor.elastic) { try await connection.send(contentsOf: payloads, msgid: 9, timeout: .seconds(120)) }
         let frames = await blocking { (0..<payloads.count).compactMap { _ in peer.readFrame() } }
         try await sender.value
         #expect(frames.count == payloads.count)
@@ -135,7 +135,7 @@ struct WriteGatheringTests {
         } catch let error as IPCError {
             #expect(error.code == .peerInvalidated || error.code == .invalidated)
         }
-        let watchdog = Task { try await Task.sleep(for: .seconds(60)); probe.continuation.finish() }
+        let watchdog = Task(executorPreference: ElasticExecutor.elastic) { try await Task.sleep(for: .seconds(60)); probe.continuation.finish() }
         defer { watchdog.cancel() }
         var iterator = probe.stream.makeAsyncIterator()
         let reason = try #require(await iterator.next())
@@ -148,7 +148,7 @@ struct WriteGatheringTests {
         let connection = try EngineConnection(channel: channel, peer: nil, options: .defaults)
         defer { connection.invalidate(); peer.close() }
         let payloads = (0..<200).map(Self.payload)
-        let sender = Task.detached { try await connection.send(contentsOf: payloads, msgid: 3, timeout: .seconds(120)) }
+        let sender = Task.detached(executorPreference: ElasticExecutor.elastic) { try await connection.send(contentsOf: payloads, msgid: 3, timeout: .seconds(120)) }
         let frames = await blocking { (0..<payloads.count).compactMap { _ in peer.readFrame() } }
         try await sender.value
         #expect(frames.map(\.payload) == payloads)
