@@ -30,8 +30,9 @@
 #
 # With --stream BYTES, the one-way stream instead (docs/ENGINE.md, "Where the large streams' time
 # goes"): messages of BYTES sent one `send` each, then a request the server answers with the
-# number it took. Each round runs these pairs, then the C epoll stream (Benchmarks/StreamCost,
-# compiled here with $CC, cc or clang), and the table gives messages a second, the median over
+# number it took. Each round runs these pairs, then the C epoll stream (Benchmarks/StreamCost
+# with --frames, compiled here with $CC, cc or clang: its receiver puts each message whole in one
+# place, as the harness's stream floors and the sinks below do), and the table gives messages a second, the median over
 # the rounds of each round's ratio to the C stream, and the same ratio to the Swift floor's pair:
 #
 #   server      client         what it is
@@ -158,7 +159,7 @@ if [ -n "$stream" ]; then
                 line=$(run_pair "$server" "$client" "$server_cpu" "$messages" "$stream")
                 echo "$placement $server $client $line" >> "$samples"
             done
-            line=$(taskset -c "$c_cpus" "$work/stream-cost" "$stream" "$messages" | grep messages/s)
+            line=$(taskset -c "$c_cpus" "$work/stream-cost" --frames "$stream" "$messages" | grep messages/s)
             echo "$placement C epoll $line" >> "$samples"
         done
     done
@@ -170,7 +171,7 @@ names = {
     ("floor-sink", "stream"): "engine client, Swift floor sink",
     ("sink", "floor-stream"): "Swift floor client, engine sink",
     ("sink", "stream"): "engine (the harness's row)",
-    ("C", "epoll"): "C epoll stream (Benchmarks/StreamCost)",
+    ("C", "epoll"): "C epoll stream, messages whole (Benchmarks/StreamCost --frames)",
 }
 rates = {}
 for line in open(samples):

@@ -513,6 +513,8 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         // Counts spin rounds across the loop's rounds, so that the kernel is asked every 16th
         // round even while a polled registration always has something (a flood).
         var spinRound = 0
+        // Paces those asks of the kernel by what each costs (KernelAskPacing).
+        var kernelAsks = KernelAskPacing()
         // Counts the loop's rounds, for telling the polled registrations that are talking now
         // from the idle ones.
         var round: UInt64 = 0
@@ -548,7 +550,8 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
             // no system call, and a spinning socket reader one read per message.
             let watches = spin > 0 ? state.withLock { $0.polled } : []
             if spin > 0 {
-                let end = monotonicNanoseconds() &+ UInt64(spin)
+                var now = monotonicNanoseconds()
+                let end = now &+ UInt64(spin)
                 // Registrations that found something in the last few rounds are polled on every
                 // spin round, the idle ones on every 16th (a poll of a socket or queue is a
                 // system call: a loop with one conversation and three idle connections would
@@ -563,15 +566,22 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
                         events.append(Poller.Event(token: watch.token, readable: true, writable: false, hangUp: false))
                     }
                     // The kernel's readiness list is asked on every round when no registration
-                    // polls itself, else on every 16th, whatever the polls found (other
-                    // descriptors, room to write, rings for room, timers).
+                    // polls itself, else on every 16th at most, whatever the polls found (other
+                    // descriptors, room to write, rings for room, timers), and no sooner after
+                    // the last ask than its cost allows (KernelAskPacing).
                     spinRound = next
-                    if watches.isEmpty || spinRound & 15 == 0 {
+                    if watches.isEmpty {
                         timerFired = poller.wait(into: &events, timeoutMilliseconds: 0)
+                    } else if kernelAsks.shouldAsk(round: spinRound, now: now) {
+                        let asking = monotonicNanoseconds()
+                        timerFired = poller.wait(into: &events, timeoutMilliseconds: 0)
+                        now = monotonicNanoseconds()
+                        kernelAsks.asked(from: asking, to: now)
                     }
                     if !events.isEmpty || timerFired || hasJobs() { break }
                     cpuRelax()
-                } while monotonicNanoseconds() < end
+                    now = monotonicNanoseconds()
+                } while now < end
             }
             if events.isEmpty, !timerFired {
                 for watch in watches where watch.handler.armBeforeSleep() {
