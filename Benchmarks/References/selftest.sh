@@ -81,7 +81,9 @@ PY
 # returns 1. Not to be called in a subshell: the pipe must stay open in this shell.
 start_server() {
     local binary="$1" system="$2" address="$3" work="$4"; shift 4
-    rm -f "$work/stdin"; mkfifo "$work/stdin"
+    # serve.out is made afresh: the shell truncates it only in the child, after the child has
+    # opened the pipe, so a previous server's 'ready' could otherwise be read as this one's.
+    rm -f "$work/stdin" "$work/serve.out" "$work/serve.err"; mkfifo "$work/stdin"
     # Descriptor 7, a file of the work directory, stands for what the harness's Process gives
     # serve beyond its standard streams: no daemon serve starts may hold it (README, "Descriptors").
     "$bin/$binary" serve --system "$system" --address "$address" "${server_cpu[@]}" "$@" \

@@ -1,6 +1,7 @@
 import Foundation
 import IPCConformance
 import IPCCore
+import IPCEngine
 import Synchronization
 import IPCFraming
 
@@ -51,10 +52,12 @@ public struct SoakOptions: Sendable {
 /// every acknowledged message was delivered exactly once and in order (``DeliveryCheck``).
 ///
 /// Before the first kill cycle, one clean cycle per transport and role (the peer is stopped,
-/// not killed, and every message must come back) warms up what a process creates once; the
-/// resources are counted after it and again after the run, once every endpoint the run used has
-/// been listened on and closed again, as the next listener would (a killed server cannot remove
-/// its endpoint; its successor reclaims it). Any difference is a leak.
+/// not killed, and every message must come back) warms up what a process creates once, and the
+/// event loop's transfer ring, which only a frame the loop could not write or read at once
+/// would make, is made; the resources are counted after it and again after the run, once every
+/// endpoint the run used has been listened on and closed again, as the next listener would (a
+/// killed server cannot remove its endpoint; its successor reclaims it). Any difference is a
+/// leak.
 ///
 /// Each cycle runs on a thread of its own under a watchdog: a cycle that takes longer than
 /// ``SoakOptions/cycleDeadline`` ends the run with a ``SoakHang`` naming the transport, cycle
@@ -93,6 +96,9 @@ public struct SoakRunner: Sendable {
             }
         }
 
+        // The loop's transfer ring is made once, at the first frame whose rest the loop hands to
+        // the kernel, which a warm-up cycle may not send: made now, it is counted before.
+        if let loop = try? EventLoop.shared() { await loop.makeTransferRingNow() }
         let before = SoakCensus.settled(group: group.directory)
         let start = ContinuousClock.now
         var lastNote = start

@@ -330,6 +330,24 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
     }
     #endif
 
+    /// Makes the loop's transfer ring now, where the loop will use one, instead of at the first
+    /// frame whose rest it hands to the kernel (which depends on how fast the peer reads): for
+    /// a count of the process's descriptors that must find the ring there before, not as a new
+    /// descriptor after (the soak's census). Any thread; returns once the loop has done it,
+    /// with whether the loop has a ring (`false`: it moves large frames the epoll way).
+    @discardableResult
+    package func makeTransferRingNow() async -> Bool {
+        await withCheckedContinuation { (done: CheckedContinuation<Bool, Never>) in
+            execute {
+                #if os(Linux)
+                done.resume(returning: self.transferRing() != nil)
+                #else
+                done.resume(returning: false)
+                #endif
+            }
+        }
+    }
+
     // MARK: Timers
 
     /// Runs `action` on the loop's thread once `deadline` (``monotonicNanoseconds()``) has
