@@ -14,7 +14,10 @@
 #   summary.md                    p50 and mallocs per operation; the two floors side by side
 # Exits non-zero if an allocation count or an instruction count regressed past its threshold.
 #
-# Options: --quick        one round of the floor, with a tenth of ipcbench's samples
+# Options: --quick        one round of the floor, with a tenth of ipcbench's samples, one pair
+#                         of callgrind runs per instruction count instead of three, and each
+#                         package-benchmark benchmark for 0.2 s instead of 1 s
+#                         (IPCBENCH_BENCHMARKS_QUICK=1)
 #          --floor-only   skip the package-benchmark suites
 #          --output DIR
 # Refresh the thresholds after an intended change (from Benchmarks/):
@@ -37,6 +40,7 @@ while [ $# -gt 0 ]; do
 done
 
 Scripts/install-system-packages.sh
+[ "$quick" = false ] || export IPCBENCH_BENCHMARKS_QUICK=1
 output=${output:-Reports/benchmarks/$(date -u +%Y-%m-%dT%H%M%SZ)}
 mkdir -p "$output"
 output=$(cd "$output" && pwd)
@@ -69,8 +73,10 @@ if [ "$floor_only" = false ]; then
 fi
 
 echo "== instructions per round trip, both processes (callgrind)" >&2
+instruction_pairs=3
+[ "$quick" = false ] || instruction_pairs=1
 set +e
-Scripts/instructions.sh --stream --output "$output" --check "Benchmarks/Thresholds/instructions-$swift_version.json" > /dev/null
+Scripts/instructions.sh --stream --pairs "$instruction_pairs" --output "$output" --check "Benchmarks/Thresholds/instructions-$swift_version.json" > /dev/null
 instructions_status=$?
 set -e
 {

@@ -25,9 +25,11 @@
 #
 # Each process runs for 1,000 and for 5,000 round trips (Benchmarks/RoundTripInstructions, a
 # release build stripped of its DWARF, which valgrind 3.19 cannot read); the difference over
-# 4,000 is per round trip, so start-up and connection set-up cancel out. Three such pairs, and
-# the median of each side: how the two processes' threads interleave moves a count by a few
-# per cent from one pair to the next.
+# 4,000 is per round trip, so start-up and connection set-up cancel out. Three such pairs
+# (--pairs), and the median of each side: how the two processes' threads interleave moves a
+# count by a few per cent from one pair to the next (both sides together, each pair within 2 %
+# of the medians in a fresh-clone CI run of d063b7a, against the thresholds' 10 %
+# margin: one pair is enough for a check, which is what benchmarks.sh --quick runs).
 #
 # With --stream, one row more: the one-way stream (`client ... stream` against `serve ... sink`),
 # per message: 64-byte messages sent one `send` each from a task on the connection's executor,
@@ -35,26 +37,29 @@
 # than the round trips' (how many messages one read takes, and how often a full socket suspends
 # the sender, depend on how valgrind interleaves the two processes), so it has no threshold.
 #
-#   Scripts/instructions.sh [--output DIR] [--check FILE] [--update FILE] [--stream]
+#   Scripts/instructions.sh [--output DIR] [--check FILE] [--update FILE] [--stream] [--pairs N]
 #     --output  writes instructions.json and instructions.md there (default: a temporary folder)
 #     --check   exits 1 if a count is above its threshold in FILE (JSON: name -> instructions), 3
 #               if FILE does not exist; any other failure (build, valgrind) exits non-zero too
 #     --update  writes FILE: each count plus 10 %, the margin for the client's spread (about 3 %)
+#     --pairs   pairs of runs per row (default 3; the median is taken)
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
-output="" check="" update="" stream=0
+output="" check="" update="" stream=0 pairs=3
 while [ $# -gt 0 ]; do
     case "$1" in
         --output) output="$2"; shift ;;
         --check) check="$2"; shift ;;
         --update) update="$2"; shift ;;
         --stream) stream=1 ;;
-        *) echo "usage: $0 [--output DIR] [--check FILE] [--update FILE] [--stream]" >&2; exit 64 ;;
+        --pairs) pairs="$2"; shift ;;
+        *) echo "usage: $0 [--output DIR] [--check FILE] [--update FILE] [--stream] [--pairs N]" >&2; exit 64 ;;
     esac
     shift
 done
+[[ "$pairs" =~ ^[1-9][0-9]*$ ]] || { echo "instructions.sh: --pairs needs a positive whole number" >&2; exit 64; }
 
 Scripts/install-system-packages.sh
 output=${output:-$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-XXXXXX")}
@@ -89,8 +94,8 @@ for row in "${rows[@]}"; do
     read -r key server client transport <<< "$row"
     unit="round trip"
     [ "$key" != stream ] || unit=message
-    echo "== instructions per $unit: $key (server $server, client $client, $transport; callgrind, 3 pairs)" >&2
-    for pair in 1 2 3; do
+    echo "== instructions per $unit: $key (server $server, client $client, $transport; callgrind, $pairs pair(s))" >&2
+    for pair in $(seq "$pairs"); do
         short=$(count "$server" "$client" 1000 "$transport")
         long=$(count "$server" "$client" 5000 "$transport")
         echo "$key $short $long" >> "$results"
