@@ -33,7 +33,9 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=true ;;
         --floor-only) floor_only=true ;;
-        --output) output="$2"; shift ;;
+        --output)
+            [ $# -ge 2 ] || { echo "benchmarks.sh: --output needs a value" >&2; exit 64; }
+            output="$2"; shift ;;
         *) echo "usage: $0 [--quick] [--floor-only] [--output DIR]" >&2; exit 64 ;;
     esac
     shift

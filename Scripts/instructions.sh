@@ -48,14 +48,19 @@ shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 output="" check="" update="" stream=0 pairs=3
+usage="usage: $0 [--output DIR] [--check FILE] [--update FILE] [--stream] [--pairs N]"
 while [ $# -gt 0 ]; do
+    case "$1" in
+        --output|--check|--update|--pairs)
+            [ $# -ge 2 ] || { echo "instructions.sh: $1 needs a value" >&2; echo "$usage" >&2; exit 64; } ;;
+    esac
     case "$1" in
         --output) output="$2"; shift ;;
         --check) check="$2"; shift ;;
         --update) update="$2"; shift ;;
         --stream) stream=1 ;;
         --pairs) pairs="$2"; shift ;;
-        *) echo "usage: $0 [--output DIR] [--check FILE] [--update FILE] [--stream] [--pairs N]" >&2; exit 64 ;;
+        *) echo "$usage" >&2; exit 64 ;;
     esac
     shift
 done

@@ -19,7 +19,9 @@ all_systems=(ref-zmq:zmq-reqrep ref-zmq:zmq-pushpull ref-dbus:dbus-daemon ref-db
 only=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --system) only+=("$2"); shift 2 ;;
+        --system)
+            [ $# -ge 2 ] || { echo "selftest.sh: --system needs a value" >&2; exit 2; }
+            only+=("$2"); shift 2 ;;
         -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "selftest.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac

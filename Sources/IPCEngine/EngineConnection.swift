@@ -1396,7 +1396,7 @@ public final class EngineConnection: MessageConnection, @unchecked Sendable {
     /// is asked to flush at once rather than when the poller reports room. Under the lock.
     private func startsInKernel(_ state: WriteState) -> Bool {
         guard kernelFinishes, let head = state.queue.first, head.total - head.written >= Self.kernelFinishMinimum else { return false }
-        return !eventLoop.transferRingRefused
+        return !eventLoop.noTransferRing
     }
 
     #if os(Linux)

@@ -287,13 +287,15 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
 
     /// How this loop moves the rest of large frames.
     package let largeTransfers: LargeTransfers
-    /// The loop moves large frames the epoll way after all: the kernel refused a ring. Read by
-    /// any thread; a stale `false` costs one flush that finds no ring.
-    package var transferRingRefused: Bool {
-        get { transferRingRefusedFlag.load(ordering: .relaxed) }
-        set { transferRingRefusedFlag.store(newValue, ordering: .relaxed) }
+    /// The loop has no transfer ring and will make none, so it moves large frames the epoll way:
+    /// it was asked to (``LargeTransfers/epoll``), or the kernel refused a ring. Set at the
+    /// first request for the ring; read by any thread, where a stale `false` costs one flush
+    /// that finds no ring.
+    package var noTransferRing: Bool {
+        get { noTransferRingFlag.load(ordering: .relaxed) }
+        set { noTransferRingFlag.store(newValue, ordering: .relaxed) }
     }
-    private let transferRingRefusedFlag = Atomic<Bool>(false)
+    private let noTransferRingFlag = Atomic<Bool>(false)
 
     #if os(Linux)
     private enum TransferRingState {
@@ -315,7 +317,7 @@ public final class EventLoop: TaskExecutor, @unchecked Sendable {
         case .notMade:
             guard largeTransfers == .ioUring, case .success(let ring) = TransferRing.make() else {
                 transferRingState = .refused
-                transferRingRefused = true
+                noTransferRing = true
                 return nil
             }
             transferRingState = .made(ring)
