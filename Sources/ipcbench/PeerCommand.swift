@@ -23,12 +23,17 @@ struct PeerCommand: AsyncParsableCommand {
         cancelled so far (8 bytes, big-endian); 6 the event loop's stalls (JSON); any other \
         msgid is echoed. One-way messages are \
         echoed back with their msgid, except the throughput sink's (0xFFFFFF00 counted, \
-        0xFFFFFF01 answered with a report).
+        0xFFFFFF01 answered with a report). Payloads of up to 1 GiB are accepted (the \
+        library's default is 64 MiB); a larger announced length ends the connection \
+        (frameTooLarge). Wire format: docs/WIRE-FORMAT.md; the sink and every msgid: \
+        docs/HARNESS.md.
 
         --serve chooses how requests are answered: 'task' (the default: the async request \
         handler, as tasks on the engine's serving threads), 'task-on-loop' (the async handler \
         started on the event loop's executor) or 'on-loop' (the synchronous fast path on the \
-        loop, which answers echo and fail only).
+        loop, which answers echo and fail only); 'blocking-on-loop' is the way not to serve \
+        (the on-loop path with a handler that blocks the loop's thread in stall and delayed \
+        echo), for showing that the conformance suite's serving cases can fail.
 
         Socket activation (server role; unix-socket, notify, file-presenter): with \
         --socket-activated the listening socket comes from a launcher (systemd, or \
@@ -54,7 +59,7 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Endpoint name inside the group directory.")
     var endpoint: String
 
-    @Option(help: "server or client.")
+    @Option(help: "server, client, or coordinator (file-presenter: runs file coordination commands from standard input, for the conformance suite).")
     var role: PeerRole = .server
 
     @Option(help: "Pin this process to one CPU.")
@@ -78,7 +83,7 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "Drop a connection whose frame stays half-read this long (seconds); 0 never drops one.")
     var stalledFrameSeconds: Int64 = ConnectionOptions.defaults.stalledFrameTimeout?.components.seconds ?? 0
 
-    @Option(help: "How requests are answered: task, task-on-loop or on-loop (see above).")
+    @Option(help: "How requests are answered: task, task-on-loop, on-loop or blocking-on-loop (see above).")
     var serve: ConformancePeer.Serving = .task
 
     @Option(help: "How many requests of one connection are handled at once (1: one at a time, in arrival order).")

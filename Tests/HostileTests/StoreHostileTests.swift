@@ -115,6 +115,48 @@ struct StoreHostileTests {
         #expect(try await good.request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [2])
     }
 
+    /// A listener's options for the stall tests: a stalled frame is dropped after a second.
+    static let stallingOptions = ConnectionOptions.defaults {
+        $0.maximumPayloadLength = Self.maximumPayloadLength
+        $0.stalledFrameTimeout = .seconds(1)
+    }
+
+    /// Expects the connection `probe` watches to end as a stalled one does: a protocol error,
+    /// `truncatedFrame` (within a generous deadline: the timeout is a second).
+    static func expectDroppedForStalling(_ probe: InvalidationProbe) async {
+        #expect(await probe.wait(seconds: 30), "the stalled connection was not dropped")
+        #expect(probe.reason?.kind == .protocolError, "invalidated with \(String(describing: probe.reason))")
+        #expect(probe.reason?.error?.code == .truncatedFrame, "invalidated with \(String(describing: probe.reason))")
+    }
+
+    @Test("part of a frame in a notify ring and then nothing: the listener drops that connection with truncatedFrame after its stalled-frame timeout, and serves others")
+    func notifyStalledFrame() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("stall")
+        let listener = try NotifyTransport().listen(at: endpoint, options: Self.stallingOptions, acceptFilter: nil)
+        defer { listener.close() }
+        let good = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .client) }
+        defer { good.stop() }
+        let goodConnection = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
+        let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
+        let label = NotifyStores.uniqueLabel()
+        let victimClient = try await NotifyTransport(storeLabel: label).connect(to: endpoint, options: .defaults)
+        defer { victimClient.invalidate() }
+        let victimConnection = try await nextConnection(from: listener.connections, peer: getpid(), "the victim")
+        let probe = InvalidationProbe()
+        probe.attach(to: victimConnection)
+        let store = try #require(NotifyStores.paths(of: getpid(), label: label).first, "no store for the victim")
+        // The client-to-server ring is empty (nothing sent yet): a header announcing 1,000 bytes
+        // and 10 of them, published at the start of its data. The victim's next message, which
+        // rings the bell, lands behind them and becomes more of that payload: the server then
+        // holds 51 of the 1,020 bytes announced, and nothing more comes.
+        try HostilePeer.write(into: store, [(4096, Self.binaryHeader(length: 1000) + [UInt8](repeating: 7, count: 10)), (64, Self.littleEndian(30))])
+        try await victimClient.send([1], msgid: 1, timeout: .seconds(5))
+        await Self.expectDroppedForStalling(probe)
+        await loop.stop()
+        #expect(goodConnection.invalidationReason == nil)
+    }
+
     // MARK: Message port queues
 
     /// One hostile queue message to the server's queue, in hex, made from fragment header fields.
@@ -188,6 +230,31 @@ struct StoreHostileTests {
             while victim.isRunning, ContinuousClock.now < exitBy { try await Task.sleep(for: .milliseconds(20)) }
             #expect(!victim.isRunning, "\(name): the victim was not told that its connection ended")
         }
+        await loop.stop()
+        #expect(goodConnection.invalidationReason == nil)
+    }
+
+    @Test("a message port message whose first fragment came and no other: the listener drops that client with truncatedFrame after its stalled-frame timeout, and serves others")
+    func messagePortStalledMessage() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("stall")
+        let listener = try MessagePortTransport().listen(at: endpoint, options: Self.stallingOptions, acceptFilter: nil)
+        defer { listener.close() }
+        let good = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
+        defer { Self.stop(good, endpoint) }
+        _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
+        let goodConnection = try #require(listener.activeConnections.first)
+        let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
+        // The listener's second client, sender 2.
+        let victim = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
+        defer { Self.stop(victim, endpoint) }
+        let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
+        let probe = InvalidationProbe()
+        probe.attach(to: victimConnection)
+        // The first fragment of a 1,000-byte message in the victim's name, and nothing after it.
+        let first = Self.fragment(sender: 2, total: 1000, offset: 0, body: [UInt8](repeating: 7, count: 10))
+        #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint), "--hex", first]) == 0)
+        await Self.expectDroppedForStalling(probe)
         await loop.stop()
         #expect(goodConnection.invalidationReason == nil)
     }

@@ -144,6 +144,12 @@ struct NotifyCenterTests {
         try dd.run()
         dd.waitUntilExit()
         #expect(dd.terminationStatus == 0)
+        // A name claimed over garbage starts from state 0, not from the garbage's bytes, here
+        // and in another process.
+        for index in 0..<20 {
+            #expect(try center.state(for: "test.never.\(index)") == 0)
+        }
+        #expect(try await notifyutil(group, ["--get", "test.never.remote"]).output == "0\n")
         // Names are claimed anew over the garbage, and work across processes again.
         for index in 0..<50 {
             try center.setState(UInt64(index), for: "test.after.\(index)")

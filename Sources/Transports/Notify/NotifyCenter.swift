@@ -130,6 +130,10 @@ public final class NotifyCenter: NamedNotificationCenter {
             let slot = Slot(counter: FutexCounter(in: mapping, at: offset + 4), state: mapping.word64(at: offset + 8))
             if stored == 0 || (claimFree && !holdsItsOwnName(offset, tag: stored)) {
                 guard claimFree else { return nil }
+                // A slot no center claimed has no counter or state of a name: whatever is there
+                // (garbage written into the file) is cleared, so a new name reads state 0.
+                ipc_atomic_store_u32(slot.counter.address, 0)
+                ipc_atomic_store_u64(slot.state, 0)
                 let nameArea = mapping.base + offset + 16
                 nameArea.storeBytes(of: UInt8(bytes.count), as: UInt8.self)
                 bytes.withUnsafeBytes { (nameArea + 1).copyMemory(from: $0.baseAddress!, byteCount: bytes.count) }
