@@ -5,10 +5,12 @@
 //   swift package benchmark                                   run every suite (from this folder)
 //   swift package benchmark thresholds check --path Thresholds/6.3 --metric mallocCountTotal
 //
-// The Google Benchmark cross-check of the native floor is in FloorCrossCheck/ (make), the
-// instruction counter in RoundTripInstructions/ (a package of its own: the benchmark plugin runs
-// every executable here as a suite), and Scripts/benchmarks.sh at the top of the repository
-// runs all three.
+// The Google Benchmark cross-check of the native floor is in FloorCrossCheck/ (make), and
+// Scripts/benchmarks.sh at the top of the repository runs it, the suites and the instruction
+// counter, round-trip-instructions (RoundTripInstructions/Sources): an executable of this
+// package, not a suite, since the benchmark plugin takes as suites only the executables whose
+// folder is in Benchmarks/Benchmarks; built here, it shares the release build of the engine
+// with the suites.
 import PackageDescription
 
 let package = Package(
@@ -33,6 +35,18 @@ let package = Package(
         suite("SecureCodingBenchmarks", measuring: ["IPCCore", "IPCSecureCoding"]),
         // Request/reply through the connection engine, both ends in one process.
         suite("EngineBenchmarks", measuring: ["IPCCore", "UnixSocketTransport", "NotifyTransport"]),
+        // Instructions per round trip between two processes, counted by callgrind
+        // (Scripts/instructions.sh), and the Swift floor: a plain executable, since valgrind
+        // cannot run an async main, which the suites have.
+        .target(name: "CFloorSystem", path: "RoundTripInstructions/Sources/CFloorSystem"),
+        .executableTarget(
+            name: "round-trip-instructions",
+            dependencies: [
+                "CFloorSystem", .product(name: "IPCCore", package: "ipcbench"), .product(name: "UnixSocketTransport", package: "ipcbench"),
+                .product(name: "NotifyTransport", package: "ipcbench"), .product(name: "MessagePortTransport", package: "ipcbench"),
+            ],
+            path: "RoundTripInstructions/Sources/round-trip-instructions"
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -75,9 +75,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-instructions-work-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
 
-swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
+swift build -c release --package-path Benchmarks --product round-trip-instructions >&2
 binary="$work/round-trip-instructions"
-strip --strip-debug -o "$binary" "Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions"
+strip --strip-debug -o "$binary" "Benchmarks/.build/release/round-trip-instructions"
 
 # count SERVER CLIENT ROUND_TRIPS TRANSPORT: a server (on-loop, task, sink, floor or floor-task)
 # and a client (engine, stream, floor or floor-cancellable) under callgrind

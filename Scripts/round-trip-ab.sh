@@ -16,8 +16,8 @@
 #                            [--stream-bytes B] [--stream-only] [--output DIR]
 #     --old, --new    round-trip-instructions binaries, e.g. built from two commits:
 #                       git worktree add /tmp/old COMMIT
-#                       swift build -c release --package-path /tmp/old/Benchmarks/RoundTripInstructions
-#                       (the binary: /tmp/old/Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions)
+#                       swift build -c release --package-path /tmp/old/Benchmarks --product round-trip-instructions
+#                       (the binary: /tmp/old/Benchmarks/.build/release/round-trip-instructions)
 #     --rounds        rounds of every pair (default 7); each figure is the median of the rounds' p50s
 #     --round-trips   round trips per run (default 20000, every one timed)
 #     --stream        also times the one-way stream, on both placements

@@ -7,7 +7,7 @@
 # request cancel out. The counts change little on a busy machine; the times do, so compare
 # binaries in one run.
 #   Scripts/stream-syscalls.sh BIN [BIN...] [--rounds N] [--messages LONG] [--short SHORT] [--bytes B]
-#     BIN         a build of the binary: Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+#     BIN         a build of the binary: Benchmarks/.build/release/round-trip-instructions
 #     --rounds    pairs of streams per binary (default 3); the table gives each pair and the median
 #     --messages  the long stream (default 200000); --short the short one (default 20000);
 #     --bytes     each message's payload (default 64)

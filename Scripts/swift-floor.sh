@@ -115,8 +115,8 @@ fi
 
 Scripts/install-system-packages.sh
 swift build -c release --product ipcbench >&2
-swift build -c release --package-path Benchmarks/RoundTripInstructions >&2
-binary=Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+swift build -c release --package-path Benchmarks --product round-trip-instructions >&2
+binary=Benchmarks/.build/release/round-trip-instructions
 output=${output:-$(mktemp -d "${TMPDIR:-/tmp}/ipcbench-swift-floor-XXXXXX")}
 mkdir -p "$output"
 output=$(cd "$output" && pwd)

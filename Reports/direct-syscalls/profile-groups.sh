@@ -11,7 +11,7 @@
 set -euo pipefail
 scratch=${1:-/tmp/rti-dwarf4}
 cd "$(dirname "$0")/../.."
-swift build -c release --package-path Benchmarks/RoundTripInstructions --scratch-path "$scratch" \
+swift build -c release --package-path Benchmarks --product round-trip-instructions --scratch-path "$scratch" \
     -Xswiftc -dwarf-version=4 -Xcc -gdwarf-4 -Xswiftc -Xcc -Xswiftc -gdwarf-4 >&2
 binary="$scratch/release/round-trip-instructions"
 work=$(mktemp -d "${TMPDIR:-/tmp}/profile-groups-XXXXXX")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine's one-way stream with and without the send ring (send-ring.patch applied and both
-# binaries built: `swift build -c release --package-path Benchmarks/RoundTripInstructions`),
+# binaries built: `swift build -c release --package-path Benchmarks --product round-trip-instructions`),
 # alternated: `client … stream` against `serve … sink`, the client on CPU 0 and the server on
 # SERVER_CPU (0: same core, 1: two cores), ROUNDS rounds of MESSAGES messages of BYTES each.
 # IPCBENCH_LARGE_SENDS picks the path in both processes (VARIABLE=IPCBENCH_LARGE_TRANSFERS for
@@ -10,7 +10,7 @@
 #   [VARIABLE=IPCBENCH_LARGE_SENDS] [SERVER_CPU=0] [ROUNDS=5] [MESSAGES=2000] [BYTES=1048576] Reports/kernel-finished-sends/engine-ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-binary=Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+binary=Benchmarks/.build/release/round-trip-instructions
 variable=${VARIABLE:-IPCBENCH_LARGE_SENDS}
 rounds=${ROUNDS:-5} messages=${MESSAGES:-2000} bytes=${BYTES:-1048576} server_cpu=${SERVER_CPU:-0}
 for round in $(seq 1 "$rounds"); do

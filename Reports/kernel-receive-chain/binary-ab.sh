@@ -15,12 +15,20 @@ trap 'rm -rf "$work"' EXIT
 for commit in "$1" "$2"; do
     mkdir -p "$work/$commit"
     git archive "$commit" | tar -x -C "$work/$commit"
-    swift build -c release --package-path "$work/$commit/Benchmarks/RoundTripInstructions" > "$work/$commit.build.log" 2>&1 \
+    # In older commits the binary is a package of its own (RoundTripInstructions/Package.swift);
+    # in newer ones, a product of the Benchmarks package.
+    if [ -f "$work/$commit/Benchmarks/RoundTripInstructions/Package.swift" ]; then
+        package=$work/$commit/Benchmarks/RoundTripInstructions
+    else
+        package=$work/$commit/Benchmarks
+    fi
+    swift build -c release --package-path "$package" --product round-trip-instructions > "$work/$commit.build.log" 2>&1 \
         || { cat "$work/$commit.build.log" >&2; exit 1; }
+    ln -s "$package/.build/release/round-trip-instructions" "$work/$commit.bin"
 done
 for round in $(seq 1 "$rounds"); do
     for commit in "$1" "$2"; do
-        binary=$work/$commit/Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+        binary=$work/$commit.bin
         echo "$round $commit $(Reports/kernel-receive-chain/stream-once.sh "$binary" "$server_cpu" "$messages" "$bytes") µs a message"
     done
 done

@@ -10,8 +10,8 @@ cd "$(dirname "$0")/../.."
 rounds=${ROUNDS:-5} messages=${MESSAGES:-2000} bytes=${BYTES:-1048576} server_cpu=${SERVER_CPU:-1}
 cc -O2 -I Sources/CNativeFloor/include -I Sources/CNativeFloor -I Sources/CIPCShims/include \
     -o /tmp/floor-stream Reports/kernel-receive-chain/floor-stream.c Sources/CNativeFloor/*.c Sources/CIPCShims/shims.c -lrt -lpthread
-swift build -c release --package-path Benchmarks/RoundTripInstructions > /tmp/engine-vs-c.build.log 2>&1 || { cat /tmp/engine-vs-c.build.log >&2; exit 1; }
-binary=Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+swift build -c release --package-path Benchmarks --product round-trip-instructions > /tmp/engine-vs-c.build.log 2>&1 || { cat /tmp/engine-vs-c.build.log >&2; exit 1; }
+binary=Benchmarks/.build/release/round-trip-instructions
 for round in $(seq 1 "$rounds"); do
     c=$(/tmp/floor-stream 13 "$server_cpu" "$messages" "$bytes" | grep -o '[0-9.]* µs a message;' | cut -d' ' -f1)
     echo "$round C unix-stream+io_uring $c µs a message"

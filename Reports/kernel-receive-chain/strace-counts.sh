@@ -12,8 +12,8 @@ out=$1 messages=${MESSAGES:-1000}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
-swift build -c release --package-path Benchmarks/RoundTripInstructions > /dev/null
-binary=Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+swift build -c release --package-path Benchmarks --product round-trip-instructions > /dev/null
+binary=Benchmarks/.build/release/round-trip-instructions
 group=$(mktemp -d /tmp/strace-counts-XXXX)
 strace -f -c -o "$out/strace-server.txt" taskset -c 0 "$binary" serve "$group" sink > "$group/server.log" 2>&1 &
 server=$!

@@ -3,7 +3,7 @@
 # runs under callgrind (1,000 and 5,000 round trips; the difference over 4,000): the median and
 # every pair. What Scripts/instructions.sh counts, for one build and one server/client pair, to
 # compare two builds side by side. BIN must be stripped of its DWARF (valgrind 3.19 cannot read
-# DWARF 5): strip --strip-debug -o BIN Benchmarks/RoundTripInstructions/.build/release/round-trip-instructions
+# DWARF 5): strip --strip-debug -o BIN Benchmarks/.build/release/round-trip-instructions
 #
 #   Reports/loop-jobs/count.sh BIN SERVER_MODE CLIENT_MODE [PAIRS]     (e.g. on-loop engine 5)
 set -euo pipefail
