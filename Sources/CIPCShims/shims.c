@@ -356,33 +356,55 @@ static void install_sigbus_handler(void) {
 
 // sigsetjmp without saving the signal mask (which costs a system call each time): the handler is
 // installed with SA_NODEFER and an empty sa_mask, so the fault changes no mask and the jump back
-// has none to restore.
+// has none to restore. GUARDED runs `statements` with the calling thread's SIGBUS jump armed, and
+// returns `failure` from the function if they fault.
+#define GUARDED(failure, statements)                                    \
+    do {                                                                \
+        pthread_once(&sigbus_once, install_sigbus_handler);             \
+        sigjmp_buf target;                                              \
+        if (sigsetjmp(target, 0) != 0) return (failure);                \
+        guarded_access = &target;                                       \
+        statements;                                                     \
+        guarded_access = NULL;                                          \
+    } while (0)
+
 int ipc_guarded_load_u64(const uint64_t *address, uint64_t *value) {
-    pthread_once(&sigbus_once, install_sigbus_handler);
-    sigjmp_buf target;
-    if (sigsetjmp(target, 0) != 0) return -1;
-    guarded_access = &target;
-    *value = __atomic_load_n(address, __ATOMIC_ACQUIRE);
-    guarded_access = NULL;
+    GUARDED(-1, *value = __atomic_load_n(address, __ATOMIC_ACQUIRE));
     return 0;
 }
 
 int ipc_guarded_store_u64(uint64_t *address, uint64_t value) {
-    pthread_once(&sigbus_once, install_sigbus_handler);
-    sigjmp_buf target;
-    if (sigsetjmp(target, 0) != 0) return -1;
-    guarded_access = &target;
-    __atomic_store_n(address, value, __ATOMIC_RELEASE);
-    guarded_access = NULL;
+    GUARDED(-1, __atomic_store_n(address, value, __ATOMIC_RELEASE));
     return 0;
 }
 
 int ipc_guarded_copy(void *destination, const void *source, size_t count) {
-    pthread_once(&sigbus_once, install_sigbus_handler);
-    sigjmp_buf target;
-    if (sigsetjmp(target, 0) != 0) return -1;
-    guarded_access = &target;
-    memcpy(destination, source, count);
-    guarded_access = NULL;
+    GUARDED(-1, memcpy(destination, source, count));
     return 0;
+}
+
+int ipc_guarded_load_u32(const uint32_t *address, uint32_t *value) {
+    GUARDED(-1, *value = __atomic_load_n(address, __ATOMIC_ACQUIRE));
+    return 0;
+}
+
+int ipc_guarded_store_u32(uint32_t *address, uint32_t value) {
+    GUARDED(-1, __atomic_store_n(address, value, __ATOMIC_RELEASE));
+    return 0;
+}
+
+int ipc_guarded_futex_counter_post(uint32_t *address) {
+    GUARDED(-1, ipc_futex_counter_post(address));
+    return 0;
+}
+
+int ipc_guarded_futex_counter_wait(uint32_t *address, uint32_t seen, int64_t timeout_ns, uint32_t *value) {
+    GUARDED(-1, *value = ipc_futex_counter_wait(address, seen, timeout_ns));
+    return 0;
+}
+
+int ipc_guarded_futex_counters_wait(uint32_t *const *addresses, const uint32_t *seen, int count, int64_t timeout_ns) {
+    int result = 0;
+    GUARDED(-2, result = ipc_futex_counters_wait(addresses, seen, count, timeout_ns));
+    return result;
 }

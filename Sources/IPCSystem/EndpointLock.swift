@@ -176,11 +176,30 @@ extension GroupDirectories {
 public enum FileLocks {
     /// Runs `body` holding an exclusive `flock` on the existing file at `path`. The kernel drops
     /// the lock if this process dies inside `body`.
-    public static func withExclusiveLock<T>(onFile path: String, _ body: () throws -> T) throws -> T {
+    ///
+    /// With a `timeout`, a lock that another process holds for longer (any process of the user
+    /// can take it and keep it) is not waited for past it: ``IPCError/Code/coordinationTimeout``.
+    /// The lock is then asked for without blocking, first every 50 µs, backing off to every
+    /// 10 ms.
+    public static func withExclusiveLock<T>(onFile path: String, timeout: Duration? = nil, _ body: () throws -> T) throws -> T {
         let fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else { throw IPCError.syscall("open", Errno(rawValue: errno), context: path) }
         defer { try? FileDescriptor(rawValue: fd).close() }
-        do { _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX) } } catch { throw IPCError.syscall("flock", error, context: path) }
+        guard let timeout else {
+            do { _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX) } } catch { throw IPCError.syscall("flock", error, context: path) }
+            return try body()
+        }
+        let deadline = ContinuousClock.now + timeout
+        var pause: UInt32 = 50
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            let error = errno
+            guard error == EWOULDBLOCK || error == EINTR else { throw IPCError.syscall("flock", Errno(rawValue: error), context: path) }
+            guard ContinuousClock.now < deadline else {
+                throw IPCError(code: .coordinationTimeout, message: "another process held the lock on \(path) for more than \(timeout)")
+            }
+            usleep(pause)
+            pause = min(pause * 2, 10_000)
+        }
         return try body()
     }
 }

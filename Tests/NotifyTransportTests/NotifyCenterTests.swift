@@ -163,6 +163,101 @@ struct NotifyCenterTests {
         #expect(token.check())
     }
 
+    @Test("a notification table cut to 0 bytes by another process under live centers: no SIGBUS, the table is put back (emptied), and names work again")
+    func truncatedTable() async throws {
+        let group = try TestGroup()
+        let path = group.directory.path + "/notify.center"
+        let center = try NotifyCenter(group: group.directory)
+        try center.setState(7, for: "test.kept")
+        let token = try center.checkToken(for: "test.kept")
+        _ = token.check()
+        let calls = Mutex(0)
+        let before = try center.register("test.before") { calls.withLock { $0 += 1 } }
+        defer { before.cancel() }
+        // Cut by another process (truncate(1)): every page of this process's mapping is gone, and
+        // a plain access to one would end the process with SIGBUS.
+        func cut() async throws {
+            let truncate = Process()
+            truncate.executableURL = URL(fileURLWithPath: "/usr/bin/truncate")
+            truncate.arguments = ["--size", "0", path]
+            try truncate.run()
+            truncate.waitUntilExit()
+            // (Not checked to be 0 bytes now: this process's watcher thread may be looking at its
+            // counters at this moment, and put the length back at once.)
+            #expect(truncate.terminationStatus == 0)
+        }
+        try await cut()
+        // This process's own accesses put the length back; what was cut reads as an empty table.
+        #expect(try center.state(for: "test.kept") == 0)
+        #expect(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int == 64 + NotifyCenter.capacity * 128)
+        try center.setState(9, for: "test.kept")
+        #expect(try await notifyutil(group, ["--get", "test.kept"]).output == "9\n")
+        // Cut again: a check token's look, and the watcher's thread woken to wait again (by a
+        // suspend and a resume) while the file is short, each touch the mapping first.
+        try await cut()
+        _ = token.check()
+        before.suspend()
+        before.resume()
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int == 64 + NotifyCenter.capacity * 128)
+        // A name registered now is delivered a post from another process.
+        let after = Mutex(0)
+        let registration = try center.register("test.after") { after.withLock { $0 += 1 } }
+        defer { registration.cancel() }
+        #expect(try await notifyutil(group, ["--post", "test.after"]).status == 0)
+        try await withDeadline(seconds: 30, "the delivery after the cut") {
+            while after.withLock({ $0 }) == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        try await cut()
+        #expect(try await notifyutil(group, ["--post", "test.after"]).status == 0)
+        try await withDeadline(seconds: 30, "a delivery after the second cut") {
+            while after.withLock({ $0 }) < 2 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+    }
+
+    @Test("a notify.center that is another user's file, or no regular file, is refused with invalidEndpoint: never mapped")
+    func foreignTable() async throws {
+        let group = try TestGroup()
+        let path = group.directory.path + "/notify.center"
+        if geteuid() == 0 {
+            // Another user's table (as after the group directory was swapped for theirs): they
+            // could cut it under this process's mapping, or read and write its names.
+            #expect(FileManager.default.createFile(atPath: path, contents: Data(count: 64 + NotifyCenter.capacity * 128), attributes: [.posixPermissions: 0o666]))
+            #expect(chown(path, 65534, 65534) == 0)
+            await expectIPCError(.invalidEndpoint) { try NotifyCenter(group: group.directory) }
+            #expect(unlink(path) == 0)
+        }
+        #expect(mkfifo(path, 0o600) == 0)
+        await expectIPCError(.invalidEndpoint) { try NotifyCenter(group: group.directory) }
+        #expect(unlink(path) == 0)
+        _ = try NotifyCenter(group: group.directory)
+    }
+
+    @Test("a table lock kept by another holder: a new name fails with coordinationTimeout after the lock timeout, names already in the table go on")
+    func tableLockKept() async throws {
+        let group = try TestGroup()
+        let path = group.directory.path + "/notify.center"
+        let center = try NotifyCenter(group: group.directory)
+        try center.setState(3, for: "test.known")
+        // The lock held on a descriptor of this test's own: another open file description, as
+        // another process's would be, so the center's own open of the file conflicts with it.
+        let holder = open(path, O_RDWR | O_CLOEXEC)
+        #expect(holder >= 0)
+        defer { close(holder) }
+        #expect(flock(holder, LOCK_EX | LOCK_NB) == 0)
+        #expect(try center.state(for: "test.known") == 3)
+        try center.post("test.known")
+        let started = ContinuousClock.now
+        await expectIPCError(.coordinationTimeout) { try center.post("test.new") }
+        #expect(ContinuousClock.now - started >= NotifyCenter.tableLockTimeout)
+        // Another process's call fails the same way, with a typed error, and ends.
+        let other = try await notifyutil(group, ["--post", "test.new2"])
+        #expect(other.status != 0)
+        // Let go, a new name is claimed again.
+        #expect(flock(holder, LOCK_UN) == 0)
+        try center.post("test.new")
+    }
+
     @Test("a check token reports posts without a handler")
     func checkToken() async throws {
         let group = try TestGroup()

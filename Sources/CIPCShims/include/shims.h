@@ -147,9 +147,17 @@ int ipc_set_nonblocking(int fd);
 /// would have). Return 0, or -1 if the page is gone (the file was truncated under the mapping).
 int ipc_guarded_load_u64(const uint64_t *address, uint64_t *value);
 int ipc_guarded_store_u64(uint64_t *address, uint64_t value);
-/// Copies count bytes into such a mapping: 0, or -1 if a page of it is gone (part of the copy may
-/// have been made).
+/// Copies count bytes into or out of such a mapping: 0, or -1 if a page of it is gone (part of
+/// the copy may have been made).
 int ipc_guarded_copy(void *destination, const void *source, size_t count);
+int ipc_guarded_load_u32(const uint32_t *address, uint32_t *value);
+int ipc_guarded_store_u32(uint32_t *address, uint32_t value);
+/// ipc_futex_counter_post, ipc_futex_counter_wait (its result in *value) and
+/// ipc_futex_counters_wait on counters in such a mapping: as those, or -1 (-2 for the last, whose
+/// own results include -1) if a counter's page is gone.
+int ipc_guarded_futex_counter_post(uint32_t *address);
+int ipc_guarded_futex_counter_wait(uint32_t *address, uint32_t seen, int64_t timeout_ns, uint32_t *value);
+int ipc_guarded_futex_counters_wait(uint32_t *const *addresses, const uint32_t *seen, int count, int64_t timeout_ns);
 
 #include <sys/syscall.h>
 /// syscall(2), as <unistd.h> declares it (not included here: its names would then reach Swift

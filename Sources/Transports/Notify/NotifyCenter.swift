@@ -23,6 +23,11 @@ public final class NotifyCenter: NamedNotificationCenter {
     /// The longest name accepted, in UTF-8 bytes.
     public static let maximumNameLength = 111
 
+    /// How long a call waits for the table lock (held only to claim a name or write the magic,
+    /// a few microseconds): past it, another process keeps the lock, and the call fails with
+    /// ``IPCError/Code/coordinationTimeout`` rather than waiting for as long as it does.
+    public static let tableLockTimeout: Duration = .seconds(5)
+
     static let headerLength = 64
     static let slotLength = 128
     static let magic: UInt32 = 0x4E43_5452 // "NCTR"
@@ -38,26 +43,41 @@ public final class NotifyCenter: NamedNotificationCenter {
         let path = group.path + "/notify.center"
         mapping = try SharedMapping(path: path, length: Self.headerLength + Self.capacity * Self.slotLength, create: true)
         lockPath = path
-        let magicWord = mapping.word32(at: 0)
-        if ipc_atomic_load_u32(magicWord) != Self.magic {
-            try withTableLock { ipc_atomic_store_u32(magicWord, Self.magic) }
+        if try Self.readable(mapping.guardedLoad32(at: 0), lockPath) != Self.magic {
+            try withTableLock { _ = try Self.readable(mapping.guardedStore32(Self.magic, at: 0) ? () : nil, lockPath) }
         }
     }
 
     /// Posts `name`: every registration for it, in every process of the group, is called.
-    /// - Throws: ``IPCError/Code/invalidEndpoint`` for an empty or overlong name or a full table.
+    /// - Throws: ``IPCError/Code/invalidEndpoint`` for an empty or overlong name or a full table;
+    ///   ``IPCError/Code/transportFailure`` if the table was cut and cannot be restored;
+    ///   ``IPCError/Code/coordinationTimeout`` if the name is new and another process keeps the
+    ///   table lock (``tableLockTimeout``). Reading or setting a state, and registering, throw
+    ///   the same.
     public func post(_ name: String) throws {
-        try slot(for: name).counter.post()
+        guard try slot(for: name).counter.post() else { throw Self.cut(lockPath) }
     }
 
     /// Sets the 64-bit state value of `name`, which any process of the group can read.
     public func setState(_ value: UInt64, for name: String) throws {
-        ipc_atomic_store_u64(try slot(for: name).state, value)
+        guard mapping.guardedStore64(value, at: try slot(for: name).offset + 8) else { throw Self.cut(lockPath) }
     }
 
     /// The 64-bit state value of `name` (0 until set).
     public func state(for name: String) throws -> UInt64 {
-        ipc_atomic_load_u64(try slot(for: name).state)
+        try Self.readable(mapping.guardedLoad64(at: try slot(for: name).offset + 8), lockPath)
+    }
+
+    /// The table's file was cut under its mapping by another process, and its length could not
+    /// be put back (``SharedMapping/restoreLength()``).
+    private static func cut(_ path: String) -> IPCError {
+        IPCError(code: .transportFailure, message: "\(path) was truncated under its mapping and its length could not be restored")
+    }
+
+    /// `value`, or the error of a table that was cut and could not be restored.
+    private static func readable<T>(_ value: T?, _ path: String) throws -> T {
+        guard let value else { throw cut(path) }
+        return value
     }
 
     /// Calls `handler` on Dispatch's global queue after each post of `name`, one call at a time
@@ -93,7 +113,8 @@ public final class NotifyCenter: NamedNotificationCenter {
 
     private struct Slot {
         var counter: FutexCounter
-        var state: UnsafeMutablePointer<UInt64>
+        /// The slot's offset in the file (its state is 8 bytes on).
+        var offset: Int
     }
 
     // Slot layout: tag u32 (0 = free; else the name's hash, set last), counter u32, state u64,
@@ -104,10 +125,10 @@ public final class NotifyCenter: NamedNotificationCenter {
             throw IPCError(code: .invalidEndpoint, message: "notification names are 1-\(Self.maximumNameLength) UTF-8 bytes; got \(bytes.count)")
         }
         let tag = Self.hash(bytes)
-        if let found = find(bytes, tag: tag, claimFree: false) { return found }
+        if let found = try find(bytes, tag: tag, claimFree: false) { return found }
         return try withTableLock {
             // Another process may have added it while we waited for the lock.
-            guard let slot = find(bytes, tag: tag, claimFree: true) else {
+            guard let slot = try find(bytes, tag: tag, claimFree: true) else {
                 throw IPCError(code: .invalidEndpoint, message: "the notification table of \(lockPath) is full (\(Self.capacity) names)")
             }
             return slot
@@ -121,43 +142,50 @@ public final class NotifyCenter: NamedNotificationCenter {
     /// the name it holds was not written by a center, and a claim takes it as free (a lookup
     /// passes over it), so a table overwritten with garbage heals as names are used again
     /// instead of reading as full forever.
-    private func find(_ bytes: [UInt8], tag: UInt32, claimFree: Bool) -> Slot? {
+    ///
+    /// Every access to the file is guarded (``SharedMapping``): a table cut by another process is
+    /// put back to its length, zeros where it was cut, and the probe goes on over what is there.
+    /// - Throws: ``IPCError/Code/transportFailure`` if it was cut and cannot be put back.
+    private func find(_ bytes: [UInt8], tag: UInt32, claimFree: Bool) throws -> Slot? {
         let home = Int(tag) % Self.capacity
         for probe in 0..<Self.capacity {
             let offset = Self.headerLength + ((home + probe) % Self.capacity) * Self.slotLength
-            let tagWord = mapping.word32(at: offset)
-            let stored = ipc_atomic_load_u32(tagWord)
-            let slot = Slot(counter: FutexCounter(in: mapping, at: offset + 4), state: mapping.word64(at: offset + 8))
-            if stored == 0 || (claimFree && !holdsItsOwnName(offset, tag: stored)) {
+            let stored = try Self.readable(mapping.guardedLoad32(at: offset), lockPath)
+            let slot = Slot(counter: FutexCounter(in: mapping, at: offset + 4), offset: offset)
+            let free = try stored == 0 || (claimFree && !holdsItsOwnName(offset, tag: stored))
+            if free {
                 guard claimFree else { return nil }
                 // A slot no center claimed has no counter or state of a name: whatever is there
-                // (garbage written into the file) is cleared, so a new name reads state 0.
-                ipc_atomic_store_u32(slot.counter.address, 0)
-                ipc_atomic_store_u64(slot.state, 0)
-                let nameArea = mapping.base + offset + 16
-                nameArea.storeBytes(of: UInt8(bytes.count), as: UInt8.self)
-                bytes.withUnsafeBytes { (nameArea + 1).copyMemory(from: $0.baseAddress!, byteCount: bytes.count) }
-                ipc_atomic_store_u32(tagWord, tag)
+                // (garbage written into the file) is replaced, so a new name reads state 0. The
+                // count starts at a random value, with the waiters flag set: a registration made
+                // before the table lost its names (cut or overwritten by another process) still
+                // waits in this slot with the count it last saw, and the first post must change
+                // the count from that and wake it. The tag is stored last.
+                let count = UInt32.random(in: 0...(~IPC_FUTEX_COUNTER_WAITERS)) | IPC_FUTEX_COUNTER_WAITERS
+                guard mapping.guardedStore32(count, at: offset + 4), mapping.guardedStore64(0, at: offset + 8),
+                    mapping.guardedWrite([UInt8(bytes.count)] + bytes, at: offset + 16),
+                    mapping.guardedStore32(tag, at: offset)
+                else { throw Self.cut(lockPath) }
                 return slot
             }
             if stored == tag {
-                let nameArea = UnsafeRawBufferPointer(start: mapping.base + offset + 16, count: Self.maximumNameLength + 1)
-                if Int(nameArea[0]) == bytes.count, nameArea[1...bytes.count].elementsEqual(bytes) { return slot }
+                let name = try Self.readable(mapping.guardedBytes(at: offset + 16, count: bytes.count + 1), lockPath)
+                if Int(name[0]) == bytes.count, name[1...].elementsEqual(bytes) { return slot }
             }
         }
         return nil
     }
 
     /// Whether the slot at `offset` holds a name whose hash is `tag`, as every claimed slot does.
-    private func holdsItsOwnName(_ offset: Int, tag: UInt32) -> Bool {
-        let nameArea = UnsafeRawBufferPointer(start: mapping.base + offset + 16, count: Self.maximumNameLength + 1)
+    private func holdsItsOwnName(_ offset: Int, tag: UInt32) throws -> Bool {
+        let nameArea = try Self.readable(mapping.guardedBytes(at: offset + 16, count: Self.maximumNameLength + 1), lockPath)
         let length = Int(nameArea[0])
         guard length >= 1, length <= Self.maximumNameLength else { return false }
         return Self.hash(Array(nameArea[1...length])) == tag
     }
 
     private func withTableLock<T>(_ body: () throws -> T) throws -> T {
-        try FileLocks.withExclusiveLock(onFile: lockPath, body)
+        try FileLocks.withExclusiveLock(onFile: lockPath, timeout: Self.tableLockTimeout, body)
     }
 
     /// FNV-1a of the name, never 0 (0 marks a free slot).
