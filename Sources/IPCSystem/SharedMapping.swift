@@ -18,6 +18,9 @@ public final class SharedMapping: @unchecked Sendable {
     /// The mapped file, kept open so that its length can be put back (the path may name
     /// another file by then).
     private let descriptor: CInt
+    /// The mapped file's device and inode numbers, for ``isStillAtPath()``.
+    private let device: UInt64
+    private let inode: UInt64
 
     /// Maps `path`, creating it with `length` zero bytes if it does not exist (and `create` is set).
     /// - Throws: ``IPCError/Code/endpointNotFound`` if it does not exist and `create` is false;
@@ -64,7 +67,17 @@ public final class SharedMapping: @unchecked Sendable {
         self.base = address
         self.length = length
         self.descriptor = fd
+        self.device = UInt64(status.st_dev)
+        self.inode = UInt64(status.st_ino)
         mapped = true
+    }
+
+    /// Whether `path` still names the mapped file: `false` once another process removed it, or
+    /// put another file in its place (a process that opens the path then maps that one).
+    public func isStillAtPath() -> Bool {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return false }
+        return UInt64(status.st_dev) == device && UInt64(status.st_ino) == inode
     }
 
     deinit {
@@ -159,8 +172,9 @@ public final class SharedMapping: @unchecked Sendable {
 public struct FutexCounter: @unchecked Sendable {
     // @unchecked: the word is only touched through atomic and futex calls.
     public let address: UnsafeMutablePointer<UInt32>
-    /// The mapping that holds the word, kept alive as long as the counter is.
-    private let mapping: SharedMapping?
+    /// The mapping that holds the word, kept alive as long as the counter is (`nil`: memory of
+    /// the process's own).
+    public let mapping: SharedMapping?
 
     /// Its offset in `mapping`.
     private let offset: Int

@@ -258,6 +258,56 @@ struct NotifyCenterTests {
         try center.post("test.new")
     }
 
+    @Test("a table removed, or replaced by another file, under live registrations: they move to the file the path names now and are delivered its posts; this process posts there too")
+    func replacedTable() async throws {
+        let group = try TestGroup()
+        let path = group.directory.path + "/notify.center"
+        let center = try NotifyCenter(group: group.directory)
+        let calls = Mutex(0)
+        let registration = try center.register("test.moved") { calls.withLock { $0 += 1 } }
+        defer { registration.cancel() }
+        let token = try center.checkToken(for: "test.moved")
+        _ = token.check()
+        /// Waits until the handler has been called more than `count` times.
+        func delivered(after count: Int, _ what: String) async throws {
+            try await withDeadline(seconds: 30, what) {
+                while calls.withLock({ $0 }) <= count { try await Task.sleep(for: .milliseconds(10)) }
+            }
+        }
+        // Removed: a process that posts makes a new file, and posts there.
+        #expect(unlink(path) == 0)
+        #expect(try await notifyutil(group, ["--post", "test.moved"]).status == 0)
+        try await delivered(after: 0, "the registration's call after the table was removed")
+        // The registration now waits in the new file: a post there is delivered. (Waited for
+        // past the move's own call.)
+        try await Task.sleep(for: .milliseconds(200))
+        var before = calls.withLock { $0 }
+        #expect(try await notifyutil(group, ["--post", "test.moved"]).status == 0)
+        try await delivered(after: before, "a post to the new table")
+        #expect(token.check())
+        // Replaced by another file of the user (renamed over it).
+        let other = group.directory.path + "/other.center"
+        #expect(FileManager.default.createFile(atPath: other, contents: nil, attributes: [.posixPermissions: 0o600]))
+        #expect(rename(other, path) == 0)
+        before = calls.withLock { $0 }
+        #expect(try await notifyutil(group, ["--post", "test.moved"]).status == 0)
+        try await delivered(after: before, "the registration's call after the table was replaced")
+        try await Task.sleep(for: .milliseconds(200))
+        // Removed again: this process's center, which mapped the old file, posts into the file
+        // the path names now, where a process started since waits.
+        #expect(unlink(path) == 0)
+        let waiter = Task { try await notifyutil(group, ["--wait", "test.moved", "--timeout", "30"]) }
+        let poster = Task.detached {
+            while !Task.isCancelled {
+                try center.post("test.moved")
+                try await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        #expect(try await waiter.value.status == 0)
+        poster.cancel()
+        _ = try? await poster.value
+    }
+
     @Test("a check token reports posts without a handler")
     func checkToken() async throws {
         let group = try TestGroup()

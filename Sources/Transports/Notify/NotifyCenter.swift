@@ -32,7 +32,9 @@ public final class NotifyCenter: NamedNotificationCenter {
     static let slotLength = 128
     static let magic: UInt32 = 0x4E43_5452 // "NCTR"
 
-    private let mapping: SharedMapping
+    /// The table's file as last mapped; mapped again when the path names another file
+    /// (``currentMapping()``).
+    private let table: Mutex<SharedMapping>
     private let lockPath: String
 
     /// Opens (creating if needed) the group's notification table.
@@ -41,11 +43,37 @@ public final class NotifyCenter: NamedNotificationCenter {
     public init(group: GroupDirectory) throws {
         try GroupDirectories.prepare(group)
         let path = group.path + "/notify.center"
-        mapping = try SharedMapping(path: path, length: Self.headerLength + Self.capacity * Self.slotLength, create: true)
         lockPath = path
-        if try Self.readable(mapping.guardedLoad32(at: 0), lockPath) != Self.magic {
-            try withTableLock { _ = try Self.readable(mapping.guardedStore32(Self.magic, at: 0) ? () : nil, lockPath) }
+        table = Mutex(try Self.map(path))
+    }
+
+    /// Maps the table at `path`, creating it if there is none, and writes its magic if it is not
+    /// there.
+    private static func map(_ path: String) throws -> SharedMapping {
+        let mapping = try SharedMapping(path: path, length: headerLength + capacity * slotLength, create: true)
+        if try readable(mapping.guardedLoad32(at: 0), path) != magic {
+            try FileLocks.withExclusiveLock(onFile: path, timeout: tableLockTimeout) {
+                _ = try readable(mapping.guardedStore32(magic, at: 0) ? () : nil, path)
+            }
         }
+        return mapping
+    }
+
+    /// The table's mapping, mapped again if another process removed the file or put another in
+    /// its place since (one `lstat` a call): names then live in the file the path names now,
+    /// which is where other processes that open it post.
+    private func currentMapping() throws -> SharedMapping {
+        let mapping = table.withLock { $0 }
+        if mapping.isStillAtPath() { return mapping }
+        let fresh = try Self.map(lockPath)
+        table.withLock { $0 = fresh }
+        return fresh
+    }
+
+    /// The counter of `name` in the table the path names now (for a registration whose table was
+    /// removed or replaced: ``NotifyWatcher``).
+    func counter(for name: String) throws -> FutexCounter {
+        try slot(for: name).counter
     }
 
     /// Posts `name`: every registration for it, in every process of the group, is called.
@@ -60,12 +88,14 @@ public final class NotifyCenter: NamedNotificationCenter {
 
     /// Sets the 64-bit state value of `name`, which any process of the group can read.
     public func setState(_ value: UInt64, for name: String) throws {
-        guard mapping.guardedStore64(value, at: try slot(for: name).offset + 8) else { throw Self.cut(lockPath) }
+        let slot = try slot(for: name)
+        guard slot.mapping.guardedStore64(value, at: slot.offset + 8) else { throw Self.cut(lockPath) }
     }
 
     /// The 64-bit state value of `name` (0 until set).
     public func state(for name: String) throws -> UInt64 {
-        try Self.readable(mapping.guardedLoad64(at: try slot(for: name).offset + 8), lockPath)
+        let slot = try slot(for: name)
+        return try Self.readable(slot.mapping.guardedLoad64(at: slot.offset + 8), lockPath)
     }
 
     /// The table's file was cut under its mapping by another process, and its length could not
@@ -84,7 +114,7 @@ public final class NotifyCenter: NamedNotificationCenter {
     /// (posts that arrive together, or during a call, may give one call). Posts made after this
     /// returns are never missed.
     public func register(_ name: String, handler: @escaping @Sendable () -> Void) throws -> NotifyRegistration {
-        try NotifyRegistration(counter: slot(for: name).counter, name: name, handler: handler)
+        try NotifyRegistration(counter: slot(for: name).counter, name: name, handler: handler) { [self] in try counter(for: name) }
     }
 
     /// The posts of `name` as an asynchronous sequence (`notify_register_dispatch` with a
@@ -106,14 +136,15 @@ public final class NotifyCenter: NamedNotificationCenter {
 
     /// A token to poll instead of a handler (`notify_check`).
     public func checkToken(for name: String) throws -> NotifyCheckToken {
-        NotifyCheckToken(counter: try slot(for: name).counter)
+        NotifyCheckToken(counter: try slot(for: name).counter) { [self] in try counter(for: name) }
     }
 
     // MARK: - The table
 
     private struct Slot {
         var counter: FutexCounter
-        /// The slot's offset in the file (its state is 8 bytes on).
+        /// The table's mapping it was found in, and its offset there (its state is 8 bytes on).
+        var mapping: SharedMapping
         var offset: Int
     }
 
@@ -125,10 +156,11 @@ public final class NotifyCenter: NamedNotificationCenter {
             throw IPCError(code: .invalidEndpoint, message: "notification names are 1-\(Self.maximumNameLength) UTF-8 bytes; got \(bytes.count)")
         }
         let tag = Self.hash(bytes)
-        if let found = try find(bytes, tag: tag, claimFree: false) { return found }
+        let mapping = try currentMapping()
+        if let found = try find(bytes, tag: tag, in: mapping, claimFree: false) { return found }
         return try withTableLock {
             // Another process may have added it while we waited for the lock.
-            guard let slot = try find(bytes, tag: tag, claimFree: true) else {
+            guard let slot = try find(bytes, tag: tag, in: mapping, claimFree: true) else {
                 throw IPCError(code: .invalidEndpoint, message: "the notification table of \(lockPath) is full (\(Self.capacity) names)")
             }
             return slot
@@ -146,13 +178,13 @@ public final class NotifyCenter: NamedNotificationCenter {
     /// Every access to the file is guarded (``SharedMapping``): a table cut by another process is
     /// put back to its length, zeros where it was cut, and the probe goes on over what is there.
     /// - Throws: ``IPCError/Code/transportFailure`` if it was cut and cannot be put back.
-    private func find(_ bytes: [UInt8], tag: UInt32, claimFree: Bool) throws -> Slot? {
+    private func find(_ bytes: [UInt8], tag: UInt32, in mapping: SharedMapping, claimFree: Bool) throws -> Slot? {
         let home = Int(tag) % Self.capacity
         for probe in 0..<Self.capacity {
             let offset = Self.headerLength + ((home + probe) % Self.capacity) * Self.slotLength
             let stored = try Self.readable(mapping.guardedLoad32(at: offset), lockPath)
-            let slot = Slot(counter: FutexCounter(in: mapping, at: offset + 4), offset: offset)
-            let free = try stored == 0 || (claimFree && !holdsItsOwnName(offset, tag: stored))
+            let slot = Slot(counter: FutexCounter(in: mapping, at: offset + 4), mapping: mapping, offset: offset)
+            let free = try stored == 0 || (claimFree && !holdsItsOwnName(offset, tag: stored, in: mapping))
             if free {
                 guard claimFree else { return nil }
                 // A slot no center claimed has no counter or state of a name: whatever is there
@@ -177,7 +209,7 @@ public final class NotifyCenter: NamedNotificationCenter {
     }
 
     /// Whether the slot at `offset` holds a name whose hash is `tag`, as every claimed slot does.
-    private func holdsItsOwnName(_ offset: Int, tag: UInt32) throws -> Bool {
+    private func holdsItsOwnName(_ offset: Int, tag: UInt32, in mapping: SharedMapping) throws -> Bool {
         let nameArea = try Self.readable(mapping.guardedBytes(at: offset + 16, count: Self.maximumNameLength + 1), lockPath)
         let length = Int(nameArea[0])
         guard length >= 1, length <= Self.maximumNameLength else { return false }
@@ -201,19 +233,28 @@ public final class NotifyCenter: NamedNotificationCenter {
 
 /// Polls a name for posts without a handler, like `notify_check`.
 public final class NotifyCheckToken: Sendable {
-    private let counter: FutexCounter
-    private let lastSeen: Mutex<UInt32?> = Mutex(nil)
+    /// The name's counter, and the count the last check saw.
+    private let state: Mutex<(counter: FutexCounter, seen: UInt32?)>
+    /// The name's counter in the table the path names now.
+    private let relocate: @Sendable () throws -> FutexCounter
 
-    init(counter: FutexCounter) {
-        self.counter = counter
+    init(counter: FutexCounter, relocate: @escaping @Sendable () throws -> FutexCounter) {
+        state = Mutex((counter, nil))
+        self.relocate = relocate
     }
 
-    /// `true` on the first call, then whenever the name was posted since the previous call.
+    /// `true` on the first call, then whenever the name was posted since the previous call, and
+    /// once when another process removed the table's file or put another in its place (posts
+    /// are then made in the file the path names now, where this token looks from then on).
     public func check() -> Bool {
-        let now = counter.value
-        return lastSeen.withLock { seen in
-            defer { seen = now }
-            return seen != now
+        state.withLock { state in
+            if let mapping = state.counter.mapping, !mapping.isStillAtPath(), let moved = try? relocate() {
+                state = (moved, moved.value)
+                return true
+            }
+            let now = state.counter.value
+            defer { state.seen = now }
+            return state.seen != now
         }
     }
 }
@@ -227,9 +268,9 @@ public final class NotifyRegistration: NamedNotificationRegistration {
     public let name: String
     private let observation: NotifyObservation
 
-    init(counter: FutexCounter, name: String, handler: @escaping @Sendable () -> Void) throws {
+    init(counter: FutexCounter, name: String, handler: @escaping @Sendable () -> Void, relocate: @escaping @Sendable () throws -> FutexCounter) throws {
         self.name = name
-        observation = NotifyObservation(counter: counter, handler: handler)
+        observation = NotifyObservation(counter: counter, handler: handler, relocate: relocate)
         try NotifyWatcher.shared.add(observation)
     }
 

@@ -97,11 +97,16 @@ final class NotifyWatcher: @unchecked Sendable {
         group?.changed.post()
     }
 
+    /// How often a thread looks whether the files its registrations' counters are in are still
+    /// the ones their paths name (``relocateMoved(_:)``).
+    static let fileCheckPeriod: Duration = .seconds(1)
+
     /// The thread of one group: waits, then hands out calls, for the life of the process.
     private func watch(_ group: Group) {
         var waitedFor: [NotifyObservation] = []
         var counters: [FutexCounter] = []
         var seen: [UInt32] = []
+        var nextFileCheck = ContinuousClock.now + Self.fileCheckPeriod
         while true {
             // What to wait for; the observations are held for the wait, and so the mappings
             // their counters are in.
@@ -110,8 +115,12 @@ final class NotifyWatcher: @unchecked Sendable {
                 counters = [group.changed] + waitedFor.map(\.counter)
                 seen = [group.changed.value] + waitedFor.map(\.seen)
             }
-            if FutexCounter.wait(counters, whileEqualTo: seen) == .unavailable {
+            if FutexCounter.wait(counters, whileEqualTo: seen, timeout: Self.fileCheckPeriod) == .unavailable {
                 _ = group.changed.wait(whileEqualTo: seen[0], timeout: .milliseconds(1))
+            }
+            if ContinuousClock.now >= nextFileCheck {
+                relocateMoved(group)
+                nextFileCheck = ContinuousClock.now + Self.fileCheckPeriod
             }
             let due: [(NotifyObservation, UInt32)] = lock.withLock {
                 waitedFor.compactMap { observation in
@@ -127,6 +136,27 @@ final class NotifyWatcher: @unchecked Sendable {
                 DispatchQueue.global().async { [self] in call(observation, postsAfter: before, group) }
             }
             waitedFor = []
+        }
+    }
+
+    /// Moves the observations whose table file another process removed, or put another file in
+    /// the place of, to their names' counters in the file the path names now (a process that
+    /// posts opens that one), and gives each one call: posts made there before the move are not
+    /// known. One `lstat` per file. A move that fails (the new table full, its lock kept) is tried
+    /// again at the next check.
+    private func relocateMoved(_ group: Group) {
+        let observations = lock.withLock { group.observations.filter { !$0.cancelled } }
+        var stale: [ObjectIdentifier: Bool] = [:]
+        for observation in observations {
+            guard let mapping = observation.counter.mapping else { continue }
+            let key = ObjectIdentifier(mapping)
+            if stale[key] == nil { stale[key] = !mapping.isStillAtPath() }
+            guard stale[key] == true, let moved = try? observation.relocate() else { continue }
+            lock.withLock {
+                observation.counter = moved
+                // Not the count it has: the next look hands it a call (or its resume does).
+                observation.seen = moved.value &+ 1
+            }
         }
     }
 
@@ -159,8 +189,12 @@ final class NotifyWatcher: @unchecked Sendable {
 /// watcher's lock.
 final class NotifyObservation: @unchecked Sendable {
     // @unchecked: see above.
-    let counter: FutexCounter
+    /// Its name's counter, in the table's file as it was mapped; replaced (``relocate``) when
+    /// another process removed that file or put another in its place.
+    var counter: FutexCounter
     let handler: @Sendable () -> Void
+    /// The name's counter in the table the path names now.
+    let relocate: @Sendable () throws -> FutexCounter
     /// The count last handed to a call (or seen at registration).
     var seen: UInt32
     var cancelled = false
@@ -170,9 +204,10 @@ final class NotifyObservation: @unchecked Sendable {
     var runningOn: pthread_t?
     fileprivate var group: NotifyWatcher.Group?
 
-    init(counter: FutexCounter, handler: @escaping @Sendable () -> Void) {
+    init(counter: FutexCounter, handler: @escaping @Sendable () -> Void, relocate: @escaping @Sendable () throws -> FutexCounter) {
         self.counter = counter
         self.handler = handler
+        self.relocate = relocate
         seen = counter.value
     }
 
