@@ -212,6 +212,13 @@ public struct MessageQueue: Sendable {
         return fstat(fd, &status) == 0 ? UInt64(status.st_ino) : nil
     }
 
+    /// The number of messages in the queue now, from `mq_getattr`.
+    public func messageCount() throws -> Int {
+        var attributes = mq_attr()
+        guard mq_getattr(descriptor.rawValue, &attributes) == 0 else { throw IPCError.syscall("mq_getattr", Errno(rawValue: errno), context: name) }
+        return attributes.mq_curmsgs
+    }
+
     /// The queue's message size, from `mq_getattr`.
     public func messageSize() throws -> Int {
         var attributes = mq_attr()

@@ -300,6 +300,38 @@ struct MessagePortTests {
         }
     }
 
+    @Test("a name removed again and again: the listener keeps no replacement queue that nobody uses (it kept one each time, until the user's queue quota was gone); clients old and new are served")
+    func repeatedlyLostNameKeepsFewQueues() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("churn")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
+        defer { listener.close() }
+        let old = try await transport.connect(to: endpoint, options: .defaults)
+        defer { old.invalidate() }
+        let name = PortNames.serverQueue(endpoint)
+        for round in 0..<8 {
+            // Removed by another process of this user; the listener makes a new queue within
+            // its check period.
+            let before = MessageQueue.inode(named: name)
+            MessageQueue.unlink(name: name)
+            try await withDeadline(seconds: 30, "the name back after removal \(round + 1)") {
+                while MessageQueue.inode(named: name) == nil || MessageQueue.inode(named: name) == before {
+                    try await Task.sleep(for: .milliseconds(50))
+                }
+            }
+        }
+        // The one the name leads to now, and at most the one before (pruned at the next check).
+        #expect(listener.replacementQueueCount <= 2, "\(listener.replacementQueueCount) replacement queues kept")
+        let fresh = try await transport.connect(to: endpoint, options: .defaults)
+        defer { fresh.invalidate() }
+        #expect(try await fresh.request([1], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [1])
+        #expect(try await old.request([2], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [2])
+        // A replacement a live client said hello through is kept while the name moves on.
+        MessageQueue.unlink(name: name)
+        try await Task.sleep(for: MessagePortListener.nameCheckPeriod * 3)
+        #expect(try await fresh.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [3])
+    }
+
     @Test("no queue is left behind after a clean close")
     func noLeakedQueues() async throws {
         let group = try TestGroup()

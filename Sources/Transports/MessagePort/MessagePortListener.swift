@@ -37,6 +37,9 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let channel: MessagePortChannel
         let queueName: String
         let pid: Int32
+        /// The descriptor of the port's queue its hello came through, which it writes to: the
+        /// port's own, or a replacement (``checkName()``).
+        let port: CInt
     }
 
     private let routes = Mutex(Routes())
@@ -106,10 +109,16 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// listener restarted. We hold the endpoint's lock, so the name is ours: a queue of someone
     /// else's there is removed, and a new queue is made under the name, read beside the old one,
     /// whose clients keep writing to it.
+    ///
+    /// A replacement queue whose name was taken from it in turn is kept only while a client that
+    /// said hello through it lives, or a message waits in it: without that, a process that
+    /// removed the name again and again would make the listener keep a queue each time, until the
+    /// user's queue quota was gone (and every other port of the user with it).
     private func checkName() {
         guard !claim.isClosed else { return }
         defer { scheduleNameCheck() }
         let current = MessageQueue.inode(named: queue.name)
+        pruneReplacements(current: current)
         let ours = [queue.inode] + replacementQueues.withLock { $0.map(\.queue.inode) }
         if let current, ours.contains(current) { return }
         if current != nil { MessageQueue.unlink(name: queue.name) }
@@ -120,6 +129,28 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
         replacementQueues.withLock { $0.append((replacement, token)) }
     }
+
+    /// Stops reading, and closes, the replacement queues that the name no longer leads to (its
+    /// queue's inode is `current`), no client uses and no message waits in (loop thread).
+    private func pruneReplacements(current: UInt64?) {
+        let used = Set(routes.withLock { $0.clients.values.map(\.port) })
+        let pruned: [(queue: MessageQueue, token: UInt64)] = replacementQueues.withLock { queues in
+            let (stale, kept) = queues.reduce(into: ([(queue: MessageQueue, token: UInt64)](), [(queue: MessageQueue, token: UInt64)]())) { split, entry in
+                let unused = entry.queue.inode != current && !used.contains(entry.queue.descriptor.rawValue)
+                    && (try? entry.queue.messageCount()) == 0
+                if unused { split.0.append(entry) } else { split.1.append(entry) }
+            }
+            queues = kept
+            return stale
+        }
+        for (replacement, token) in pruned {
+            loop.deregister(token)
+            replacement.close()
+        }
+    }
+
+    /// The replacement queues the listener reads now (tests).
+    var replacementQueueCount: Int { replacementQueues.withLock { $0.count } }
 
     deinit {
         readBuffer.deallocate()
@@ -209,7 +240,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let body = UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...])
         switch header.kind {
         case .hello:
-            admit(body)
+            admit(body, through: queue)
         case .wake:
             return
         default:
@@ -282,7 +313,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     }
 
     /// Registers a client from its hello: its pid and the name of its reply queue.
-    private func admit(_ body: UnsafeRawBufferPointer) {
+    private func admit(_ body: UnsafeRawBufferPointer, through port: MessageQueue) {
         guard body.count > 4 else { return }
         let pid = Int32(bitPattern: body.loadUnaligned(as: UInt32.self).bigEndian)
         let replyName = String(decoding: body[4...], as: UTF8.self)
@@ -336,7 +367,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
                 onInvalidated(connection)
                 _ = self?.routes.withLock { $0.clients.removeValue(forKey: id) }
             }
-            routes.withLock { $0.clients[id] = Client(connection: connection, channel: channel, queueName: replyName, pid: pid) }
+            routes.withLock { $0.clients[id] = Client(connection: connection, channel: channel, queueName: replyName, pid: pid, port: port.descriptor.rawValue) }
             do {
                 // Without waiting (this is the loop's thread, which serves every client): a reply
                 // queue already full at the hello ends the connection, and the client's connect
