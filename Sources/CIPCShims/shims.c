@@ -324,7 +324,11 @@ void ipc_atomic_fence(void) {
 #include <setjmp.h>
 #include <signal.h>
 
-static _Thread_local sigjmp_buf *guarded_access;
+// The jump of the thread's guarded access, read by the SIGBUS handler. Volatile, and set and
+// cleared behind compiler barriers (GUARDED): the handler is invisible to the compiler, which at
+// -O2 removed the store before the access as dead (overwritten by the clear after it, with
+// nothing it knew of reading it between), so that a release build's guard caught nothing.
+static _Thread_local sigjmp_buf *volatile guarded_access;
 static struct sigaction previous_sigbus;
 static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
 
@@ -364,7 +368,9 @@ static void install_sigbus_handler(void) {
         sigjmp_buf target;                                              \
         if (sigsetjmp(target, 0) != 0) return (failure);                \
         guarded_access = &target;                                       \
+        __asm__ __volatile__("" ::: "memory");                          \
         statements;                                                     \
+        __asm__ __volatile__("" ::: "memory");                          \
         guarded_access = NULL;                                          \
     } while (0)
 
