@@ -333,20 +333,25 @@ static struct sigaction previous_sigbus;
 static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
 
 static void on_sigbus(int signal, siginfo_t *info, void *context) {
+    // A fault of the guarded access (si_code > 0: the kernel's, not a SIGBUS another process
+    // sent with kill(2), which may arrive while a guard is armed, as during a futex wait).
     sigjmp_buf *target = guarded_access;
-    if (target != NULL) {
+    int fault = info != NULL && info->si_code > 0;
+    if (target != NULL && fault) {
         guarded_access = NULL;
         siglongjmp(*target, 1);
     }
-    // Not a guarded access: hand the signal to what handled it before (by default, the
-    // process ends as it would have; returning re-runs the faulting access under that action).
+    // Not a guarded access: hand the signal to what handled it before.
     if (previous_sigbus.sa_flags & SA_SIGINFO) {
         if (previous_sigbus.sa_sigaction != NULL) { previous_sigbus.sa_sigaction(signal, info, context); return; }
     } else if (previous_sigbus.sa_handler != SIG_DFL && previous_sigbus.sa_handler != SIG_IGN && previous_sigbus.sa_handler != NULL) {
         previous_sigbus.sa_handler(signal);
         return;
     }
+    // The default action (or ignoring it): a fault returns and runs the access again under it
+    // (the process ends as it would have); a sent signal is raised again under it, not lost.
     sigaction(SIGBUS, &previous_sigbus, NULL);
+    if (!fault) raise(SIGBUS);
 }
 
 static void install_sigbus_handler(void) {

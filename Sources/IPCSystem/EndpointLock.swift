@@ -180,7 +180,7 @@ public enum FileLocks {
     /// With a `timeout`, a lock that another process holds for longer (any process of the user
     /// can take it and keep it) is not waited for past it: ``IPCError/Code/coordinationTimeout``.
     /// The lock is then asked for without blocking, first every 50 µs, backing off to every
-    /// 10 ms.
+    /// millisecond (a lock held for microseconds is then taken at most a millisecond late).
     public static func withExclusiveLock<T>(onFile path: String, timeout: Duration? = nil, _ body: () throws -> T) throws -> T {
         let fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else { throw IPCError.syscall("open", Errno(rawValue: errno), context: path) }
@@ -198,7 +198,7 @@ public enum FileLocks {
                 throw IPCError(code: .coordinationTimeout, message: "another process held the lock on \(path) for more than \(timeout)")
             }
             usleep(pause)
-            pause = min(pause * 2, 10_000)
+            pause = min(pause * 2, 1_000)
         }
         return try body()
     }

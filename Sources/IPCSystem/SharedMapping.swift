@@ -176,8 +176,8 @@ public struct FutexCounter: @unchecked Sendable {
     /// the process's own).
     public let mapping: SharedMapping?
 
-    /// Its offset in `mapping`.
-    private let offset: Int
+    /// Its offset in ``mapping`` (0 for a counter in the process's own memory).
+    public let offset: Int
 
     /// A counter in a mapped file: every access is guarded against the file being cut under the
     /// mapping (``SharedMapping``).

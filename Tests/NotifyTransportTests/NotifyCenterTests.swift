@@ -209,9 +209,14 @@ struct NotifyCenterTests {
             while after.withLock({ $0 }) == 0 { try await Task.sleep(for: .milliseconds(10)) }
         }
         try await cut()
+        // The registration is moved to its name's slot claimed again (with one call for the
+        // move), within a period; a post then is delivered.
+        #expect(try await notifyutil(group, ["--set", "test.after=1"]).status == 0)
+        try await Task.sleep(for: .seconds(3))
+        let settled = after.withLock { $0 }
         #expect(try await notifyutil(group, ["--post", "test.after"]).status == 0)
         try await withDeadline(seconds: 30, "a delivery after the second cut") {
-            while after.withLock({ $0 }) < 2 { try await Task.sleep(for: .milliseconds(10)) }
+            while after.withLock({ $0 }) == settled { try await Task.sleep(for: .milliseconds(10)) }
         }
     }
 
@@ -274,14 +279,19 @@ struct NotifyCenterTests {
                 while calls.withLock({ $0 }) <= count { try await Task.sleep(for: .milliseconds(10)) }
             }
         }
+        /// Lets the registration's move, and the call it makes, happen (within a period, a
+        /// second), then returns the count of calls.
+        func settled() async throws -> Int {
+            try await Task.sleep(for: .seconds(3))
+            return calls.withLock { $0 }
+        }
         // Removed: a process that posts makes a new file, and posts there.
         #expect(unlink(path) == 0)
         #expect(try await notifyutil(group, ["--post", "test.moved"]).status == 0)
         try await delivered(after: 0, "the registration's call after the table was removed")
-        // The registration now waits in the new file: a post there is delivered. (Waited for
-        // past the move's own call.)
-        try await Task.sleep(for: .milliseconds(200))
-        var before = calls.withLock { $0 }
+        // The registration now waits in the new file: a post there is delivered (counted from
+        // after the move's own call).
+        var before = try await settled()
         #expect(try await notifyutil(group, ["--post", "test.moved"]).status == 0)
         try await delivered(after: before, "a post to the new table")
         #expect(token.check())
@@ -289,10 +299,10 @@ struct NotifyCenterTests {
         let other = group.directory.path + "/other.center"
         #expect(FileManager.default.createFile(atPath: other, contents: nil, attributes: [.posixPermissions: 0o600]))
         #expect(rename(other, path) == 0)
-        before = calls.withLock { $0 }
+        #expect(try await notifyutil(group, ["--set", "test.moved=1"]).status == 0)
+        before = try await settled()
         #expect(try await notifyutil(group, ["--post", "test.moved"]).status == 0)
-        try await delivered(after: before, "the registration's call after the table was replaced")
-        try await Task.sleep(for: .milliseconds(200))
+        try await delivered(after: before, "a post to the table that replaced it")
         // Removed again: this process's center, which mapped the old file, posts into the file
         // the path names now, where a process started since waits.
         #expect(unlink(path) == 0)
@@ -306,6 +316,53 @@ struct NotifyCenterTests {
         #expect(try await waiter.value.status == 0)
         poster.cancel()
         _ = try? await poster.value
+    }
+
+    @Test("a cut table whose names are claimed again in each other's slots: registrations follow their names, none is left on another's slot")
+    func cutTableReclaimedInOtherSlots() async throws {
+        // Two names with one home slot (FNV-1a 32 mod 1024, WIRE-FORMAT section 6): the first
+        // registered takes the slot, the second the next one.
+        func home(_ name: String) -> UInt32 {
+            var hash: UInt32 = 0x811c_9dc5
+            for byte in name.utf8 { hash = (hash ^ UInt32(byte)) &* 0x0100_0193 }
+            return (hash == 0 ? 1 : hash) % UInt32(NotifyCenter.capacity)
+        }
+        var seen: [UInt32: String] = [:]
+        var pair: (String, String)?
+        for index in 0..<100_000 where pair == nil {
+            let name = "test.slot.\(index)"
+            if let other = seen[home(name)] { pair = (other, name) } else { seen[home(name)] = name }
+        }
+        let (first, second) = try #require(pair)
+        let group = try TestGroup()
+        let center = try NotifyCenter(group: group.directory)
+        let counts = Mutex([0, 0])
+        let registrations = try [first, second].enumerated().map { index, name in
+            try center.register(name) { counts.withLock { $0[index] += 1 } }
+        }
+        defer { registrations.forEach { $0.cancel() } }
+        // Cut by another process, then claimed again in the other order, by another process: the
+        // second name now has the home slot, the first the next one.
+        let truncate = Process()
+        truncate.executableURL = URL(fileURLWithPath: "/usr/bin/truncate")
+        truncate.arguments = ["--size", "0", group.directory.path + "/notify.center"]
+        try truncate.run()
+        truncate.waitUntilExit()
+        #expect(try await notifyutil(group, ["--set", "\(second)=1", "--set", "\(first)=1"]).status == 0)
+        // The registrations move within a period, each with one call; then they are quiet.
+        try await Task.sleep(for: .seconds(3))
+        var before = counts.withLock { $0 }
+        for (index, name) in [first, second].enumerated() {
+            #expect(try await notifyutil(group, ["--post", name]).status == 0)
+            let start = before[index]
+            try await withDeadline(seconds: 30, "the delivery of \(name) to its registration") {
+                while counts.withLock({ $0[index] }) == start { try await Task.sleep(for: .milliseconds(10)) }
+            }
+            try await Task.sleep(for: .milliseconds(300))
+            let after = counts.withLock { $0 }
+            #expect(after[1 - index] == before[1 - index], "a post of \(name) reached the other name's registration")
+            before = after
+        }
     }
 
     @Test("a check token reports posts without a handler")

@@ -46,7 +46,15 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private let queueLimits: (maximumMessages: Int, messageSize: Int)
     /// Queues made after ``queue``'s name was taken from it (see ``checkName()``), with their
     /// registrations: clients that opened an earlier one still write there.
-    private let replacementQueues = Mutex<[(queue: MessageQueue, token: UInt64)]>([])
+    private let replacementQueues = Mutex<[Replacement]>([])
+
+    /// A queue made after the name was taken from the port's queue, and its registration.
+    private struct Replacement {
+        let queue: MessageQueue
+        let token: UInt64
+        /// Name checks in a row that found it left by the name, unused and empty.
+        var idleChecks = 0
+    }
     /// The most connections one client process may hold to this port; its next hello is not answered.
     public static let maximumClientsPerProcess = 64
     /// How often the listener checks that its name still leads to its queue.
@@ -127,25 +135,27 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
             replacement.close()
             return
         }
-        replacementQueues.withLock { $0.append((replacement, token)) }
+        replacementQueues.withLock { $0.append(Replacement(queue: replacement, token: token)) }
     }
 
     /// Stops reading, and closes, the replacement queues that the name no longer leads to (its
-    /// queue's inode is `current`), no client uses and no message waits in (loop thread).
+    /// queue's inode is `current`), that no client uses and no message waits in, at two checks
+    /// in a row (loop thread): a client that opened one just before the name left it has a
+    /// period to say hello there.
     private func pruneReplacements(current: UInt64?) {
         let used = Set(routes.withLock { $0.clients.values.map(\.port) })
-        let pruned: [(queue: MessageQueue, token: UInt64)] = replacementQueues.withLock { queues in
-            let (stale, kept) = queues.reduce(into: ([(queue: MessageQueue, token: UInt64)](), [(queue: MessageQueue, token: UInt64)]())) { split, entry in
-                let unused = entry.queue.inode != current && !used.contains(entry.queue.descriptor.rawValue)
-                    && (try? entry.queue.messageCount()) == 0
-                if unused { split.0.append(entry) } else { split.1.append(entry) }
+        let pruned: [Replacement] = replacementQueues.withLock { queues in
+            for index in queues.indices {
+                let queue = queues[index].queue
+                let idle = queue.inode != current && !used.contains(queue.descriptor.rawValue) && (try? queue.messageCount()) == 0
+                queues[index].idleChecks = idle ? queues[index].idleChecks + 1 : 0
             }
-            queues = kept
-            return stale
+            defer { queues.removeAll { $0.idleChecks >= 2 } }
+            return queues.filter { $0.idleChecks >= 2 }
         }
-        for (replacement, token) in pruned {
-            loop.deregister(token)
-            replacement.close()
+        for replacement in pruned {
+            loop.deregister(replacement.token)
+            replacement.queue.close()
         }
     }
 
@@ -218,9 +228,9 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         loop.execute { [loop, queue] in
             if let token { loop.deregister(token) }
             queue.close()
-            for (replacement, token) in replacements {
-                loop.deregister(token)
-                replacement.close()
+            for replacement in replacements {
+                loop.deregister(replacement.token)
+                replacement.queue.close()
             }
         }
     }

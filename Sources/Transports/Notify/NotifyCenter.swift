@@ -36,6 +36,7 @@ public final class NotifyCenter: NamedNotificationCenter {
     /// (``currentMapping()``).
     private let table: Mutex<SharedMapping>
     private let lockPath: String
+    private let group: GroupDirectory
 
     /// Opens (creating if needed) the group's notification table.
     /// - Throws: ``IPCError/Code/invalidEndpoint`` for an unusable group directory;
@@ -44,6 +45,7 @@ public final class NotifyCenter: NamedNotificationCenter {
         try GroupDirectories.prepare(group)
         let path = group.path + "/notify.center"
         lockPath = path
+        self.group = group
         table = Mutex(try Self.map(path))
     }
 
@@ -65,15 +67,29 @@ public final class NotifyCenter: NamedNotificationCenter {
     private func currentMapping() throws -> SharedMapping {
         let mapping = table.withLock { $0 }
         if mapping.isStillAtPath() { return mapping }
+        // The directory is checked again, as when the center was made: it may be another now.
+        try GroupDirectories.prepare(group)
         let fresh = try Self.map(lockPath)
         table.withLock { $0 = fresh }
         return fresh
     }
 
-    /// The counter of `name` in the table the path names now (for a registration whose table was
-    /// removed or replaced: ``NotifyWatcher``).
-    func counter(for name: String) throws -> FutexCounter {
-        try slot(for: name).counter
+    /// `name`'s counter in the table the path names now, if `counter` is no longer it: its file
+    /// was removed or replaced, or its slot no longer holds the name (the table was cut or
+    /// overwritten, and the names claimed again, maybe in other slots). `nil` if it still is.
+    /// For registrations and check tokens (``NotifyWatcher``), which look once a second.
+    func counter(for name: String, ifMovedFrom counter: FutexCounter) throws -> FutexCounter? {
+        if let mapping = counter.mapping, mapping.isStillAtPath(), try holds(Array(name.utf8), slotAt: counter.offset - 4, in: mapping) {
+            return nil
+        }
+        return try slot(for: name).counter
+    }
+
+    /// Whether the slot at `offset` holds the name `bytes`.
+    private func holds(_ bytes: [UInt8], slotAt offset: Int, in mapping: SharedMapping) throws -> Bool {
+        guard try Self.readable(mapping.guardedLoad32(at: offset), lockPath) == Self.hash(bytes) else { return false }
+        let name = try Self.readable(mapping.guardedBytes(at: offset + 16, count: bytes.count + 1), lockPath)
+        return Int(name[0]) == bytes.count && name[1...].elementsEqual(bytes)
     }
 
     /// Posts `name`: every registration for it, in every process of the group, is called.
@@ -114,7 +130,7 @@ public final class NotifyCenter: NamedNotificationCenter {
     /// (posts that arrive together, or during a call, may give one call). Posts made after this
     /// returns are never missed.
     public func register(_ name: String, handler: @escaping @Sendable () -> Void) throws -> NotifyRegistration {
-        try NotifyRegistration(counter: slot(for: name).counter, name: name, handler: handler) { [self] in try counter(for: name) }
+        try NotifyRegistration(counter: slot(for: name).counter, name: name, handler: handler) { [self] in try counter(for: name, ifMovedFrom: $0) }
     }
 
     /// The posts of `name` as an asynchronous sequence (`notify_register_dispatch` with a
@@ -136,7 +152,7 @@ public final class NotifyCenter: NamedNotificationCenter {
 
     /// A token to poll instead of a handler (`notify_check`).
     public func checkToken(for name: String) throws -> NotifyCheckToken {
-        NotifyCheckToken(counter: try slot(for: name).counter) { [self] in try counter(for: name) }
+        NotifyCheckToken(counter: try slot(for: name).counter) { [self] in try counter(for: name, ifMovedFrom: $0) }
     }
 
     // MARK: - The table
@@ -156,15 +172,22 @@ public final class NotifyCenter: NamedNotificationCenter {
             throw IPCError(code: .invalidEndpoint, message: "notification names are 1-\(Self.maximumNameLength) UTF-8 bytes; got \(bytes.count)")
         }
         let tag = Self.hash(bytes)
-        let mapping = try currentMapping()
-        if let found = try find(bytes, tag: tag, in: mapping, claimFree: false) { return found }
-        return try withTableLock {
-            // Another process may have added it while we waited for the lock.
-            guard let slot = try find(bytes, tag: tag, in: mapping, claimFree: true) else {
-                throw IPCError(code: .invalidEndpoint, message: "the notification table of \(lockPath) is full (\(Self.capacity) names)")
+        // A claim is made in the file the lock was taken on: if the path named another file by
+        // then (removed or replaced meanwhile), the claim is made again there.
+        for _ in 0..<3 {
+            let mapping = try currentMapping()
+            if let found = try find(bytes, tag: tag, in: mapping, claimFree: false) { return found }
+            let claimed: Slot? = try withTableLock {
+                guard mapping.isStillAtPath() else { return nil }
+                // Another process may have added it while we waited for the lock.
+                guard let slot = try find(bytes, tag: tag, in: mapping, claimFree: true) else {
+                    throw IPCError(code: .invalidEndpoint, message: "the notification table of \(lockPath) is full (\(Self.capacity) names)")
+                }
+                return slot
             }
-            return slot
+            if let claimed { return claimed }
         }
+        throw IPCError(code: .transportFailure, message: "\(lockPath) was replaced three times while \(name) was claimed in it")
     }
 
     /// Probes from the name's home slot. With `claimFree` (only under the table lock), writes the
@@ -235,20 +258,28 @@ public final class NotifyCenter: NamedNotificationCenter {
 public final class NotifyCheckToken: Sendable {
     /// The name's counter, and the count the last check saw.
     private let state: Mutex<(counter: FutexCounter, seen: UInt32?)>
-    /// The name's counter in the table the path names now.
-    private let relocate: @Sendable () throws -> FutexCounter
+    /// The name's counter in the table the path names now, if the token's is no longer it.
+    private let relocate: @Sendable (FutexCounter) throws -> FutexCounter?
+    /// When the token last looked whether its counter is still its name's.
+    private let lastLook = Mutex(ContinuousClock.now)
 
-    init(counter: FutexCounter, relocate: @escaping @Sendable () throws -> FutexCounter) {
+    init(counter: FutexCounter, relocate: @escaping @Sendable (FutexCounter) throws -> FutexCounter?) {
         state = Mutex((counter, nil))
         self.relocate = relocate
     }
 
     /// `true` on the first call, then whenever the name was posted since the previous call, and
-    /// once when another process removed the table's file or put another in its place (posts
-    /// are then made in the file the path names now, where this token looks from then on).
+    /// once when another process removed the table's file or put another in its place, or the
+    /// name's slot was lost (posts are then made in the name's slot in the file the path names
+    /// now, where this token looks from then on). That is looked at once a second at most.
     public func check() -> Bool {
-        state.withLock { state in
-            if let mapping = state.counter.mapping, !mapping.isStillAtPath(), let moved = try? relocate() {
+        let look = lastLook.withLock { last in
+            guard ContinuousClock.now - last >= NotifyWatcher.fileCheckPeriod else { return false }
+            last = .now
+            return true
+        }
+        return state.withLock { state in
+            if look, let moved = try? relocate(state.counter) {
                 state = (moved, moved.value)
                 return true
             }
@@ -268,7 +299,7 @@ public final class NotifyRegistration: NamedNotificationRegistration {
     public let name: String
     private let observation: NotifyObservation
 
-    init(counter: FutexCounter, name: String, handler: @escaping @Sendable () -> Void, relocate: @escaping @Sendable () throws -> FutexCounter) throws {
+    init(counter: FutexCounter, name: String, handler: @escaping @Sendable () -> Void, relocate: @escaping @Sendable (FutexCounter) throws -> FutexCounter?) throws {
         self.name = name
         observation = NotifyObservation(counter: counter, handler: handler, relocate: relocate)
         try NotifyWatcher.shared.add(observation)

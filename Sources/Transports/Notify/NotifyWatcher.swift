@@ -139,19 +139,24 @@ final class NotifyWatcher: @unchecked Sendable {
         }
     }
 
-    /// Moves the observations whose table file another process removed, or put another file in
-    /// the place of, to their names' counters in the file the path names now (a process that
-    /// posts opens that one), and gives each one call: posts made there before the move are not
-    /// known. One `lstat` per file. A move that fails (the new table full, its lock kept) is tried
-    /// again at the next check.
+    /// Moves the observations whose counter is no longer their name's (the table's file was
+    /// removed or replaced by another process, or its slot lost when the table was cut or
+    /// overwritten and the names claimed again) to their names' counters in the file the path
+    /// names now (a process that posts opens that one), and gives each one call: posts made there
+    /// before the move are not known. An `lstat` and a read of the slot per observation. A move
+    /// that fails (the new table full, its lock kept by another process) ends the pass: the rest
+    /// wait for the next, a period later, rather than each waiting out the lock's timeout.
     private func relocateMoved(_ group: Group) {
         let observations = lock.withLock { group.observations.filter { !$0.cancelled } }
-        var stale: [ObjectIdentifier: Bool] = [:]
         for observation in observations {
-            guard let mapping = observation.counter.mapping else { continue }
-            let key = ObjectIdentifier(mapping)
-            if stale[key] == nil { stale[key] = !mapping.isStillAtPath() }
-            guard stale[key] == true, let moved = try? observation.relocate() else { continue }
+            let current = lock.withLock { observation.counter }
+            let moved: FutexCounter
+            do {
+                guard let counter = try observation.relocate(current) else { continue }
+                moved = counter
+            } catch {
+                return
+            }
             lock.withLock {
                 observation.counter = moved
                 // Not the count it has: the next look hands it a call (or its resume does).
@@ -193,8 +198,8 @@ final class NotifyObservation: @unchecked Sendable {
     /// another process removed that file or put another in its place.
     var counter: FutexCounter
     let handler: @Sendable () -> Void
-    /// The name's counter in the table the path names now.
-    let relocate: @Sendable () throws -> FutexCounter
+    /// The name's counter in the table the path names now, if `counter` is no longer it.
+    let relocate: @Sendable (FutexCounter) throws -> FutexCounter?
     /// The count last handed to a call (or seen at registration).
     var seen: UInt32
     var cancelled = false
@@ -204,7 +209,7 @@ final class NotifyObservation: @unchecked Sendable {
     var runningOn: pthread_t?
     fileprivate var group: NotifyWatcher.Group?
 
-    init(counter: FutexCounter, handler: @escaping @Sendable () -> Void, relocate: @escaping @Sendable () throws -> FutexCounter) {
+    init(counter: FutexCounter, handler: @escaping @Sendable () -> Void, relocate: @escaping @Sendable (FutexCounter) throws -> FutexCounter?) {
         self.counter = counter
         self.handler = handler
         self.relocate = relocate
