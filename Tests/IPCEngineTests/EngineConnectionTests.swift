@@ -106,11 +106,12 @@ struct EngineConnectionTests {
         let failed = failedAt.withLock { $0 }
         try #require(failed >= cancelled, "the request failed \(Double(cancelled - failed) / 1e6) ms before it was cancelled")
         let elapsed = Double(failed - cancelled) / 1e6
-        // The goal is 10 ms; the bound is generous for a shared machine (the receive timeout
-        // it must not wait for is 600 s). Debug builds here take 1–65 ms with the suite's other
-        // tests running beside this one (before and after a02229c alike), and once took 666 ms
-        // with the whole test run starved on this two-CPU VM.
-        #expect(elapsed < 2000, "cancellation took \(elapsed) ms")
+        // What this checks is that the cancel ends the request rather than the receive timeout
+        // (600 s), so the bound is far from both: debug builds here take 1–65 ms with the suite's
+        // other tests running beside this one, took 666 ms once with the whole test run starved
+        // on this two-CPU VM, and 2,077 ms once in a fresh-clone CI run (the bound was 2 s then).
+        // How fast it is belongs to the benchmarks, not to this test.
+        #expect(elapsed < 30_000, "cancellation took \(elapsed) ms")
         print("engine: a cancelled request failed \(String(format: "%.3f", elapsed)) ms after cancel()")
         // The late reply is discarded; the connection serves the next request.
         peer.send(Frame(kind: .reply, msgid: 1, correlation: request.correlation, payload: [7]))
