@@ -85,9 +85,13 @@ public final class NotifyCenter: NamedNotificationCenter {
         return try slot(for: name).counter
     }
 
-    /// Whether the slot at `offset` holds the name `bytes`.
+    /// Whether the slot at `offset` holds the name `bytes`: its tag, then its name.
     private func holds(_ bytes: [UInt8], slotAt offset: Int, in mapping: SharedMapping) throws -> Bool {
-        guard try Self.readable(mapping.guardedLoad32(at: offset), lockPath) == Self.hash(bytes) else { return false }
+        try Self.readable(mapping.guardedLoad32(at: offset), lockPath) == Self.hash(bytes) && nameMatches(bytes, slotAt: offset, in: mapping)
+    }
+
+    /// Whether the name stored in the slot at `offset` (its length byte, then its bytes) is `bytes`.
+    private func nameMatches(_ bytes: [UInt8], slotAt offset: Int, in mapping: SharedMapping) throws -> Bool {
         let name = try Self.readable(mapping.guardedBytes(at: offset + 16, count: bytes.count + 1), lockPath)
         return Int(name[0]) == bytes.count && name[1...].elementsEqual(bytes)
     }
@@ -223,10 +227,7 @@ public final class NotifyCenter: NamedNotificationCenter {
                 else { throw Self.cut(lockPath) }
                 return slot
             }
-            if stored == tag {
-                let name = try Self.readable(mapping.guardedBytes(at: offset + 16, count: bytes.count + 1), lockPath)
-                if Int(name[0]) == bytes.count, name[1...].elementsEqual(bytes) { return slot }
-            }
+            if stored == tag, try nameMatches(bytes, slotAt: offset, in: mapping) { return slot }
         }
         return nil
     }

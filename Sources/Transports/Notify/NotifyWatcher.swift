@@ -195,7 +195,8 @@ final class NotifyWatcher: @unchecked Sendable {
 final class NotifyObservation: @unchecked Sendable {
     // @unchecked: see above.
     /// Its name's counter, in the table's file as it was mapped; replaced (``relocate``) when
-    /// another process removed that file or put another in its place.
+    /// another process removed that file or put another in its place, or its slot no longer
+    /// holds the name.
     var counter: FutexCounter
     let handler: @Sendable () -> Void
     /// The name's counter in the table the path names now, if `counter` is no longer it.
