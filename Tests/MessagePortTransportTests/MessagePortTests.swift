@@ -5,6 +5,7 @@ import IPCCore
 import IPCSystem
 import IPCTestSupport
 @testable import MessagePortTransport
+import Synchronization
 import Testing
 import IPCConformance
 import IPCEngine
@@ -331,6 +332,31 @@ struct MessagePortTests {
         MessageQueue.unlink(name: name)
         try await Task.sleep(for: MessagePortListener.nameCheckPeriod * 3)
         #expect(try await fresh.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [3])
+    }
+
+    @Test("a close that meets a name check about to replace the port's queue leaves no queue under the name (the check made one after the close had given the name up, and nothing closed it)")
+    func closeDuringNameCheck() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("closing")
+        let listener = try transport.listen(at: endpoint, options: .defaults { $0.requestHandler = { _, payload in payload }; $0.requestHandlerExecutor = .eventLoop }, acceptFilter: nil)
+        let name = PortNames.serverQueue(endpoint)
+        // The check, on the loop's thread, tells the test it is about to make a queue, then
+        // waits long enough for the test's close to run meanwhile.
+        let checking = DispatchSemaphore(value: 0)
+        listener.willReplaceName.withLock {
+            $0 = {
+                checking.signal()
+                usleep(300_000)
+            }
+        }
+        MessageQueue.unlink(name: name)
+        let reached = await Task.detached { checking.wait(timeout: .now() + 30) == .success }.value
+        #expect(reached, "no name check came within 30 s of the name's removal")
+        listener.close()
+        // Long enough for a replacement made after the close to be registered and seen.
+        try await Task.sleep(for: .seconds(1))
+        #expect(MessageQueue.inode(named: name) == nil, "a queue is registered under the closed port's name")
+        #expect(listener.replacementQueueCount == 0)
     }
 
     @Test("no queue is left behind after a clean close")

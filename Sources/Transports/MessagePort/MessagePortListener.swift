@@ -46,7 +46,17 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private let queueLimits: (maximumMessages: Int, messageSize: Int)
     /// Queues made after ``queue``'s name was taken from it (see ``checkName()``), with their
     /// registrations: clients that opened an earlier one still write there.
-    private let replacementQueues = Mutex<[Replacement]>([])
+    private let replacements = Mutex(Replacements())
+
+    /// The replacement queues, and whether ``close()`` gave the name up. A name check holds this
+    /// lock from its first look at the name to its last change of it, and ``close()`` takes it
+    /// to give the name up: a check that began before a close either ends before the name goes
+    /// (and the close closes what it made) or finds it gone, and never makes a queue under a
+    /// name that a successor may hold by then.
+    private struct Replacements {
+        var queues: [Replacement] = []
+        var nameGivenUp = false
+    }
 
     /// A queue made after the name was taken from the port's queue, and its registration.
     private struct Replacement {
@@ -125,33 +135,23 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     private func checkName() {
         guard !claim.isClosed else { return }
         defer { scheduleNameCheck() }
-        let current = MessageQueue.inode(named: queue.name)
-        pruneReplacements(current: current)
-        let ours = [queue.inode] + replacementQueues.withLock { $0.map(\.queue.inode) }
-        if let current, ours.contains(current) { return }
-        if current != nil { MessageQueue.unlink(name: queue.name) }
-        guard let replacement = try? MessageQueue.create(name: queue.name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize) else { return }
-        guard let token = try? register(replacement) else {
-            replacement.close()
-            return
-        }
-        replacementQueues.withLock { $0.append(Replacement(queue: replacement, token: token)) }
-    }
-
-    /// Stops reading, and closes, the replacement queues that the name no longer leads to (its
-    /// queue's inode is `current`), that no client uses and no message waits in, at two checks
-    /// in a row (loop thread): a client that opened one just before the name left it has a
-    /// period to say hello there.
-    private func pruneReplacements(current: UInt64?) {
         let used = Set(routes.withLock { $0.clients.values.map(\.port) })
-        let pruned: [Replacement] = replacementQueues.withLock { queues in
-            for index in queues.indices {
-                let queue = queues[index].queue
-                let idle = queue.inode != current && !used.contains(queue.descriptor.rawValue) && (try? queue.messageCount()) == 0
-                queues[index].idleChecks = idle ? queues[index].idleChecks + 1 : 0
+        let hook = willReplaceName.withLock { $0 }
+        let pruned: [Replacement] = replacements.withLock { state in
+            guard !state.nameGivenUp else { return [] }
+            let current = MessageQueue.inode(named: queue.name)
+            let pruned = Self.prune(&state.queues, current: current, used: used)
+            let ours = [queue.inode] + state.queues.map(\.queue.inode)
+            if let current, ours.contains(current) { return pruned }
+            hook?()
+            if current != nil { MessageQueue.unlink(name: queue.name) }
+            guard let replacement = try? MessageQueue.create(name: queue.name, maximumMessages: queueLimits.maximumMessages, messageSize: queueLimits.messageSize) else { return pruned }
+            guard let token = try? register(replacement) else {
+                replacement.close()
+                return pruned
             }
-            defer { queues.removeAll { $0.idleChecks >= 2 } }
-            return queues.filter { $0.idleChecks >= 2 }
+            state.queues.append(Replacement(queue: replacement, token: token))
+            return pruned
         }
         for replacement in pruned {
             loop.deregister(replacement.token)
@@ -159,8 +159,26 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
     }
 
+    /// Takes out of `queues` the replacements that the name no longer leads to (its queue's
+    /// inode is `current`), that no client uses (`used`: the queues' descriptors that admitted
+    /// clients write to) and no message waits in, at two checks in a row: a client that opened
+    /// one just before the name left it has a period to say hello there. The caller stops
+    /// reading them and closes them.
+    private static func prune(_ queues: inout [Replacement], current: UInt64?, used: Set<CInt>) -> [Replacement] {
+        for index in queues.indices {
+            let queue = queues[index].queue
+            let idle = queue.inode != current && !used.contains(queue.descriptor.rawValue) && (try? queue.messageCount()) == 0
+            queues[index].idleChecks = idle ? queues[index].idleChecks + 1 : 0
+        }
+        defer { queues.removeAll { $0.idleChecks >= 2 } }
+        return queues.filter { $0.idleChecks >= 2 }
+    }
+
+    /// Tests: runs in a name check that is about to replace the port's queue, before it does.
+    let willReplaceName = Mutex<(@Sendable () -> Void)?>(nil)
+
     /// The replacement queues the listener reads now (tests).
-    var replacementQueueCount: Int { replacementQueues.withLock { $0.count } }
+    var replacementQueueCount: Int { replacements.withLock { $0.queues.count } }
 
     deinit {
         readBuffer.deallocate()
@@ -215,16 +233,19 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     public func close() {
         // The queue's name goes before the endpoint's name is given up, so a successor's queue
         // is never removed.
-        guard claim.close(giveUpName: { [queue, endpoint] in
-            MessageQueue.unlink(name: queue.name)
-            Self.removeReplyQueuesOfDeadClients(endpoint)
+        var replacementsLeft: [Replacement] = []
+        guard claim.close(giveUpName: {
+            replacementsLeft = self.replacements.withLock { state in
+                state.nameGivenUp = true
+                MessageQueue.unlink(name: queue.name)
+                defer { state.queues.removeAll() }
+                return state.queues
+            }
+            Self.removeReplyQueuesOfDeadClients(self.endpoint)
         }) else { return }
         // The loop may be reading the queues right now: it stops watching and closes them.
         let token = readToken.withLock { $0.take() }
-        let replacements = replacementQueues.withLock { queues in
-            defer { queues.removeAll() }
-            return queues
-        }
+        let replacements = replacementsLeft
         loop.execute { [loop, queue] in
             if let token { loop.deregister(token) }
             queue.close()
