@@ -48,6 +48,8 @@ public struct PeerService: Sendable {
     public var allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))?
     /// Server role: take the listening socket from a launcher (``ConformancePeer/Configuration/activation``).
     public var activation: ConformancePeer.Configuration.Activation?
+    /// Server role: refuse every client (``ConformancePeer/Configuration/refusesClients``).
+    public var refusesClients: Bool
 
     public init(
         transport: any MessageTransport,
@@ -61,9 +63,11 @@ public struct PeerService: Sendable {
         serving: ConformancePeer.Serving = .task,
         maximumConcurrentRequests: Int = 1,
         allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil,
-        activation: ConformancePeer.Configuration.Activation? = nil
+        activation: ConformancePeer.Configuration.Activation? = nil,
+        refusesClients: Bool = false
     ) {
         self.activation = activation
+        self.refusesClients = refusesClients
         self.serving = serving
         self.maximumConcurrentRequests = maximumConcurrentRequests
         self.stalledFrameTimeout = stalledFrameTimeout
@@ -95,7 +99,8 @@ public struct PeerService: Sendable {
                 stalledFrameTimeout: stalledFrameTimeout,
                 serving: serving,
                 maximumConcurrentRequests: maximumConcurrentRequests,
-                activation: activation
+                activation: activation,
+                refusesClients: refusesClients
             )
             try await ConformancePeer(
                 transport: transport, configuration: configuration, allocationCount: allocationCount,

@@ -83,13 +83,17 @@ extension ConformancePeer {
         public var maximumConcurrentRequests: Int
         /// Server role: take the listening socket from a launcher. `--socket-activated`.
         public var activation: Activation?
+        /// Server role: an accept filter that refuses every client, so that a client can meet
+        /// the listener's refusal (WIRE-FORMAT.md 1.1 on unix sockets). `--refuse-clients`.
+        public var refusesClients: Bool
 
         public init(
             endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil, waitStrategy: WaitStrategy = .blocking,
             stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout, serving: Serving = .task, maximumConcurrentRequests: Int = 1,
-            activation: Activation? = nil
+            activation: Activation? = nil, refusesClients: Bool = false
         ) {
             self.activation = activation
+            self.refusesClients = refusesClients
             self.serving = serving
             self.maximumConcurrentRequests = maximumConcurrentRequests
             self.endpoint = endpoint
@@ -117,6 +121,7 @@ extension ConformancePeer {
                 if let idle = activation.idleExit { arguments += ["--exit-when-idle", Self.seconds(idle)] }
                 if activation.handOver != .launcherKeepsSocket { arguments += ["--idle-hand-over", activation.handOver.rawValue] }
             }
+            if refusesClients { arguments.append("--refuse-clients") }
             return arguments
         }
 
@@ -127,9 +132,14 @@ extension ConformancePeer {
             var values: [String: String] = [:]
             var iterator = arguments.makeIterator()
             var activated = false
+            var refusing = false
             while let option = iterator.next() {
                 if option == "--socket-activated" {
                     activated = true
+                    continue
+                }
+                if option == "--refuse-clients" {
+                    refusing = true
                     continue
                 }
                 let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds", "--serve", "--request-concurrency", "--exit-when-idle", "--idle-hand-over"]
@@ -162,8 +172,12 @@ extension ConformancePeer {
                 activation: activated ? Activation(
                     idleExit: try value("--exit-when-idle") { Double($0).flatMap { $0 > 0 && $0 <= 86_400 ? Duration.milliseconds(Int64(($0 * 1000).rounded())) : nil } },
                     handOver: try value("--idle-hand-over", IdleHandOver.init(rawValue:)) ?? .launcherKeepsSocket
-                ) : nil
+                ) : nil,
+                refusesClients: refusing
             )
+            if refusing, role != .server {
+                throw IPCError(code: .unsupportedOperation, message: "--refuse-clients is for the server role")
+            }
             if !activated, values["--exit-when-idle"] != nil || values["--idle-hand-over"] != nil {
                 throw IPCError(code: .unsupportedOperation, message: "--exit-when-idle and --idle-hand-over need --socket-activated")
             }

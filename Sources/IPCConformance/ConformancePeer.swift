@@ -255,6 +255,12 @@ public struct ConformancePeer: Sendable {
         try await run(transport, options: options)
     }
 
+    /// The server's accept filter: none, or one that refuses every client (`--refuse-clients`).
+    private var acceptFilter: AcceptFilter? {
+        guard configuration.refusesClients else { return nil }
+        return { _ in false }
+    }
+
     private func run<T: MessageTransport>(_ transport: T, options: ConnectionOptions) async throws {
         switch configuration.role {
         case .server:
@@ -265,7 +271,7 @@ public struct ConformancePeer: Sendable {
                 try await serveActivated(activatable, options: options, activation: activation)
                 return
             }
-            let listener = try transport.listen(at: configuration.endpoint, options: options, acceptFilter: nil)
+            let listener = try transport.listen(at: configuration.endpoint, options: options, acceptFilter: acceptFilter)
             try announceReady()
             let echoing = Self.echoEveryConnection(of: listener)
             await Self.waitForStandardInputToClose()
@@ -310,7 +316,7 @@ public struct ConformancePeer: Sendable {
     /// 250 ms), then exits through ``IdleClosingListener/closeIfIdle(handOver:)``, which loses
     /// no connection that arrives meanwhile.
     private func serveActivated<T: SocketActivatedTransport>(_ transport: T, options: ConnectionOptions, activation: Configuration.Activation) async throws {
-        let listener = try transport.listenActivated(at: configuration.endpoint, options: options, acceptFilter: nil)
+        let listener = try transport.listenActivated(at: configuration.endpoint, options: options, acceptFilter: acceptFilter)
         try announceReady()
         let echoing = Self.echoEveryConnection(of: listener)
         defer {

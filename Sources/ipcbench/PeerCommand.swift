@@ -35,6 +35,11 @@ struct PeerCommand: AsyncParsableCommand {
         (the on-loop path with a handler that blocks the loop's thread in stall and delayed \
         echo), for showing that the conformance suite's serving cases can fail.
 
+        --refuse-clients (server role) listens with an accept filter that refuses every \
+        client: a unix-socket client reads one failure frame with correlation 0 and msgid 0, \
+        then the socket closes (docs/WIRE-FORMAT.md 1.1); the other transports' connects fail \
+        with accessDenied.
+
         Socket activation (server role; unix-socket, notify, file-presenter): with \
         --socket-activated the listening socket comes from a launcher (systemd, or \
         systemd-socket-activate) through LISTEN_PID/LISTEN_FDS, and must be bound to the path \
@@ -98,6 +103,9 @@ struct PeerCommand: AsyncParsableCommand {
     @Option(help: "With --exit-when-idle: keep-socket (a launcher that holds the socket, like systemd) or refuse (one that execs the peer, like systemd-socket-activate).")
     var idleHandOver: IdleHandOver = .launcherKeepsSocket
 
+    @Flag(help: "Server role: refuse every client with the listener's refusal (the accept filter's 'no'; on unix sockets one failure frame with correlation 0, WIRE-FORMAT.md 1.1).")
+    var refuseClients = false
+
     @Flag(help: "Print the socket path a launcher must listen on for this transport and endpoint (creating the group directory, owner-only, if needed), and exit.")
     var printActivationSocket = false
 
@@ -107,6 +115,7 @@ struct PeerCommand: AsyncParsableCommand {
             guard exitWhenIdle > 0, exitWhenIdle <= 86_400 else { throw ValidationError("--exit-when-idle takes 0 < seconds <= 86400") }
         }
         if socketActivated, role != .server { throw ValidationError("--socket-activated is for the server role") }
+        if refuseClients, role != .server { throw ValidationError("--refuse-clients is for the server role") }
         guard (1...1024).contains(requestConcurrency) else { throw ValidationError("--request-concurrency takes 1 to 1024") }
         guard spinMicroseconds >= 0 else { throw ValidationError("--spin-microseconds cannot be negative") }
         guard stalledFrameSeconds >= 0 else { throw ValidationError("--stalled-frame-seconds cannot be negative") }
@@ -143,7 +152,8 @@ struct PeerCommand: AsyncParsableCommand {
             serving: serve,
             maximumConcurrentRequests: requestConcurrency,
             allocationCount: { (UInt64(pthread_self()), ipc_thread_allocation_count()) },
-            activation: socketActivated ? .init(idleExit: exitWhenIdle.map { .milliseconds(Int64(($0 * 1000).rounded())) }, handOver: idleHandOver) : nil
+            activation: socketActivated ? .init(idleExit: exitWhenIdle.map { .milliseconds(Int64(($0 * 1000).rounded())) }, handOver: idleHandOver) : nil,
+            refusesClients: refuseClients
         )
         try await service.run()
     }

@@ -28,6 +28,36 @@ struct CommandLineTests {
         #expect(status == 64)
     }
 
+    @Test("peer --refuse-clients refuses every client, which is told accessDenied", arguments: TransportCatalog.names)
+    func peerRefusesClients(transportName: String) async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("refusing")
+        let peer = try PeerProcess(arguments: [
+            "peer", "--transport", transportName, "--group", group.directory.path, "--endpoint", endpoint.name, "--refuse-clients",
+        ])
+        defer { peer.stop() }
+        let transport = try TransportCatalog.transport(named: transportName, framing: .binary)
+        // A stream socket's connect completes before the listener decides: then the first
+        // request is told (conformance case 5.10).
+        do {
+            let connection = try await transport.connect(to: endpoint, options: .defaults)
+            defer { connection.invalidate() }
+            let error = await #expect(throws: IPCError.self) {
+                try await connection.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(60))
+            }
+            #expect(error?.code == .accessDenied)
+        } catch let error as IPCError {
+            #expect(error.code == .accessDenied)
+        }
+        #expect(peer.isRunning, "the refusing peer ended")
+    }
+
+    @Test("peer --refuse-clients is for the server role")
+    func refuseClientsNeedsServerRole() async throws {
+        let (status, _) = try await PeerProcess.runToCompletion(["peer", "--group", "/tmp/g", "--endpoint", "x", "--role", "client", "--refuse-clients"])
+        #expect(status == 64)
+    }
+
     @Test("a smoke run writes a result file, a Markdown report and an HTML report")
     func smokeRun() async throws {
         let group = try TestGroup()

@@ -59,6 +59,10 @@ struct ConformanceSuiteTests {
             stalling.stalledFrameTimeout = stall
             #expect(try ConformancePeer.Configuration(arguments: stalling.arguments) == stalling)
         }
+        let refusing = ConformancePeer.Configuration(endpoint: endpoint, role: .server, refusesClients: true)
+        #expect(refusing.arguments.contains("--refuse-clients"))
+        #expect(try ConformancePeer.Configuration(arguments: refusing.arguments) == refusing)
+        #expect(throws: IPCError.self) { try ConformancePeer.Configuration(arguments: ["--group", "/tmp/g", "--endpoint", "x", "--role", "client", "--refuse-clients"]) }
         #expect(throws: IPCError.self) { try ConformancePeer.Configuration(arguments: ["--group", "/tmp/g", "--endpoint", "x", "--bogus", "1"]) }
         #expect(ConformancePeer.Announcement(line: "READY 12 grandchild 13") == ConformancePeer.Announcement(pid: 12, grandchildPID: 13))
         #expect(ConformancePeer.Announcement(line: "READY 12") == ConformancePeer.Announcement(pid: 12))

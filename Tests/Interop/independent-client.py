@@ -10,7 +10,7 @@ either side; `ipcbench peer` allows payloads up to 1 GiB); NOTE lines are behavi
 documents leave open, reported and not checked.
 
 Usage: python3 Tests/Interop/independent-client.py [--ipcbench PATH] [--work DIR]
-                                                    [--only binary,stall,http,llbsd,misc,wormhole,notify,ntfy]
+                                                    [--only binary,stall,http,llbsd,misc,refusal,wormhole,notify,ntfy]
 
 Starts its own `ipcbench peer` servers in private group directories under a new temporary folder
 (or --work), runs every check, prints PASS/FAIL/NOTE lines and a summary, stops the servers and
@@ -707,6 +707,44 @@ def test_misc(work):
         peer.stop()
 
 
+def test_refusal(work):
+    """WIRE-FORMAT 1.1 "Refusal", against `ipcbench peer --refuse-clients` (HARNESS.md). Added by the
+    project after the independent author's checks, from the same two documents."""
+    print("\n== a listener's refusal (WIRE 1.1, `peer --refuse-clients`)", flush=True)
+    text = b"accessDenied: the listener's accept filter refused this process"
+    for framing in ("binary", "http"):
+        peer = Peer(os.path.join(work, "g-refuse-" + framing), "e", framing=framing, extra=("--refuse-clients",))
+        try:
+            # A client that sends nothing reads the frame, then the end of the stream; one that
+            # sends a request may find the socket closed already (EPIPE), or its unread bytes
+            # turn that end into a reset (ECONNRESET: the listener closes without reading them,
+            # WIRE 1.1), and still reads the frame first.
+            for sends in (False, True):
+                name = "%s: a refused client%s reads one failure, msgid 0, correlation 0, then the stream's end" % (
+                    framing, " that sent a request" if sends else "")
+                s = connect(peer.sock_path)
+                if sends:
+                    try:
+                        s.sendall(bin_encode(REQUEST, 1, 1, b"hi") if framing == "binary" else http_encode(REQUEST, 1, 1, b"hi"))
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass                  # the listener had refused and closed already
+                try:
+                    kind, msgid, corr, payload, _ = bin_read(s) if framing == "binary" else http_read(s)
+                    rest, how = read_until_close(s)
+                    check(name, (kind, msgid, corr, payload, rest) == (FAILURE, 0, 0, text, b"") and how in (("eof", "reset") if sends else ("eof",)),
+                          "kind %d msgid %d corr %d payload %r, then %r (%s)" % (kind, msgid, corr, payload, rest[:60], how))
+                except Exception as e:
+                    check(name, False, repr(e))
+                s.close()
+            check("%s: the refusing listener lives on" % framing, peer.p.poll() is None, "exit %r" % peer.p.poll())
+        finally:
+            peer.stop()
+    p = subprocess.run([IPCBENCH, "peer", "--group", os.path.join(work, "g-refuse-client"), "--endpoint", "e", "--role", "client",
+                        "--refuse-clients"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+    check("--refuse-clients with --role client is a usage error", p.returncode != 0 and b"READY" not in p.stdout,
+          "rc=%d stderr=%r" % (p.returncode, p.stderr.decode(errors="replace").strip()[:200]))
+
+
 # ---------------------------------------------------------------------------------------------
 # wormhole files (TRANSPORTS.md "Wormhole")
 def fnv1a64(b):
@@ -1081,7 +1119,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ipcbench", default=IPCBENCH)
     ap.add_argument("--work", default=None, help="folder for the peers' group directories (default: a new temporary one, removed at the end)")
-    ap.add_argument("--only", default="binary,stall,http,llbsd,misc,wormhole,notify,ntfy")
+    ap.add_argument("--only", default="binary,stall,http,llbsd,misc,refusal,wormhole,notify,ntfy")
     a = ap.parse_args()
     global WORK
     IPCBENCH = a.ipcbench
@@ -1106,6 +1144,8 @@ def main():
             test_llbsd(p)
         if "misc" in only:
             test_misc(WORK)
+        if "refusal" in only:
+            test_refusal(WORK)
         if "notify" in only:
             test_notify(WORK)
         if "wormhole" in only:
