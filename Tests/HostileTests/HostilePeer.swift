@@ -78,13 +78,13 @@ func nextConnection<C: MessageConnection>(from stream: AsyncStream<C>, peer pid:
 }
 
 /// Resident and virtual memory of a process, in bytes, from `/proc/<pid>/status`.
-func memoryUsage(of pid: Int32) throws -> (resident: Int, virtual: Int) {
+func memoryUsage(of pid: Int32) throws -> (resident: Int, virtual: Int, peakResident: Int) {
     let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
     func field(_ name: String) -> Int {
         let line = status.split(separator: "\n").first { $0.hasPrefix(name + ":") } ?? ""
         return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
     }
-    return (field("VmRSS"), field("VmSize"))
+    return (field("VmRSS"), field("VmSize"), field("VmHWM"))
 }
 
 /// Round trips to a well-behaved peer, over and over, until stopped: the proof that a listener

@@ -7,6 +7,7 @@ import IPCSystem
 import IPCTestSupport
 @testable import MessagePortTransport
 import NotifyTransport
+import SystemPackage
 import Testing
 import IPCConformance
 import IPCEngine
@@ -166,6 +167,12 @@ struct StoreHostileTests {
         return HostilePeer.hex(bytes + body)
     }
 
+    /// A hello (kind 16) to the server's queue, in hex: the pid, then the reply queue's name.
+    static func hello(pid: Int32 = getpid(), replyQueue: String) -> String {
+        let body = withUnsafeBytes(of: UInt32(bitPattern: pid).bigEndian, Array.init) + Array(replyQueue.utf8)
+        return fragment(kind: 16, sender: 0, total: UInt32(body.count), offset: 0, body: body)
+    }
+
     /// Cuts the file at `path` to `length` bytes from another process (`truncate(1)`), waited
     /// for off the cooperative pool; returns its exit status.
     static func truncate(_ path: String, to length: Int) async throws -> Int32 {
@@ -200,25 +207,29 @@ struct StoreHostileTests {
         let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
         let queue = PortNames.serverQueue(endpoint)
 
-        // Messages that name no client, or do not parse: dropped, nobody is hurt.
+        // Messages that name no client, or do not parse (in the good client's name): dropped,
+        // nobody is hurt.
+        let goodID = try #require(listener.clientID(of: goodConnection))
         let status = try HostilePeer.run(["queue", "--name", queue,
             "--hex", "00", "--hex", HostilePeer.hex([UInt8](repeating: 0xFF, count: 100)),
-            "--hex", Self.fragment(magic: 0, sender: 1, total: 0, offset: 0),
-            "--hex", Self.fragment(kind: 99, sender: 1, total: 0, offset: 0),
-            "--hex", Self.fragment(sender: 77, total: 10, offset: 0, body: [1]),
-            "--hex", Self.fragment(sender: 1, total: 4, offset: 2, body: [1, 2, 3]),  // overruns its message: does not parse
+            "--hex", Self.fragment(magic: 0, sender: goodID, total: 0, offset: 0),
+            "--hex", Self.fragment(kind: 99, sender: goodID, total: 0, offset: 0),
+            "--hex", Self.fragment(sender: goodID &+ 1, total: 10, offset: 0, body: [1]),
+            "--hex", Self.fragment(sender: goodID, total: 4, offset: 2, body: [1, 2, 3]),  // overruns its message: does not parse
             "--hex", Self.fragment(kind: 16, sender: 0, total: 4, offset: 0, body: [0, 0, 0, 1]),  // a hello with no queue
         ])
         #expect(status == 0)
 
-        // Fragments in the name of a live client: that client's connection ends with a protocol error.
+        // Fragments in the name of a live client (its id, which the listener drew at random):
+        // that client's connection ends with a protocol error.
         for (name, hostile, code) in [
-            ("a message above the maximum", Self.fragment(sender: 2, total: UInt32.max, offset: 0, body: [1]), IPCError.Code.frameTooLarge),
-            ("a continuation with no message in progress", Self.fragment(sender: 3, total: 100, offset: 50, body: [1]), .malformedFrame),
-        ] {
+            ("a message above the maximum", { Self.fragment(sender: $0, total: UInt32.max, offset: 0, body: [1]) }, IPCError.Code.frameTooLarge),
+            ("a continuation with no message in progress", { Self.fragment(sender: $0, total: 100, offset: 50, body: [1]) }, .malformedFrame),
+        ] as [(String, (UInt32) -> String, IPCError.Code)] {
             let victim = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
             defer { Self.stop(victim, endpoint) }
             let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
+            let hostile = hostile(try #require(listener.clientID(of: victimConnection)))
             let probe = InvalidationProbe()
             probe.attach(to: victimConnection)
             #expect(try HostilePeer.run(["queue", "--name", queue, "--hex", hostile]) == 0)
@@ -245,14 +256,14 @@ struct StoreHostileTests {
         _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let goodConnection = try #require(listener.activeConnections.first)
         let loop = RoundTripLoop(goodConnection, msgid: PeerRequest.echo)
-        // The listener's second client, sender 2.
+        // The listener's second client.
         let victim = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
         defer { Self.stop(victim, endpoint) }
         let victimConnection = try await nextConnection(from: listener.connections, peer: victim.pid, "the victim")
         let probe = InvalidationProbe()
         probe.attach(to: victimConnection)
         // The first fragment of a 1,000-byte message in the victim's name, and nothing after it.
-        let first = Self.fragment(sender: 2, total: 1000, offset: 0, body: [UInt8](repeating: 7, count: 10))
+        let first = Self.fragment(sender: try #require(listener.clientID(of: victimConnection)), total: 1000, offset: 0, body: [UInt8](repeating: 7, count: 10))
         #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint), "--hex", first]) == 0)
         await Self.expectDroppedForStalling(probe)
         await loop.stop()
@@ -279,11 +290,12 @@ struct StoreHostileTests {
             clients.append(client)
         }
         let before = try memoryUsage(of: server.pid)
-        // Senders are numbered from 1 in the order the server admitted them: one first fragment
-        // each, announcing 1 GiB - 1 and carrying one byte.
+        // One first fragment in each client's name (the id the server drew for it), announcing
+        // 1 GiB - 1 and carrying one byte.
         let announced = UInt32((1 << 30) - 1)
+        let senders = try clients.map { try #require($0.messagePortSenderID) }
         var arguments = ["queue", "--name", PortNames.serverQueue(endpoint)]
-        for sender in 1...clients.count { arguments += ["--hex", Self.fragment(sender: UInt32(sender), total: announced, offset: 0, body: [1])] }
+        for sender in senders { arguments += ["--hex", Self.fragment(sender: sender, total: announced, offset: 0, body: [1])] }
         #expect(try HostilePeer.run(arguments) == 0)
         // Half a second for the server to read them (its queue is read on its event loop).
         try await Task.sleep(for: .milliseconds(500))
@@ -294,19 +306,19 @@ struct StoreHostileTests {
         #expect(grown < 1 << 30, "virtual memory grew by \(grown >> 20) MiB for \(clients.count) announcements")
         #expect(server.isRunning)
         // The announcements were taken as the clients' own (not dropped as naming nobody): a
-        // continuation at offset 1 in sender 1's name continues its message (its connection
-        // goes on); one at offset 5 in sender 2's name does not, and ends that connection.
+        // continuation at offset 1 in the first client's name continues its message (its
+        // connection goes on); one at offset 5 in the second's does not, and ends that connection.
         let continued = InvalidationProbe()
         continued.attach(to: clients[0])
         let broken = InvalidationProbe()
         broken.attach(to: clients[1])
         #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint),
-            "--hex", Self.fragment(sender: 1, total: announced, offset: 1, body: [2]),
-            "--hex", Self.fragment(sender: 2, total: announced, offset: 5, body: [2])]) == 0)
-        #expect(await broken.wait(seconds: 30), "a broken continuation in sender 2's name did not end the second client's connection")
+            "--hex", Self.fragment(sender: senders[0], total: announced, offset: 1, body: [2]),
+            "--hex", Self.fragment(sender: senders[1], total: announced, offset: 5, body: [2])]) == 0)
+        #expect(await broken.wait(seconds: 30), "a broken continuation in the second client's name did not end its connection")
         #expect(broken.reason?.kind == .protocolError || broken.reason?.kind == .peerClosed, "\(String(describing: broken.reason))")
         try await Task.sleep(for: .milliseconds(300))
-        #expect(clients[0].invalidationReason == nil, "a continuation of sender 1's announced message ended its connection: the announcement was not taken as its own")
+        #expect(clients[0].invalidationReason == nil, "a continuation of the first client's announced message ended its connection: the announcement was not taken as its own")
     }
 
     @Test("one process's hellos are admitted up to the per-process bound; the next is not answered")
@@ -319,15 +331,12 @@ struct StoreHostileTests {
         // sends the hellos in its name.
         let bound = MessagePortListener.maximumClientsPerProcess
         let names = (1...(bound + 4)).map { PortNames.replyQueue(endpoint, pid: getpid(), serial: 10_000 + $0) }
-        let queues = try names.map { try MessageQueue.create(name: $0, maximumMessages: 1, messageSize: 64) }
+        let queues = try names.map { try MessageQueue.create(name: $0, maximumMessages: 1, messageSize: PortFragmentHeader.minimumQueueMessageSize) }
         defer {
             queues.forEach { $0.close() }
             names.forEach { MessageQueue.unlink(name: $0) }
         }
-        let hellos = names.map { name in
-            Self.fragment(kind: 16, sender: 0, total: UInt32(4 + name.utf8.count), offset: 0)
-                + HostilePeer.hex(withUnsafeBytes(of: UInt32(bitPattern: getpid()).bigEndian, Array.init) + Array(name.utf8))
-        }
+        let hellos = names.map { Self.hello(replyQueue: $0) }
         #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint)] + hellos.flatMap { ["--hex", $0] }) == 0)
         let deadline = ContinuousClock.now + .seconds(30)
         while listener.activeConnections.count < bound, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
@@ -346,10 +355,6 @@ struct StoreHostileTests {
         _ = try await nextConnection(from: listener.connections, peer: good.pid, "the well-behaved client")
         let goodConnection = try #require(listener.activeConnections.first)
         let goodQueue = PortNames.replyQueue(endpoint, pid: good.pid, serial: 1)
-
-        func hello(pid: Int32, queue: String) -> String {
-            HostilePeer.hex(withUnsafeBytes(of: UInt32(bitPattern: pid).bigEndian, Array.init) + Array(queue.utf8))
-        }
         // Queues this process (the attacker) makes in others' names: one for pid 1, one for the
         // good client. Each names a live process of this user (the tests run as root) that does
         // not hold it.
@@ -357,11 +362,11 @@ struct StoreHostileTests {
         for name in claimed { try MessageQueue.create(name: name, maximumMessages: 1, messageSize: 64).close() }
         defer { for name in claimed { MessageQueue.unlink(name: name) } }
         let forged = [
-            hello(pid: good.pid, queue: goodQueue),  // the live client's own queue, again
-            hello(pid: 1, queue: goodQueue),  // a queue named for another pid
-            hello(pid: 1, queue: claimed[0]),  // pid 1, which does not hold it
-            hello(pid: good.pid, queue: claimed[1]),  // the good client, which does not hold it
-        ].map { Self.fragment(kind: 16, sender: 0, total: UInt32($0.count / 2), offset: 0, body: []) + $0 }
+            Self.hello(pid: good.pid, replyQueue: goodQueue),  // the live client's own queue, again
+            Self.hello(pid: 1, replyQueue: goodQueue),  // a queue named for another pid
+            Self.hello(pid: 1, replyQueue: claimed[0]),  // pid 1, which does not hold it
+            Self.hello(pid: good.pid, replyQueue: claimed[1]),  // the good client, which does not hold it
+        ]
         #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint)] + forged.flatMap { ["--hex", $0] }) == 0)
         // A hello the listener takes is answered at once; give it time to answer, then check
         // that no connection was admitted and the good client is still served.
@@ -369,6 +374,82 @@ struct StoreHostileTests {
         try await Task.sleep(for: .milliseconds(500))
         #expect(listener.activeConnections.count == 1)
         #expect(try await goodConnection.request([5], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [5])
+    }
+
+    @Test("a hello whose reply queue is too small for a fragment with payload is not answered (a server crashed on its client's first request: no room in a fragment of 28 bytes), and the server serves others")
+    func messagePortTinyReplyQueue() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("tiny")
+        let server = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .server) }
+        defer { server.stop() }
+        // This process makes and holds the queues, as a client would; another sends the hellos.
+        let sizes = [28, 29, 100, PortFragmentHeader.minimumQueueMessageSize - 1]
+        let names = sizes.map { PortNames.replyQueue(endpoint, pid: getpid(), serial: 20_000 + $0) }
+        let queues = try zip(names, sizes).map { try MessageQueue.create(name: $0, maximumMessages: 2, messageSize: $1) }
+        defer {
+            queues.forEach { $0.close() }
+            names.forEach { MessageQueue.unlink(name: $0) }
+        }
+        let hellos = names.map { Self.hello(replyQueue: $0) }
+        #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint)] + hellos.flatMap { ["--hex", $0] }) == 0)
+        // A request in the ids a counting server would have given them.
+        let requests = (1...4).map { Self.fragment(kind: 2, sender: UInt32($0), total: 1, offset: 0, body: [9]) }
+        #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint)] + requests.flatMap { ["--hex", $0] }) == 0)
+        try await Task.sleep(for: .seconds(1))
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: PortFragmentHeader.minimumQueueMessageSize, alignment: 8)
+        defer { buffer.deallocate() }
+        for (queue, size) in zip(queues, sizes) {
+            #expect(try queue.receive(into: buffer, deadline: .after(.zero)) == nil, "a reply queue of \(size) bytes was answered")
+        }
+        #expect(server.isRunning)
+        let client = try await MessagePortTransport().connect(to: endpoint, options: .defaults)
+        defer { client.invalidate() }
+        #expect(try await client.request([3], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [3])
+    }
+
+    @Test("a client that finds, under the port's name, a queue too small for a fragment with payload fails with invalidEndpoint (it crashed on a queue of 1 byte, and sent header-only fragments into one of 28 until its timeout)")
+    func messagePortTinyServerQueue() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("squat")
+        // The endpoint's lock held by a live process (this one), and another process's queue
+        // under the port's name, as in the moment before a listener takes its name back.
+        let claim = try ClaimedEndpoint(endpoint)
+        defer { claim.close {} }
+        for size in [1, 28, PortFragmentHeader.minimumQueueMessageSize - 1] {
+            let impostor = try MessageQueue.create(name: PortNames.serverQueue(endpoint), maximumMessages: 4, messageSize: size)
+            defer {
+                impostor.close()
+                MessageQueue.unlink(name: PortNames.serverQueue(endpoint))
+            }
+            let error = await #expect(throws: IPCError.self, "a queue of \(size) bytes") {
+                let connection = try await MessagePortTransport(connectTimeout: .seconds(3)).connect(to: endpoint, options: .defaults)
+                connection.invalidate()
+            }
+            #expect(error?.code == .invalidEndpoint, "a queue of \(size) bytes: \(String(describing: error))")
+            #expect(try impostor.messageCount() == 0, "a client wrote into a queue of \(size) bytes")
+        }
+    }
+
+    @Test("a goodbye forged in a client's name ends its connection on both sides: the server answers it with its own (the client went on waiting on a connection the server had dropped); client ids are drawn at random")
+    func messagePortForgedGoodbye() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("bye")
+        let listener = try MessagePortTransport().listen(at: endpoint, options: .defaults, acceptFilter: nil)
+        defer { listener.close() }
+        var ids: [UInt32] = []
+        for round in 0..<2 {
+            let victim = try await runBlocking { try PeerProcess(transport: "message-port", framing: .binary, endpoint: endpoint, role: .client) }
+            defer { Self.stop(victim, endpoint) }
+            let connection = try await nextConnection(from: listener.connections, peer: victim.pid, "client \(round + 1)")
+            let id = try #require(listener.clientID(of: connection))
+            ids.append(id)
+            #expect(try HostilePeer.run(["queue", "--name", PortNames.serverQueue(endpoint), "--hex", Self.fragment(kind: 18, sender: id, total: 0, offset: 0)]) == 0)
+            // The client peer exits once its connection has ended.
+            let exitBy = ContinuousClock.now + .seconds(30)
+            while victim.isRunning, ContinuousClock.now < exitBy { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(!victim.isRunning, "client \(round + 1) was not told that the server ended its connection")
+        }
+        #expect(ids != [1, 2], "client ids are counted, so another process can name a live client")
     }
 
     // MARK: File presenter journals
@@ -507,6 +588,74 @@ struct StoreHostileTests {
         #expect(try await clients[1].request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [2])
         #expect(clients[1].invalidationReason == nil)
         #expect(server.isRunning)
+    }
+
+    @Test("a committed end far past the end of a client's outbox: the listener allocates nothing for it (it allocated the announced bytes first, 4 GiB for an end a client may set), ends that connection with truncatedFrame, and serves others")
+    func filePresenterOutboxEndPastFile() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("far")
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
+        defer { server.stop() }
+        let transport = FilePresenterTransport()
+        let clients = try (0..<2).map { _ in try transport.connect(to: endpoint, options: .defaults) }
+        defer { clients.forEach { $0.invalidate() } }
+        for client in clients {
+            #expect(try await client.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+        }
+        let before = try memoryUsage(of: server.pid)
+        // 512 MiB committed past the records read, within the capacity (16 MiB) and one frame of
+        // the peer's maximum (1 GiB) that a reader allows, in a file of a few KiB.
+        let path = try #require(clients[0].outboxPath)
+        let header = try #require(FileHandle(forReadingAtPath: path)).readData(ofLength: 24)
+        let end = header[16..<24].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        try HostilePeer.write(into: path, [(16, withUnsafeBytes(of: (end + (512 << 20)).bigEndian, Array.init)), (7, [0])])
+        let probe = InvalidationProbe()
+        probe.attach(to: clients[0])
+        #expect(await probe.wait(seconds: 30), "the client was not told that the listener ended its connection")
+        #expect(try await clients[1].request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [2])
+        let after = try memoryUsage(of: server.pid)
+        #expect(after.peakResident - before.peakResident < 64 << 20, "the listener's peak resident memory grew by \((after.peakResident - before.peakResident) >> 20) MiB")
+        #expect(server.isRunning)
+    }
+
+    @Test("a client whose files declare a capacity above the listener's journals' is not admitted: what a connection's reader may have to hold follows from it")
+    func filePresenterCapacityAboveListener() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("large")
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
+        defer { server.stop() }
+        let large = FilePresenterTransport(journalCapacity: FilePresenterTransport().journalCapacity * 2, connectTimeout: .seconds(3))
+        await #expect(throws: IPCError.self) {
+            let connection = try await large.connect(to: endpoint, options: .defaults)
+            connection.invalidate()
+        }
+        let client = try await FilePresenterTransport().connect(to: endpoint, options: .defaults)
+        defer { client.invalidate() }
+        #expect(try await client.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+    }
+
+    @Test("a second hello naming a live client's sender is refused and leaves that client's connection served (the refused hello's watch of the outbox was the live connection's, and dropping it stopped its reads)")
+    func filePresenterDuplicateHello() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("twice")
+        let server = try await runBlocking { try PeerProcess(transport: "file-presenter", framing: .binary, endpoint: endpoint, role: .server) }
+        defer { server.stop() }
+        let client = try await FilePresenterTransport().connect(to: endpoint, options: .defaults)
+        defer { client.invalidate() }
+        #expect(try await client.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [1])
+        // The same process (the only one whose pid the listener takes) says hello again as that sender.
+        let outbox = try #require(client.outboxPath)
+        let sender = try #require(JournalNames.sender(ofClientFile: String(outbox.split(separator: "/").last!), endpoint: endpoint))
+        let socket = try UnixSocket.connect(path: RendezvousHello.socketPath(endpoint))
+        defer { try? socket.close() }
+        let hello = RendezvousHello.bytes(sender)
+        #expect(hello.withUnsafeBytes { send(socket.rawValue, $0.baseAddress, $0.count, 0) } == hello.count)
+        var answer = [UInt8](repeating: 0, count: 4)
+        #expect(answer.withUnsafeMutableBytes { recv(socket.rawValue, $0.baseAddress, 4, CInt(MSG_WAITALL)) } == 4)
+        #expect(answer == [3, 0, 0, 0], "the second hello was answered \(answer)")
+        for value in UInt8(2)...5 {
+            #expect(try await client.request([value], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [value])
+        }
     }
 
     @Test("garbage committed into a client's journal ends that client's connection; the listener serves others")

@@ -26,7 +26,10 @@ public final class FilePresenterListener: SocketEndpointListener, Sendable {
         let senders = Mutex<Set<SenderID>>([])
     }
 
-    init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?, handshakeTimeout: Duration, activated: Bool = false) throws {
+    /// - Parameter maximumCapacity: the largest capacity a client's files may declare (the
+    ///   transport's ``FilePresenterTransport/journalCapacity``): what the connection's reader
+    ///   may have to hold of a client's outbox follows from it, and the client writes it.
+    init(endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?, handshakeTimeout: Duration, maximumCapacity: Int, activated: Bool = false) throws {
         // Files of clients that died, which their listener (if it died too) could not remove.
         // Before the endpoint's lock: a live listener's clients are alive, so nothing of theirs goes.
         try GroupDirectories.prepare(endpoint.group)
@@ -38,7 +41,7 @@ public final class FilePresenterListener: SocketEndpointListener, Sendable {
             acceptFilter: acceptFilter,
             activated: activated,
             accept: .afterHandshake(timeout: handshakeTimeout, maximumPending: Self.maximumPendingHandshakes) { fd, peer, listener in
-                Self.takeHello(fd, peer: peer, options: options, listener: listener, admitted: admitted)
+                Self.takeHello(fd, peer: peer, options: options, maximumCapacity: maximumCapacity, listener: listener, admitted: admitted)
             }
         )
     }
@@ -48,7 +51,7 @@ public final class FilePresenterListener: SocketEndpointListener, Sendable {
     /// process's and this user's, opens them, watches the outbox, and admits the client. Never
     /// waits: a file whose lock is taken (a client's fresh ones are not) makes the hello
     /// malformed.
-    private static func takeHello(_ fd: FileDescriptor, peer: PeerCredentials, options: ConnectionOptions, listener: SocketEndpoint, admitted: Admitted) -> RendezvousHandshake {
+    private static func takeHello(_ fd: FileDescriptor, peer: PeerCredentials, options: ConnectionOptions, maximumCapacity: Int, listener: SocketEndpoint, admitted: Admitted) -> RendezvousHandshake {
         var hello = [UInt8](repeating: 0, count: RendezvousHello.length)
         let count = hello.withUnsafeMutableBytes { recv(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_PEEK)) }
         if count < 0, errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return .incomplete }
@@ -56,11 +59,15 @@ public final class FilePresenterListener: SocketEndpointListener, Sendable {
         guard count == RendezvousHello.length else { return .finished(.malformed) }
         _ = hello.withUnsafeMutableBytes { recv(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT)) }
         guard let client = RendezvousHello.sender(parsing: hello[...]), client.pid == peer.pid else { return .finished(.malformed) }
+        // A sender already admitted is refused before its files are opened or watched: a second
+        // watch of its outbox is the first one (inotify gives a path one watch an instance), and
+        // dropping it with the refused hello stopped the live connection's reads.
+        guard !admitted.senders.withLock({ $0.contains(client) }) else { return .finished(.malformed) }
         let endpoint = listener.endpoint
         let journalPath = JournalNames.clientJournal(endpoint, sender: client)
         let outboxPath = JournalNames.clientOutbox(endpoint, sender: client)
-        guard let journal = openClientFile(journalPath, of: client, peer: peer),
-            let outbox = openClientFile(outboxPath, of: client, peer: peer)
+        guard let journal = openClientFile(journalPath, of: client, peer: peer, maximumCapacity: maximumCapacity),
+            let outbox = openClientFile(outboxPath, of: client, peer: peer, maximumCapacity: maximumCapacity)
         else { return .finished(.malformed) }
         let loop = listener.loop
         let channel = FilePresenterChannel(
@@ -102,12 +109,18 @@ public final class FilePresenterListener: SocketEndpointListener, Sendable {
         }
     }
 
-    /// Opens a client's journal or outbox, if it is a regular file of the client's uid whose
-    /// header names the client, and it is not locked now; else `nil`.
-    private static func openClientFile(_ path: String, of client: SenderID, peer: PeerCredentials) -> JournalFile? {
-        guard let file = try? JournalFile(CoordinatedFile(path: path, create: false), timeout: .zero), file.header.ownerPID == client.pid else { return nil }
+    /// Opens a client's journal or outbox, if it is a regular file of the client's uid that
+    /// only its owner can write, whose header names the client and a capacity from
+    /// ``FilePresenterTransport/minimumJournalCapacity`` to `maximumCapacity`, and it is not
+    /// locked now; else `nil`.
+    private static func openClientFile(_ path: String, of client: SenderID, peer: PeerCredentials, maximumCapacity: Int) -> JournalFile? {
+        guard let file = try? JournalFile(CoordinatedFile(path: path, create: false), timeout: .zero), file.header.ownerPID == client.pid,
+            (FilePresenterTransport.minimumJournalCapacity...maximumCapacity).contains(file.header.capacity)
+        else { return nil }
         var status = stat()
-        guard fstat(file.file.descriptor, &status) == 0, status.st_uid == peer.uid, status.st_mode & S_IFMT == S_IFREG else { return nil }
+        guard fstat(file.file.descriptor, &status) == 0, status.st_uid == peer.uid, status.st_mode & S_IFMT == S_IFREG,
+            status.st_mode & (S_IWGRP | S_IWOTH) == 0
+        else { return nil }
         return file
     }
 

@@ -53,13 +53,17 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
     public typealias Connection = FilePresenterConnection
     public typealias Listener = FilePresenterListener
 
-    /// The bytes of unread records a journal this side reads may hold before writers wait.
+    /// The bytes of unread records a journal this side reads may hold before writers wait, from
+    /// ``minimumJournalCapacity`` to 2^32 - 1 (a value outside is taken to the nearer end). A
+    /// listener also admits only clients whose files declare at most its own.
     public var journalCapacity: Int
+    /// The smallest journal capacity: a listener refuses a client whose files declare less.
+    public static let minimumJournalCapacity = 4096
     /// How long a connect waits for the listener's answer (and a listener for a client's hello).
     public var connectTimeout: Duration
 
     public init(journalCapacity: Int = 16 << 20, connectTimeout: Duration = .seconds(5)) {
-        self.journalCapacity = min(max(journalCapacity, 4096), Int(UInt32.max))
+        self.journalCapacity = min(max(journalCapacity, Self.minimumJournalCapacity), Int(UInt32.max))
         self.connectTimeout = connectTimeout
     }
 
@@ -78,14 +82,14 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
 
     /// - Throws: what ``MessageTransport/listen(at:options:acceptFilter:)`` documents.
     public func listen(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> FilePresenterListener {
-        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout)
+        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout, maximumCapacity: journalCapacity)
     }
 
     /// The rendezvous socket, `<group>/<name>.rendezvous`.
     public func activationSocketPath(for endpoint: Endpoint) -> String { RendezvousHello.socketPath(endpoint) }
 
     public func listenActivated(at endpoint: Endpoint, options: ConnectionOptions, acceptFilter: AcceptFilter?) throws -> FilePresenterListener {
-        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout, activated: true)
+        try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout, maximumCapacity: journalCapacity, activated: true)
     }
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint or

@@ -349,6 +349,9 @@ final class JournalReader: @unchecked Sendable {
         return count
     }
 
+    /// Committed bytes read without first checking that the file holds them.
+    static let readWithoutSizeCheck = 1 << 16
+
     /// Under the lock: reads what was committed since ``consumed`` into ``buffer``.
     private func readLocked(_ access: FileAccess) throws -> Int {
         let end = try journal.committedEnd()
@@ -359,6 +362,12 @@ final class JournalReader: @unchecked Sendable {
         // Bounded by the capacity writers respect, plus one record allowed past it.
         guard count <= capacity + maximumPayloadLength + 64 else {
             throw IPCError(code: .frameTooLarge, message: "\(count) committed bytes in \(file.path) are more than its capacity and one frame")
+        }
+        // Before a large buffer is allocated for them: a committed end is only a number in a
+        // file its writer (another process) can set to anything. (A small read finds the file
+        // short by reading, as below, and costs no `fstat` on the round trip's path.)
+        guard try count <= Self.readWithoutSizeCheck || end <= access.size() else {
+            throw IPCError(code: .truncatedFrame, message: "\(file.path) ends before its committed end \(end)")
         }
         if buffer.count < count { buffer = [UInt8](repeating: 0, count: count) }
         let got = try buffer.withUnsafeMutableBytes { try access.read(into: UnsafeMutableRawBufferPointer(rebasing: $0[..<count]), at: consumed) }

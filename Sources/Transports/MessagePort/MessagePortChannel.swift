@@ -47,7 +47,7 @@ final class MessagePortChannel: EngineChannel, @unchecked Sendable {
     let role: Role
     private let writer: FragmentWriter
     /// The id this side puts in the `sender` field: the client's assigned id, or 0 on the server.
-    private let senderID: UInt32
+    let senderID: UInt32
     @exclusivity(unchecked) private var assembler: FragmentAssembler
     /// A client's receive buffer, one queue message long.
     private let readBuffer: UnsafeMutableRawBufferPointer?
@@ -186,7 +186,8 @@ final class MessagePortChannel: EngineChannel, @unchecked Sendable {
     }
 
     private func fragmentCount(_ payloadLength: Int) -> Int {
-        let chunk = writer.messageSize - PortFragmentHeader.length
+        // At least 1: the writers' sizes are checked (``PortFragmentHeader/minimumQueueMessageSize``).
+        let chunk = max(1, writer.messageSize - PortFragmentHeader.length)
         return max(1, (payloadLength + chunk - 1) / chunk)
     }
 
@@ -202,11 +203,18 @@ final class MessagePortChannel: EngineChannel, @unchecked Sendable {
     }
 
     func close() {
-        // Whatever ended this side, unless the other side did (it closed, or died), tell it: a
-        // peer whose connection was ended here for a protocol error or a failure would otherwise
-        // wait for replies that never come. Without waiting: a peer that does not read will not
-        // read this either.
-        let peerEnded = [.peerClosed, .peerDied].contains(endReason?.kind)
+        // Whatever ended this side, unless the other side did (it died; or, on a client, the
+        // server said goodbye), tell it: a peer whose connection was ended here for a protocol
+        // error or a failure would otherwise wait for replies that never come. A server answers
+        // a client's goodbye with its own, since anyone of the user can write one into the
+        // port's queue in a client's name: a client whose connection a forged goodbye ended
+        // learns so, rather than waiting on a connection the server dropped. Without waiting: a
+        // peer that does not read will not read this either.
+        let peerEnded: Bool
+        switch (role, endReason?.kind) {
+        case (_, .peerDied?), (.client, .peerClosed?): peerEnded = true
+        default: peerEnded = false
+        }
         if !peerEnded {
             try? writer.sendControl(PortFragmentHeader(kind: .goodbye, sender: senderID), deadline: .after(.zero))
         }
@@ -233,4 +241,8 @@ extension EngineConnection {
     /// A message-port client's reply queue name (until the server opened it); `nil` for other
     /// connections.
     var replyQueueName: String? { (channel as? MessagePortChannel)?.replyQueueName }
+
+    /// A message-port client's id, which its fragments carry (0 on the server's side); `nil` for
+    /// other connections.
+    var messagePortSenderID: UInt32? { (channel as? MessagePortChannel)?.senderID }
 }

@@ -1,4 +1,5 @@
 import CIPCShims
+import Dispatch
 import Glibc
 public import IPCCore
 public import IPCEngine
@@ -27,7 +28,6 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
 
     /// Where each admitted client's fragments go (the registry keeps its connection).
     private struct Routes {
-        var nextClientID: UInt32 = 1
         var clients: [UInt32: Client] = [:]
     }
 
@@ -89,6 +89,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
         do {
             messageSize = try queue.messageSize()
+            try PortFragmentHeader.checkQueueMessageSize(messageSize, of: "the message port's queue (its transport's queueLimits.messageSize)")
         } catch {
             queue.close()
             claim.close { MessageQueue.unlink(name: name) }
@@ -176,6 +177,11 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
 
     /// Tests: runs in a name check that is about to replace the port's queue, before it does.
     let willReplaceName = Mutex<(@Sendable () -> Void)?>(nil)
+
+    /// The id the listener gave the client of `connection`, which its fragments carry (tests).
+    func clientID(of connection: EngineConnection) -> UInt32? {
+        routes.withLock { $0.clients.first { $0.value.connection === connection }?.key }
+    }
 
     /// The replacement queues the listener reads now (tests).
     var replacementQueueCount: Int { replacements.withLock { $0.queues.count } }
@@ -271,7 +277,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         let body = UnsafeRawBufferPointer(rebasing: bytes[PortFragmentHeader.length...])
         switch header.kind {
         case .hello:
-            admit(body, through: queue)
+            receiveHello(Array(body), through: queue.descriptor.rawValue)
         case .wake:
             return
         default:
@@ -343,23 +349,85 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         }
     }
 
-    /// Registers a client from its hello: its pid and the name of its reply queue.
-    private func admit(_ body: UnsafeRawBufferPointer, through port: MessageQueue) {
-        guard body.count > 4 else { return }
-        let pid = Int32(bitPattern: body.loadUnaligned(as: UInt32.self).bigEndian)
+    /// What a hello claims, checked (``checkHello(_:)``), for ``admit(_:through:)``.
+    private struct CheckedHello: Sendable {
+        let pid: Int32
+        let replyName: String
+        let replyQueue: MessageQueue
+        let replySize: Int
+        let credentials: PeerCredentials
+        /// The accept filter refused it.
+        let filtered: Bool
+    }
+
+    /// Hellos taken off the port's queue and not checked yet, at most: one past this is dropped,
+    /// and its client's connect times out.
+    static let maximumPendingHellos = 256
+    private let pendingHellos = Mutex(0)
+    /// Where hellos are checked, one at a time: the checks read `/proc` (a scan of the claimed
+    /// process's descriptors, which a process holding tens of thousands makes take 60-120 ms)
+    /// and run the accept filter, the user's code; on the loop they held up every connection of
+    /// the process while they ran.
+    private let helloChecks = DispatchQueue(label: "ipcbench.message-port.hellos")
+
+    /// Has a hello checked off the loop, then admits its client on the loop (loop thread).
+    private func receiveHello(_ body: [UInt8], through port: CInt) {
+        let taken = pendingHellos.withLock { pending in
+            guard pending < Self.maximumPendingHellos else { return false }
+            pending += 1
+            return true
+        }
+        guard taken else { return }
+        helloChecks.async { [weak self] in
+            guard let self else { return }
+            let hello = claim.isClosed ? nil : checkHello(body)
+            pendingHellos.withLock { $0 -= 1 }
+            guard let hello else { return }
+            loop.execute { [weak self] in
+                guard let self else { return hello.replyQueue.close() }
+                admit(hello, through: port)
+            }
+        }
+    }
+
+    /// Checks what a hello claims, its pid and the name of its reply queue, as far as it can be
+    /// checked, and runs the accept filter (off the loop): `nil` if it is not to be answered.
+    private func checkHello(_ body: [UInt8]) -> CheckedHello? {
+        guard body.count > 4 else { return nil }
+        let pid = Int32(bitPattern: body.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }.bigEndian)
         let replyName = String(decoding: body[4...], as: UTF8.self)
         // A queue message carries no kernel-verified sender, so check what a hello claims as far
         // as it can be checked: the reply queue is named for the pid (`<server queue>.r<pid>.<serial>`),
         // that pid is a live process of this user that holds the queue open, and no client
         // already uses that queue (a hello naming another client's queue would otherwise send
-        // to it, and remove it later).
+        // to it, and remove it later; looked at again when it is admitted).
         let serial = replyName.dropFirst((queue.name + ".r\(pid).").count)
         guard pid > 0, replyName.hasPrefix(queue.name + ".r\(pid)."), !serial.isEmpty, serial.allSatisfy(\.isASCII), serial.allSatisfy(\.isNumber),
             Self.isLiveProcessOfThisUser(pid), Self.process(pid, holdsQueue: replyName),
             !routes.withLock({ $0.clients.values.contains { $0.queueName == replyName } }),
-            let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true),
+            let replyQueue = try? MessageQueue.open(name: replyName, forWriting: true)
+        else { return nil }
+        // The client made its queue, of any size the kernel allows: one too small for a
+        // fragment is not answered (a welcome or refusal could not be trusted to fit either).
+        guard let replySize = try? replyQueue.messageSize(), (try? PortFragmentHeader.checkQueueMessageSize(replySize, of: replyName)) != nil,
             let credentials = Self.credentials(of: pid)
-        else { return }
+        else {
+            replyQueue.close()
+            return nil
+        }
+        let filtered = acceptFilter.map { !$0(credentials) } ?? false
+        return CheckedHello(pid: pid, replyName: replyName, replyQueue: replyQueue, replySize: replySize, credentials: credentials, filtered: filtered)
+    }
+
+    /// Registers a client whose hello passed ``checkHello(_:)`` (loop thread), or tells it that
+    /// it is refused.
+    private func admit(_ hello: CheckedHello, through port: CInt) {
+        let (pid, replyName, replyQueue, replySize, credentials) = (hello.pid, hello.replyName, hello.replyQueue, hello.replySize, hello.credentials)
+        // Another hello for the same queue may have been admitted since it was checked.
+        guard !claim.isClosed, !routes.withLock({ $0.clients.values.contains { $0.queueName == replyName } }) else {
+            replyQueue.close()
+            return
+        }
         // Told, so that its connect fails at once with the reason; it never gets an id. Without
         // waiting (this is the loop's thread): a client whose queue is full at its hello is not
         // told, and its connect times out.
@@ -371,20 +439,22 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         // A process's clients are bounded, so that one process (which could make queues as long
         // as its user's quota lasts) cannot make the listener hold without end.
         if routes.withLock({ $0.clients.values.count(where: { $0.pid == pid }) }) >= Self.maximumClientsPerProcess { return refuse(.tooManyConnectionsFromProcess) }
-        if let acceptFilter, !acceptFilter(credentials) { return refuse(.acceptFilter) }
-        guard !claim.isClosed else {
-            replyQueue.close()
-            return
-        }
+        if hello.filtered { return refuse(.acceptFilter) }
+        // Random, not counted: the port's queue takes fragments from anyone of the user, and the
+        // id in them is all that says whose they are, so one that could be guessed (1, 2, ...)
+        // would let another process send, or say goodbye, in a live client's name. Drawn again
+        // if 0 or in use. (The id is 32 bits of the wire's header: guessing one takes about 2^31
+        // fragments a client, each dropped as naming nobody.)
         let id = routes.withLock { routes in
-            defer { routes.nextClientID &+= 1 }
-            return routes.nextClientID
+            var id: UInt32 = 0
+            while id == 0 || routes.clients[id] != nil { id = UInt32.random(in: 1...UInt32.max) }
+            return id
         }
         let channel: MessagePortChannel
         do {
             channel = try MessagePortChannel(
                 role: .server(clientQueueName: replyName), outbound: replyQueue,
-                messageSize: min(messageSize, (try? replyQueue.messageSize()) ?? messageSize), senderID: 0,
+                messageSize: min(messageSize, replySize), senderID: 0,
                 maximumPayloadLength: options.maximumPayloadLength
             )
         } catch {
@@ -398,7 +468,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
                 onInvalidated(connection)
                 _ = self?.routes.withLock { $0.clients.removeValue(forKey: id) }
             }
-            routes.withLock { $0.clients[id] = Client(connection: connection, channel: channel, queueName: replyName, pid: pid, port: port.descriptor.rawValue) }
+            routes.withLock { $0.clients[id] = Client(connection: connection, channel: channel, queueName: replyName, pid: pid, port: port) }
             do {
                 // Without waiting (this is the loop's thread, which serves every client): a reply
                 // queue already full at the hello ends the connection, and the client's connect

@@ -160,7 +160,20 @@ public struct MessagePortTransport: MessageTransport {
             server.close()
             throw error
         }
-        let messageSize = min(queueLimits.messageSize, (try? server.messageSize()) ?? queueLimits.messageSize)
+        let messageSize: Int
+        do {
+            // The name leads to whatever queue is there: another process of the user may have
+            // put one of its own, of any size, in the moment before the listener takes the name
+            // back (it does within a second).
+            messageSize = min(queueLimits.messageSize, try server.messageSize())
+            try PortFragmentHeader.checkQueueMessageSize(messageSize, of: "the queue named for the message port \(endpoint.name)")
+            try PortFragmentHeader.checkQueueMessageSize(try replyQueue.messageSize(), of: "this client's reply queue")
+        } catch {
+            server.close()
+            replyQueue.close()
+            MessageQueue.unlink(name: replyQueue.name)
+            throw error
+        }
         return Opening(endpoint: endpoint, loop: loop, serverPID: serverPID, server: server, replyQueue: replyQueue, messageSize: messageSize)
     }
 

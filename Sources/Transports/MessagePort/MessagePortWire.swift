@@ -47,6 +47,20 @@ enum PortRefusal: UInt32 {
 
 struct PortFragmentHeader {
     static let length = 28
+    /// The smallest queue message size (`mq_msgsize`) the transport writes to or reads from: a
+    /// header, and room for a hello (a pid and a queue name of up to 255 bytes) in one fragment.
+    /// Anyone of the user can make a queue, so a peer's queue can be any size the kernel allows,
+    /// down to 1 byte; one smaller than a header could carry no fragment, and one of exactly a
+    /// header no payload.
+    static let minimumQueueMessageSize = 512
+
+    /// Checks a queue's message size before anything is written to it or read from it.
+    /// - Throws: ``IPCError/Code/invalidEndpoint`` below ``minimumQueueMessageSize``.
+    static func checkQueueMessageSize(_ size: Int, of what: String) throws {
+        guard size >= minimumQueueMessageSize else {
+            throw IPCError(code: .invalidEndpoint, message: "\(what) has a message size of \(size) bytes, below the \(minimumQueueMessageSize) a message port needs (docs/WIRE-FORMAT.md 5)")
+        }
+    }
     static let magic: (UInt8, UInt8) = (0x4D, 0x50)
     static let version: UInt8 = 1
 
@@ -183,6 +197,11 @@ struct FragmentWriter {
         _ header: PortFragmentHeader, _ payload: [UInt8], sent: inout Int, _ enqueue: (UnsafeRawBufferPointer) throws -> Bool
     ) throws -> Bool {
         let chunk = messageSize - PortFragmentHeader.length
+        // Checked where each writer's size is chosen (``PortFragmentHeader/checkQueueMessageSize(_:of:)``);
+        // never a trap here should a path miss it.
+        guard chunk > 0 else {
+            throw IPCError(code: .transportFailure, message: "fragments of \(messageSize) bytes have no room for payload")
+        }
         var fragment = header
         fragment.totalLength = UInt32(payload.count)
         var sentNow = sent
