@@ -154,12 +154,12 @@ let package = Package(
         ),
         .testTarget(
             name: "IPCConformanceTests",
-            dependencies: ["IPCConformance", "IPCCore", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport", "IPCFileCoordination", "NotifyTransport", "Wormhole"]
+            dependencies: ["IPCConformance", "IPCCore", "IPCEngine", "IPCFraming", "IPCSecureCoding", "UnixSocketTransport", "IPCBenchKit", "IPCTestSupport", "ipcbench", "FilePresenterTransport", "IPCFileCoordination", "NotifyTransport", "Wormhole"]
         ),
         .testTarget(
             name: "IPCBenchTests",
             dependencies: [
-                "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "NotifyTransport", "FilePresenterTransport",
+                "IPCBenchKit", "IPCTestSupport", "ipcbench", "IPCConformance", "IPCCore", "IPCFraming", "IPCSystem", "UnixSocketTransport", "MessagePortTransport", "NotifyTransport", "FilePresenterTransport",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),

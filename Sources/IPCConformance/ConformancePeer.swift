@@ -276,7 +276,16 @@ public struct ConformancePeer: Sendable {
             let echoing = Self.echoEveryConnection(of: listener)
             await Self.waitForStandardInputToClose()
             listener.close()
-            echoing.cancel()
+            // Each connection says goodbye as it ends, on the transport's own thread after the
+            // close: exiting at once cut that short (clients of a message port or a file
+            // presenter then learned of the end only from the process's exit). The echoes end
+            // once every connection has; wait for them, at most 2 s.
+            let patience = Task {
+                try? await Task.sleep(for: .seconds(2))
+                echoing.cancel()
+            }
+            await echoing.value
+            patience.cancel()
         case .client:
             let connection = try await transport.connect(to: configuration.endpoint, options: options)
             try announceReady()

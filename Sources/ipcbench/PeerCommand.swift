@@ -17,8 +17,9 @@ struct PeerCommand: AsyncParsableCommand {
         input closes.
 
         Requests, by msgid: 1 echo (reply with the payload); 2 stall (never reply: holds its \
-        own connection only, until the connection ends, which cancels it); 3 fail (the \
-        requester gets transportFailure); 4 delayed echo (the payload's first 4 bytes, \
+        own connection only, until the connection ends, which cancels it); 3 fail (answered with a \
+        failure frame, the request's correlation id and a UTF-8 message: a Swift requester \
+        gets transportFailure); 4 delayed echo (the payload's first 4 bytes, \
         big-endian, are the delay in milliseconds, at most 60000); 5 the number of handlers \
         cancelled so far (8 bytes, big-endian); 6 the event loop's stalls (JSON); any other \
         msgid is echoed. One-way messages are \

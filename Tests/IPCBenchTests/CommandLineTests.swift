@@ -6,6 +6,9 @@ import IPCSystem
 import IPCTestSupport
 import Testing
 import IPCCore
+import MessagePortTransport
+import NotifyTransport
+import FilePresenterTransport
 
 /// The command-line tool, tested through its output and exit status.
 @Suite("ipcbench command line")
@@ -28,7 +31,7 @@ struct CommandLineTests {
         #expect(status == 64)
     }
 
-    @Test("peer --refuse-clients refuses every client, which is told accessDenied", arguments: TransportCatalog.names)
+    @Test("peer --refuse-clients refuses every client, which is told accessDenied", .usesMessageQueues, arguments: TransportCatalog.names)
     func peerRefusesClients(transportName: String) async throws {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("refusing")
@@ -36,7 +39,7 @@ struct CommandLineTests {
             "peer", "--transport", transportName, "--group", group.directory.path, "--endpoint", endpoint.name, "--refuse-clients",
         ])
         defer { peer.stop() }
-        let transport = try TransportCatalog.transport(named: transportName, framing: .binary)
+        let transport = try Self.patientTransport(named: transportName)
         // A stream socket's connect completes before the listener decides: then the first
         // request is told (conformance case 5.10).
         do {
@@ -50,6 +53,37 @@ struct CommandLineTests {
             #expect(error.code == .accessDenied)
         }
         #expect(peer.isRunning, "the refusing peer ended")
+    }
+
+    @Test("a peer server whose standard input closes says goodbye to its clients before it exits: they see peerClosed, not peerDied", .usesMessageQueues, arguments: TransportCatalog.names)
+    func peerSaysGoodbye(transportName: String) async throws {
+        let transport = try Self.patientTransport(named: transportName)
+        // Three rounds: the goodbye raced the process's exit, which won about half the time.
+        for round in 0..<3 {
+            let group = try TestGroup()
+            let endpoint = try group.scopedEndpoint("bye")
+            let peer = try PeerProcess(transport: transportName, framing: .binary, endpoint: endpoint, role: .server)
+            let connection = try await transport.connect(to: endpoint, options: .defaults)
+            defer { connection.invalidate() }
+            #expect(try await connection.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(60)) == [1])
+            let probe = InvalidationProbe()
+            probe.attach(to: connection)
+            peer.stop()
+            #expect(await probe.wait(seconds: 30), "round \(round + 1): the connection was not invalidated")
+            #expect(probe.reason?.kind == .peerClosed, "round \(round + 1): \(String(describing: probe.reason))")
+        }
+    }
+
+    /// The transport called `name`, waiting up to 30 s for a listener's answer rather than the
+    /// default 5 s: a peer process started under the whole suite's load on a 2-vCPU machine has
+    /// taken longer than 5 s to welcome its first client (a fresh-clone CI run saw it).
+    static func patientTransport(named name: String) throws -> any MessageTransport {
+        switch name {
+        case "message-port": MessagePortTransport(connectTimeout: .seconds(30))
+        case "notify": NotifyTransport(connectTimeout: .seconds(30))
+        case "file-presenter": FilePresenterTransport(connectTimeout: .seconds(30))
+        default: try TransportCatalog.transport(named: name, framing: .binary)
+        }
     }
 
     @Test("peer --refuse-clients is for the server role")
