@@ -5,7 +5,7 @@ import Synchronization
 /// Area 5: endpoints have one live listener and outlive no dead one; a connection is
 /// invalidated exactly once, and reports nothing after that.
 enum LifecycleCases {
-    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry, acceptFilter, refusalIsAccessDenied]
+    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry, acceptFilter, refusalIsAccessDenied, slowAcceptFilter]
 
     static let secondListener = ConformanceCase("5.1", "A second listener on a live endpoint is refused with endpointInUse, from another process or this one") { context in
         let endpoint = try context.endpoint("taken")
@@ -147,6 +147,49 @@ enum LifecycleCases {
         }
         try check(listener.takeAccepted().isEmpty, "the listener accepted a client its filter refused")
         return .passed("refused twice (at once, and after 300 ms): accessDenied from the \(Set(outcomes).sorted().joined(separator: " and ")), and from later calls")
+    }
+
+    static let slowAcceptFilter = ConformanceCase(
+        "5.11",
+        "An accept filter is the user's code and may take its time: while it decides on a connecting client, the connections already made are served (it runs off the thread that serves them), and that client is admitted once the filter says yes",
+        requires: .acceptFilter, .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("deliberating")
+        let asked = Mutex(0)
+        let (deciding, startsDeciding) = AsyncStream<Void>.makeStream()
+        let decide = DispatchSemaphore(value: 0)
+        // The first client passes at once; the filter holds the second until the case lets it
+        // go, or for three deadlines (so that a transport that runs it where its connections are
+        // served fails the round trip below rather than hanging).
+        let patience = context.deadline * 3
+        let listener = try context.listen(endpoint, acceptFilter: { _ in
+            guard asked.withLock({ $0 += 1; return $0 }) > 1 else { return true }
+            startsDeciding.yield()
+            // blocking-call-check: allowed (the listener runs its filter off the thread that serves connections, not on the case's task; 5.11 fails a transport that does not)
+            _ = decide.wait(timeout: .now() + .nanoseconds(Int(patience.wholeNanoseconds)))
+            return true
+        })
+        defer { decide.signal(); startsDeciding.finish() }
+        let first = try await context.launchPeer(.client, at: endpoint)
+        let connection = try await listener.nextConnection(within: context.deadline, "the first client")
+        try await context.checkEcho(connection, "the first client, before another connects")
+        let second = try context.startPeer(.client, at: endpoint)
+        let asking = Task<Void, any Error> { for await _ in deciding { return } }
+        let reached = await result(of: asking, within: patience)
+        try check(reached != nil, "the accept filter was not asked about the second client within \(patience)")
+        // The filter is deciding now.
+        let started = ContinuousClock.now
+        let echo = Task { try await connection.connection.request([5, 11], msgid: ConformancePeer.Request.echo, sendTimeout: context.deadline, receiveTimeout: context.deadline) }
+        let outcome = await result(of: echo, within: context.deadline + .seconds(1))
+        let waited = ContinuousClock.now - started
+        decide.signal()
+        guard case .some(.success(let reply)) = outcome, reply == [5, 11] else {
+            throw ConformanceFailure("the first client's round trip, made while the filter decided on another client, was not answered within \(context.deadline): \(outcome.map { "\($0)" } ?? "still waiting")")
+        }
+        let admitted = try await listener.nextConnection(within: context.deadline, "the second client, once the filter said yes")
+        try check(admitted.connection.peer?.pid == second.pid, "the connection admitted after the filter's yes is \(admitted.connection.peer.map { "pid \($0.pid)" } ?? "of an unknown peer"), not the second client \(second.pid)")
+        try check(first.pid != second.pid, "the two clients are one process")
+        return .passed("a round trip took \(waited.formattedMilliseconds) while the filter held another client; that client was admitted once it said yes")
     }
 
     static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in

@@ -57,6 +57,11 @@ public typealias MessageHandler = @Sendable (_ message: ReceivedMessage, _ send:
 public typealias BorrowingMessageHandler = @Sendable (_ msgid: UInt32, _ payload: RawSpan, _ send: (_ payload: [UInt8], _ msgid: UInt32) throws -> Void) -> Bool
 
 /// Decides whether a connecting peer is accepted, from its kernel-verified credentials.
+///
+/// Runs off the listener's event loop, one connecting client at a time per listener, so it may
+/// take its time (a policy lookup, a log write): it holds up only the clients connecting to
+/// that listener after it, never a connection already made. At most 256 clients of a listener
+/// wait for it; the next are turned away (a rendezvous answers busy).
 public typealias AcceptFilter = @Sendable (PeerCredentials) -> Bool
 
 /// A one-way message or request delivered through ``MessageConnection/messages``.

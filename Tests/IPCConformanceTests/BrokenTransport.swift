@@ -1,5 +1,6 @@
 import Foundation
 import IPCCore
+import IPCEngine
 import Synchronization
 
 /// One rule a ``BrokenTransport`` breaks, on purpose, so that a test can check that the case
@@ -10,6 +11,8 @@ enum Violation: String, Sendable, CaseIterable {
     case ignoresItsMaximum
     /// Listens without the accept filter it is given.
     case ignoresAcceptFilter
+    /// Runs the accept filter on the event loop's thread, which serves every connection.
+    case filtersOnTheLoop
     /// Listens without the borrowing message handler it is given.
     case ignoresBorrowingHandler
     /// Connects without the borrowing message handler it is given.
@@ -81,7 +84,21 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
             throw IPCError(code: .endpointInUse, message: "a socket file is in the way")
         }
         do {
-            let filter = violation == .ignoresAcceptFilter ? nil : acceptFilter
+            var filter = violation == .ignoresAcceptFilter ? nil : acceptFilter
+            if violation == .filtersOnTheLoop, let acceptFilter {
+                // The loop's thread waits for the filter's answer, as if it had called it.
+                filter = { credentials in
+                    let answered = DispatchSemaphore(value: 0)
+                    let answer = Mutex(false)
+                    guard let loop = try? EventLoop.shared() else { return acceptFilter(credentials) }
+                    loop.execute {
+                        answer.withLock { $0 = acceptFilter(credentials) }
+                        answered.signal()
+                    }
+                    answered.wait()
+                    return answer.withLock { $0 }
+                }
+            }
             return BrokenListener(try base.listen(at: endpoint, options: options, acceptFilter: filter), violation: violation)
         } catch let error as IPCError where violation == .wrongEndpointInUseCode && error.code == .endpointInUse {
             throw IPCError(code: .transportFailure, message: error.message)

@@ -1,5 +1,6 @@
 #if os(Linux)
 import CIPCShims
+import Dispatch
 import Glibc
 package import IPCCore
 package import IPCSystem
@@ -87,7 +88,9 @@ public enum RendezvousHandshake: Sendable {
 
 /// The listening side of an `AF_UNIX` stream socket in the group directory, on the event loop:
 /// accepts every client waiting on each wake-up (backlog `SOMAXCONN`), takes its
-/// kernel-verified credentials (`SO_PEERCRED`) and asks the accept filter. Then, by ``Mode``:
+/// kernel-verified credentials (`SO_PEERCRED`) and asks the accept filter, off the loop (a
+/// serial queue of the acceptor's; at most ``maximumFiltering`` clients wait for it, the next
+/// are turned away). Then, by ``Mode``:
 ///
 /// - ``Mode/immediate(refusal:_:)`` (unix-socket, whose messages travel over the accepted
 ///   socket): the client is handed over at once; a refused one is sent the transport's refusal
@@ -100,7 +103,7 @@ public enum RendezvousHandshake: Sendable {
 ///   answered ``RendezvousStatus/busy``), so clients that never finish cannot hold the
 ///   listener's descriptors.
 ///
-/// Nothing here blocks the loop.
+/// Nothing here blocks the loop, whatever the accept filter does.
 package final class SocketAcceptor: Sendable {
     package typealias Handshake = RendezvousHandshake
 
@@ -218,7 +221,7 @@ package final class SocketAcceptor: Sendable {
                     if let watch = watch.withLock({ $0.take() }) { loop.cancel(watch) }
                 }
                 acceptWaiting()
-                guard isIdle(), pending.entries.withLock({ $0.isEmpty }) else { return continuation.resume(returning: false) }
+                guard isIdle(), pending.entries.withLock({ $0.isEmpty }), filtering.load(ordering: .relaxed) == 0 else { return continuation.resume(returning: false) }
                 close()
                 continuation.resume(returning: true)
             }
@@ -243,34 +246,69 @@ package final class SocketAcceptor: Sendable {
                 try? fd.close()
                 continue
             }
-            switch mode {
-            case .immediate(let refusal, let accepted):
-                guard acceptFilter?(peer) ?? true else {
-                    _ = refusal.withUnsafeBytes { Glibc.send(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
-                    try? fd.close()
-                    continue
+            guard let acceptFilter else {
+                take(fd, peer: peer, allowed: true)
+                continue
+            }
+            // The filter is the user's code, which may take its time (a policy lookup, a log):
+            // it runs off the loop, one client at a time, and its answer comes back here. A
+            // bounded number wait for it; past that, a client is told the listener is busy
+            // (rendezvous) or closed without an answer (a connect then fails at its first read).
+            guard filtering.add(1, ordering: .relaxed).newValue <= Self.maximumFiltering else {
+                filtering.subtract(1, ordering: .relaxed)
+                if case .handshake = mode { RendezvousStatus.busy.send(on: fd) }
+                try? fd.close()
+                continue
+            }
+            filters.async { [self] in
+                let allowed = acceptFilter(peer)
+                loop.execute { [self] in
+                    filtering.subtract(1, ordering: .relaxed)
+                    guard !closed.load(ordering: .acquiring) else {
+                        try? fd.close()
+                        return
+                    }
+                    take(fd, peer: peer, allowed: allowed)
                 }
-                accepted(fd, peer)
-            case .handshake(let timeout, let maximumPending, _):
-                guard acceptFilter?(peer) ?? true else {
-                    RendezvousStatus.refused.send(on: fd)
-                    try? fd.close()
-                    continue
-                }
-                guard pending.entries.withLock({ $0.count }) < maximumPending else {
-                    RendezvousStatus.busy.send(on: fd)
-                    try? fd.close()
-                    continue
-                }
-                guard let watching = try? loop.watchReadable(fd, { [weak self] in self?.readable(fd) }) else {
-                    try? fd.close()
-                    continue
-                }
-                let serial = pending.add(fd, watch: watching, peer: peer)
-                loop.schedule(at: monotonicNanoseconds() &+ timeout.wholeNanoseconds) { [weak self] in
-                    guard let self, self.pending.remove(fd, serial: serial, on: self.loop) != nil else { return }
-                    try? fd.close()
-                }
+            }
+        }
+    }
+
+    /// Clients waiting for the accept filter, at most.
+    static let maximumFiltering = 256
+    private let filtering = Atomic<Int>(0)
+    /// Where the accept filter runs (one client at a time).
+    private let filters = DispatchQueue(label: "ipcbench.accept-filter")
+
+    /// Answers a client the accept filter has judged, or that no filter judges (loop thread).
+    private func take(_ fd: FileDescriptor, peer: PeerCredentials, allowed: Bool) {
+        switch mode {
+        case .immediate(let refusal, let accepted):
+            guard allowed else {
+                _ = refusal.withUnsafeBytes { Glibc.send(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+                try? fd.close()
+                return
+            }
+            accepted(fd, peer)
+        case .handshake(let timeout, let maximumPending, _):
+            guard allowed else {
+                RendezvousStatus.refused.send(on: fd)
+                try? fd.close()
+                return
+            }
+            guard pending.entries.withLock({ $0.count }) < maximumPending else {
+                RendezvousStatus.busy.send(on: fd)
+                try? fd.close()
+                return
+            }
+            guard let watching = try? loop.watchReadable(fd, { [weak self] in self?.readable(fd) }) else {
+                try? fd.close()
+                return
+            }
+            let serial = pending.add(fd, watch: watching, peer: peer)
+            loop.schedule(at: monotonicNanoseconds() &+ timeout.wholeNanoseconds) { [weak self] in
+                guard let self, self.pending.remove(fd, serial: serial, on: self.loop) != nil else { return }
+                try? fd.close()
             }
         }
     }
