@@ -50,6 +50,8 @@ public struct PeerService: Sendable {
     public var activation: ConformancePeer.Configuration.Activation?
     /// Server role: refuse every client (``ConformancePeer/Configuration/refusesClients``).
     public var refusesClients: Bool
+    /// Server role: the listener's connection limit (``ConformancePeer/Configuration/maximumConnections``).
+    public var maximumConnections: Int?
 
     public init(
         transport: any MessageTransport,
@@ -64,8 +66,10 @@ public struct PeerService: Sendable {
         maximumConcurrentRequests: Int = 1,
         allocationCount: (@Sendable () -> (thread: UInt64, allocations: UInt64))? = nil,
         activation: ConformancePeer.Configuration.Activation? = nil,
-        refusesClients: Bool = false
+        refusesClients: Bool = false,
+        maximumConnections: Int? = nil
     ) {
+        self.maximumConnections = maximumConnections
         self.activation = activation
         self.refusesClients = refusesClients
         self.serving = serving
@@ -100,7 +104,8 @@ public struct PeerService: Sendable {
                 serving: serving,
                 maximumConcurrentRequests: maximumConcurrentRequests,
                 activation: activation,
-                refusesClients: refusesClients
+                refusesClients: refusesClients,
+                maximumConnections: maximumConnections
             )
             try await ConformancePeer(
                 transport: transport, configuration: configuration, allocationCount: allocationCount,

@@ -91,6 +91,9 @@ enum FramingCases {
         let stream = try RawByteStream(path: access.socketPath(listener.endpoint))
         try stream.write(try frame(access.framing, msgid: 42, payload: [4, 2]) + [UInt8](repeating: 0, count: 32))
         let connection = try await checkDropped(stream, listener: listener, code: .malformedFrame, context: context, "a frame followed by zeros")
+        // What the connection delivered is all in the probe once its message stream has ended
+        // (the probe's reader may not have taken the frame yet when the invalidation is seen).
+        try check(await poll(within: context.deadline) { connection.streamFinishedAt != nil }, "the dropped connection's message stream did not end within \(context.deadline)")
         try check(connection.messages.map(\.msgid) == [42], "the good frame before the garbage was not delivered alone (got \(connection.messages.map(\.msgid)))")
         try await checkServesAnotherClient(listener, context: context)
         return .passed("\(samples.count + 1) kinds of garbage each dropped their connection with malformedFrame; the server kept serving")

@@ -5,7 +5,7 @@ import Synchronization
 /// Area 5: endpoints have one live listener and outlive no dead one; a connection is
 /// invalidated exactly once, and reports nothing after that.
 enum LifecycleCases {
-    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry, acceptFilter, refusalIsAccessDenied, slowAcceptFilter]
+    static let all: [ConformanceCase] = [secondListener, staleEndpoint, nobodyListening, exactlyOnceAndLast, sendsAfterInvalidation, listenerClose, lateHandler, connectWithRetry, acceptFilter, refusalIsAccessDenied, slowAcceptFilter, connectionLimit]
 
     static let secondListener = ConformanceCase("5.1", "A second listener on a live endpoint is refused with endpointInUse, from another process or this one") { context in
         let endpoint = try context.endpoint("taken")
@@ -190,6 +190,51 @@ enum LifecycleCases {
         try check(admitted.connection.peer?.pid == second.pid, "the connection admitted after the filter's yes is \(admitted.connection.peer.map { "pid \($0.pid)" } ?? "of an unknown peer"), not the second client \(second.pid)")
         try check(first.pid != second.pid, "the two clients are one process")
         return .passed("a round trip took \(waited.formattedMilliseconds) while the filter held another client; that client was admitted once it said yes")
+    }
+
+    static let connectionLimit = ConformanceCase(
+        "5.12",
+        "A listener given maximumConnections 2 keeps two clients and serves them; a third is turned away as busy, with endpointNotFound from its connect or its first request (not accessDenied, not a hang); once one of the two has gone, a new client is admitted",
+        requires: .connectionLimit, .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("full")
+        var options = context.connectionOptions
+        options.maximumConnections = 2
+        let listener = try context.listen(endpoint, options: options)
+        let first = try await context.launchPeer(.client, at: endpoint)
+        let firstConnection = try await listener.nextConnection(within: context.deadline, "the first client")
+        let second = try await context.launchPeer(.client, at: endpoint)
+        let secondConnection = try await listener.nextConnection(within: context.deadline, "the second client")
+        // The third, from this process (the listener answers no requests: one admitted by
+        // mistake would time out, not fail with endpointNotFound).
+        let turnedAway: String
+        do {
+            let third = try await context.connect(endpoint)
+            do {
+                _ = try await third.connection.request([3], msgid: ConformancePeer.Request.echo, sendTimeout: context.deadline, receiveTimeout: context.deadline * 2)
+                throw ConformanceFailure("a third client's request was answered by a listener that keeps two connections")
+            } catch let error as IPCError {
+                try check(error.code == .endpointNotFound, "the third client's first request failed with \(error), not endpointNotFound")
+            }
+            try await checkError([.endpointNotFound], "the third client's second request") {
+                try await third.connection.request([4], msgid: ConformancePeer.Request.echo, sendTimeout: context.deadline, receiveTimeout: context.deadline)
+            }
+            turnedAway = "its first request"
+        } catch let error as IPCError {
+            try check(error.code == .endpointNotFound, "the third client's connect failed with \(error), not endpointNotFound")
+            turnedAway = "its connect"
+        }
+        try check(listener.takeAccepted().isEmpty, "the listener accepted a third connection past maximumConnections 2")
+        try await context.checkEcho(firstConnection, "the first client, after a third was turned away")
+        try await context.checkEcho(secondConnection, "the second client, after a third was turned away")
+        await second.shutDown()
+        try check(await secondConnection.invalidation(within: context.deadline) != nil, "the second client's connection did not end within \(context.deadline) of its process's exit")
+        let fourth = try await context.launchPeer(.client, at: endpoint)
+        let fourthConnection = try await listener.nextConnection(within: context.deadline, "a client after the second had gone")
+        try check(fourthConnection.connection.peer.map { $0.pid == fourth.pid } ?? true, "the connection admitted after the second client left is not the new client's")
+        try await context.checkEcho(fourthConnection, "the client admitted once there was room")
+        try check(first.pid != fourth.pid, "the clients are one process")
+        return .passed("a third client was turned away with endpointNotFound from \(turnedAway); the two kept were served, and a new client was admitted once one had gone")
     }
 
     static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in

@@ -90,6 +90,9 @@ public struct ConformanceRequirement: Sendable, CustomStringConvertible {
     static let acceptFilter = ConformanceRequirement(description: "the transport does not declare supportsAcceptFilter") {
         $0.capabilities.supportsAcceptFilter
     }
+    static let connectionLimit = ConformanceRequirement(description: "the transport does not declare supportsConnectionLimit") {
+        $0.capabilities.supportsConnectionLimit
+    }
     static let llbsdFraming = ConformanceRequirement(description: "the subject's raw byte stream does not speak the LLBSD-compatible framing (llbsd)") {
         $0.rawStream?.framing == .llbsd
     }

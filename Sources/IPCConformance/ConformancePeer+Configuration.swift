@@ -86,12 +86,16 @@ extension ConformancePeer {
         /// Server role: an accept filter that refuses every client, so that a client can meet
         /// the listener's refusal (WIRE-FORMAT.md 1.1 on unix sockets). `--refuse-clients`.
         public var refusesClients: Bool
+        /// Server role: the listener's ``ConnectionOptions/maximumConnections``, so that a client
+        /// can meet a full listener's refusal (WIRE-FORMAT.md 1.1). `--maximum-connections`.
+        public var maximumConnections: Int?
 
         public init(
             endpoint: Endpoint, role: Role, burstCount: Int = 0, burstSize: Int = 4, grandchild: Grandchild? = nil, waitStrategy: WaitStrategy = .blocking,
             stalledFrameTimeout: Duration? = ConnectionOptions.defaults.stalledFrameTimeout, serving: Serving = .task, maximumConcurrentRequests: Int = 1,
-            activation: Activation? = nil, refusesClients: Bool = false
+            activation: Activation? = nil, refusesClients: Bool = false, maximumConnections: Int? = nil
         ) {
+            self.maximumConnections = maximumConnections
             self.activation = activation
             self.refusesClients = refusesClients
             self.serving = serving
@@ -122,6 +126,7 @@ extension ConformancePeer {
                 if activation.handOver != .launcherKeepsSocket { arguments += ["--idle-hand-over", activation.handOver.rawValue] }
             }
             if refusesClients { arguments.append("--refuse-clients") }
+            if let maximumConnections { arguments += ["--maximum-connections", String(maximumConnections)] }
             return arguments
         }
 
@@ -142,7 +147,7 @@ extension ConformancePeer {
                     refusing = true
                     continue
                 }
-                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds", "--serve", "--request-concurrency", "--exit-when-idle", "--idle-hand-over"]
+                let known = ["--group", "--endpoint", "--role", "--burst-count", "--burst-size", "--grandchild", "--spin-microseconds", "--stalled-frame-seconds", "--serve", "--request-concurrency", "--exit-when-idle", "--idle-hand-over", "--maximum-connections"]
                 guard known.contains(option), let value = iterator.next() else {
                     throw IPCError(code: .unsupportedOperation, message: "unexpected peer argument \(option.debugDescription); expected \(known.joined(separator: ", ")), each with a value")
                 }
@@ -173,10 +178,14 @@ extension ConformancePeer {
                     idleExit: try value("--exit-when-idle") { Double($0).flatMap { $0 > 0 && $0 <= 86_400 ? Duration.milliseconds(Int64(($0 * 1000).rounded())) : nil } },
                     handOver: try value("--idle-hand-over", IdleHandOver.init(rawValue:)) ?? .launcherKeepsSocket
                 ) : nil,
-                refusesClients: refusing
+                refusesClients: refusing,
+                maximumConnections: try value("--maximum-connections") { Int($0).flatMap { (1...1_000_000).contains($0) ? $0 : nil } }
             )
             if refusing, role != .server {
                 throw IPCError(code: .unsupportedOperation, message: "--refuse-clients is for the server role")
+            }
+            if maximumConnections != nil, role != .server {
+                throw IPCError(code: .unsupportedOperation, message: "--maximum-connections is for the server role")
             }
             if !activated, values["--exit-when-idle"] != nil || values["--idle-hand-over"] != nil {
                 throw IPCError(code: .unsupportedOperation, message: "--exit-when-idle and --idle-hand-over need --socket-activated")

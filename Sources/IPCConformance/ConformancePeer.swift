@@ -248,6 +248,7 @@ public struct ConformancePeer: Sendable {
                 }
             }
             $0.maximumPayloadLength = 1 << 30
+            $0.maximumConnections = configuration.maximumConnections
             $0.waitStrategy = configuration.waitStrategy
             $0.stalledFrameTimeout = configuration.stalledFrameTimeout
             $0.makeOnLoopBorrowingMessageHandler = { [allocationCount] in Sink.makeHandler(allocationCount: allocationCount) }

@@ -75,6 +75,7 @@ public enum ConformanceReportWriter {
         let flags = [
             ("order", declared.preservesOrder), ("request/reply", declared.supportsRequestReply),
             ("broadcast", declared.supportsBroadcast), ("accept filter", declared.supportsAcceptFilter),
+            ("spinning", declared.supportsSpinning), ("connection limit", declared.supportsConnectionLimit),
         ]
         parts.append("offers " + flags.filter(\.1).map(\.0).joined(separator: ", "))
         if let framing = report.framing { parts.append("raw stream in \(framing) framing") }

@@ -178,6 +178,14 @@ public struct ConnectionOptions: Sendable {
     /// peer cannot hold a half-received frame forever. An idle connection (between frames) is
     /// never timed out. `nil` waits forever.
     public var stalledFrameTimeout: Duration? = .seconds(30)
+    /// Listeners only (a connecting side ignores it): the most connections the listener keeps at
+    /// once, counting clients in the middle of connecting. A client past it is turned away as
+    /// busy, and its connect (or, where a stream socket's connect completes before the listener
+    /// decides, its first request) fails with ``IPCError/Code/endpointNotFound``: it may try again
+    /// once a connection has ended. The connections it keeps are served as before. `nil` (the
+    /// default): bounded only by the process's descriptors. Transports that honour it declare
+    /// ``TransportCapabilities/supportsConnectionLimit``.
+    public var maximumConnections: Int? = nil
 
     public init(maximumPayloadLength: Int = 64 << 20, requestHandler: RequestHandler? = nil, waitStrategy: WaitStrategy = .blocking) {
         self.maximumPayloadLength = maximumPayloadLength

@@ -26,6 +26,8 @@ public struct TransportCapabilities: Sendable, Hashable, Codable {
     /// The connection honours ``ConnectionOptions/waitStrategy``: it can poll for the peer's
     /// messages without sleeping. A transport without this ignores the strategy and blocks.
     public var supportsSpinning: Bool
+    /// A listener honours ``ConnectionOptions/maximumConnections``.
+    public var supportsConnectionLimit: Bool
 
     public init(
         maximumPayloadLength: Int,
@@ -34,7 +36,8 @@ public struct TransportCapabilities: Sendable, Hashable, Codable {
         supportsBroadcast: Bool,
         supportsAcceptFilter: Bool,
         peerDeathDetection: PeerDeathDetection,
-        supportsSpinning: Bool = false
+        supportsSpinning: Bool = false,
+        supportsConnectionLimit: Bool = false
     ) {
         self.maximumPayloadLength = maximumPayloadLength
         self.preservesOrder = preservesOrder
@@ -43,5 +46,23 @@ public struct TransportCapabilities: Sendable, Hashable, Codable {
         self.supportsAcceptFilter = supportsAcceptFilter
         self.peerDeathDetection = peerDeathDetection
         self.supportsSpinning = supportsSpinning
+        self.supportsConnectionLimit = supportsConnectionLimit
+    }
+
+    private enum CodingKeys: String, CodingKey {
+        case maximumPayloadLength, preservesOrder, supportsRequestReply, supportsBroadcast, supportsAcceptFilter, peerDeathDetection, supportsSpinning, supportsConnectionLimit
+    }
+
+    /// Reads capabilities written before ``supportsConnectionLimit`` existed as without it.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        maximumPayloadLength = try container.decode(Int.self, forKey: .maximumPayloadLength)
+        preservesOrder = try container.decode(Bool.self, forKey: .preservesOrder)
+        supportsRequestReply = try container.decode(Bool.self, forKey: .supportsRequestReply)
+        supportsBroadcast = try container.decode(Bool.self, forKey: .supportsBroadcast)
+        supportsAcceptFilter = try container.decode(Bool.self, forKey: .supportsAcceptFilter)
+        peerDeathDetection = try container.decode(PeerDeathDetection.self, forKey: .peerDeathDetection)
+        supportsSpinning = try container.decode(Bool.self, forKey: .supportsSpinning)
+        supportsConnectionLimit = try container.decodeIfPresent(Bool.self, forKey: .supportsConnectionLimit) ?? false
     }
 }

@@ -6,6 +6,9 @@ package import IPCCore
 /// Never reachable by users of a connection: whoever can dispatch a frame can complete
 /// another's request.
 package final class ConnectionCore: Sendable {
+    /// How a full listener's refusal text begins (docs/WIRE-FORMAT.md, "Refusal").
+    package static let busyRefusalPrefix = "endpointNotFound:"
+
     package let options: ConnectionOptions
     package let latch = InvalidationLatch()
     package let requests: RequestTable
@@ -147,8 +150,11 @@ package final class ConnectionCore: Sendable {
             let description = String(decoding: frame.payload, as: UTF8.self)
             if frame.correlation == 0 {
                 // No request has correlation 0: the listener refused this connection (its accept
-                // filter), and closes it next. The receive path ends the connection.
-                _ = latch.invalidate(InvalidationReason(.peerClosed, error: IPCError(code: .accessDenied, message: "the listener refused this connection (\(description))")))
+                // filter, or it was full), and closes it next. The receive path ends the
+                // connection. A full listener's refusal says `endpointNotFound:` first (try
+                // again later); any other is `accessDenied` (docs/WIRE-FORMAT.md, "Refusal").
+                let code: IPCError.Code = description.hasPrefix(Self.busyRefusalPrefix) ? .endpointNotFound : .accessDenied
+                _ = latch.invalidate(InvalidationReason(.peerClosed, error: IPCError(code: code, message: "the listener refused this connection (\(description))")))
                 return false
             }
             requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))
@@ -172,9 +178,10 @@ package final class ConnectionCore: Sendable {
 
 extension InvalidationReason {
     /// The listener's refusal, for a connection that ended because the listener refused it
-    /// (what its requests and later calls fail with).
+    /// (what its requests and later calls fail with): its accept filter's (`accessDenied`), or
+    /// a full listener's (`endpointNotFound`, which nothing else ends a connection with).
     var refusal: IPCError? {
-        guard let error, error.code == .accessDenied else { return nil }
+        guard let error, error.code == .accessDenied || (kind == .peerClosed && error.code == .endpointNotFound) else { return nil }
         return error
     }
 }

@@ -197,6 +197,13 @@ public struct MessageQueue: Sendable {
         return fd >= 0 || errno != ENOENT
     }
 
+    /// Whether the queue's name has been removed (`mq_unlink`): it has no link left in the queue
+    /// file system (open descriptors keep it alive). `false` if that cannot be told.
+    public var isUnlinked: Bool {
+        var status = stat()
+        return fstat(descriptor.rawValue, &status) == 0 && status.st_nlink == 0
+    }
+
     /// The queue's inode in the queue file system: tells one queue from another of the same name.
     public var inode: UInt64? {
         var status = stat()

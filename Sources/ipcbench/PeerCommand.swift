@@ -41,6 +41,11 @@ struct PeerCommand: AsyncParsableCommand {
         then the socket closes (docs/WIRE-FORMAT.md 1.1); the other transports' connects fail \
         with accessDenied.
 
+        --maximum-connections N (server role) keeps at most N connections at once: a client \
+        past them is turned away as busy (a unix-socket client reads one failure frame with \
+        correlation 0 whose text begins 'endpointNotFound:'; the other transports' connects \
+        fail with endpointNotFound), and may try again once a connection has ended.
+
         Socket activation (server role; unix-socket, notify, file-presenter): with \
         --socket-activated the listening socket comes from a launcher (systemd, or \
         systemd-socket-activate) through LISTEN_PID/LISTEN_FDS, and must be bound to the path \
@@ -107,6 +112,9 @@ struct PeerCommand: AsyncParsableCommand {
     @Flag(help: "Server role: refuse every client with the listener's refusal (the accept filter's 'no'; on unix sockets one failure frame with correlation 0, WIRE-FORMAT.md 1.1).")
     var refuseClients = false
 
+    @Option(help: "Server role: keep at most this many connections at once, turning the next clients away as busy (endpointNotFound; WIRE-FORMAT.md 1.1).")
+    var maximumConnections: Int?
+
     @Flag(help: "Print the socket path a launcher must listen on for this transport and endpoint (creating the group directory, owner-only, if needed), and exit.")
     var printActivationSocket = false
 
@@ -117,6 +125,10 @@ struct PeerCommand: AsyncParsableCommand {
         }
         if socketActivated, role != .server { throw ValidationError("--socket-activated is for the server role") }
         if refuseClients, role != .server { throw ValidationError("--refuse-clients is for the server role") }
+        if let maximumConnections {
+            guard role == .server else { throw ValidationError("--maximum-connections is for the server role") }
+            guard (1...1_000_000).contains(maximumConnections) else { throw ValidationError("--maximum-connections takes 1 to 1000000") }
+        }
         guard (1...1024).contains(requestConcurrency) else { throw ValidationError("--request-concurrency takes 1 to 1024") }
         guard spinMicroseconds >= 0 else { throw ValidationError("--spin-microseconds cannot be negative") }
         guard stalledFrameSeconds >= 0 else { throw ValidationError("--stalled-frame-seconds cannot be negative") }
@@ -154,7 +166,8 @@ struct PeerCommand: AsyncParsableCommand {
             maximumConcurrentRequests: requestConcurrency,
             allocationCount: { (UInt64(pthread_self()), ipc_thread_allocation_count()) },
             activation: socketActivated ? .init(idleExit: exitWhenIdle.map { .milliseconds(Int64(($0 * 1000).rounded())) }, handOver: idleHandOver) : nil,
-            refusesClients: refuseClients
+            refusesClients: refuseClients,
+            maximumConnections: maximumConnections
         )
         try await service.run()
     }

@@ -55,6 +55,47 @@ struct CommandLineTests {
         #expect(peer.isRunning, "the refusing peer ended")
     }
 
+    @Test("peer --maximum-connections 1 serves one client, turns the next away with endpointNotFound, and admits a client again once the first has gone", .usesMessageQueues, arguments: TransportCatalog.names)
+    func peerKeepsAtMostItsMaximum(transportName: String) async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("full")
+        let peer = try PeerProcess(arguments: [
+            "peer", "--transport", transportName, "--group", group.directory.path, "--endpoint", endpoint.name, "--maximum-connections", "1",
+        ])
+        defer { peer.stop() }
+        let transport = try Self.patientTransport(named: transportName)
+        func echo(_ connection: any MessageConnection, _ byte: UInt8) async throws -> [UInt8] {
+            try await connection.request([byte], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(60))
+        }
+        let first = try await transport.connect(to: endpoint, options: .defaults)
+        #expect(try await echo(first, 1) == [1])
+        // A stream socket's connect completes before the listener decides: then the first
+        // request is told.
+        do {
+            let second = try await transport.connect(to: endpoint, options: .defaults)
+            defer { second.invalidate() }
+            let error = await #expect(throws: IPCError.self) { try await echo(second, 2) }
+            #expect(error?.code == .endpointNotFound, "\(String(describing: error))")
+        } catch let error as IPCError {
+            #expect(error.code == .endpointNotFound, "\(error)")
+        }
+        #expect(try await echo(first, 3) == [3], "the kept client was not served after another was turned away")
+        first.invalidate()
+        // The listener sees the first client go in its own time: try again until it has room.
+        let deadline = ContinuousClock.now + .seconds(30)
+        var admitted: (any MessageConnection)?
+        while admitted == nil, ContinuousClock.now < deadline {
+            do {
+                let next = try await transport.connect(to: endpoint, options: .defaults)
+                if (try? await echo(next, 4)) == [4] { admitted = next } else { next.invalidate() }
+            } catch let error as IPCError where error.code == .endpointNotFound {}
+            if admitted == nil { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(admitted != nil, "no client was admitted within 30 s of the first one's end")
+        admitted?.invalidate()
+        #expect(peer.isRunning, "the peer ended")
+    }
+
     @Test("a peer server whose standard input closes says goodbye to its clients before it exits: they see peerClosed, not peerDied", .usesMessageQueues, arguments: TransportCatalog.names)
     func peerSaysGoodbye(transportName: String) async throws {
         let transport = try Self.patientTransport(named: transportName)
@@ -86,10 +127,14 @@ struct CommandLineTests {
         }
     }
 
-    @Test("peer --refuse-clients is for the server role")
+    @Test("peer --refuse-clients and --maximum-connections are for the server role; a maximum of 0 is refused")
     func refuseClientsNeedsServerRole() async throws {
         let (status, _) = try await PeerProcess.runToCompletion(["peer", "--group", "/tmp/g", "--endpoint", "x", "--role", "client", "--refuse-clients"])
         #expect(status == 64)
+        for arguments in [["--role", "client", "--maximum-connections", "2"], ["--maximum-connections", "0"]] {
+            let (status, _) = try await PeerProcess.runToCompletion(["peer", "--group", "/tmp/g", "--endpoint", "x"] + arguments)
+            #expect(status == 64, "\(arguments)")
+        }
     }
 
     @Test("a smoke run writes a result file, a Markdown report and an HTML report")

@@ -13,6 +13,8 @@ enum Violation: String, Sendable, CaseIterable {
     case ignoresAcceptFilter
     /// Runs the accept filter on the event loop's thread, which serves every connection.
     case filtersOnTheLoop
+    /// Listens without the connection limit it is given (and still declares one).
+    case ignoresConnectionLimit
     /// Listens without the borrowing message handler it is given.
     case ignoresBorrowingHandler
     /// Connects without the borrowing message handler it is given.
@@ -80,6 +82,7 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
         var options = options
         if violation == .acceptsHostileLengths { options.maximumPayloadLength = Int(Int32.max) }
         if violation == .ignoresBorrowingHandler { options.makeOnLoopBorrowingMessageHandler = nil }
+        if violation == .ignoresConnectionLimit { options.maximumConnections = nil }
         if violation == .refusesStaleEndpoints, FileManager.default.fileExists(atPath: endpoint.path(suffix: ".sock")) {
             throw IPCError(code: .endpointInUse, message: "a socket file is in the way")
         }

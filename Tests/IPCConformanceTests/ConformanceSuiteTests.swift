@@ -64,6 +64,12 @@ struct ConformanceSuiteTests {
         #expect(try ConformancePeer.Configuration(arguments: refusing.arguments) == refusing)
         #expect(throws: IPCError.self) { try ConformancePeer.Configuration(arguments: ["--group", "/tmp/g", "--endpoint", "x", "--role", "client", "--refuse-clients"]) }
         #expect(throws: IPCError.self) { try ConformancePeer.Configuration(arguments: ["--group", "/tmp/g", "--endpoint", "x", "--bogus", "1"]) }
+        let limited = ConformancePeer.Configuration(endpoint: endpoint, role: .server, maximumConnections: 3)
+        #expect(limited.arguments.suffix(2) == ["--maximum-connections", "3"])
+        #expect(try ConformancePeer.Configuration(arguments: limited.arguments) == limited)
+        for bad in [["--role", "client", "--maximum-connections", "3"], ["--maximum-connections", "0"], ["--maximum-connections", "many"]] {
+            #expect(throws: IPCError.self) { try ConformancePeer.Configuration(arguments: ["--group", "/tmp/g", "--endpoint", "x"] + bad) }
+        }
         #expect(ConformancePeer.Announcement(line: "READY 12 grandchild 13") == ConformancePeer.Announcement(pid: 12, grandchildPID: 13))
         #expect(ConformancePeer.Announcement(line: "READY 12") == ConformancePeer.Announcement(pid: 12))
         #expect(ConformancePeer.Announcement(line: "hello") == nil)

@@ -743,6 +743,49 @@ def test_refusal(work):
                         "--refuse-clients"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
     check("--refuse-clients with --role client is a usage error", p.returncode != 0 and b"READY" not in p.stdout,
           "rc=%d stderr=%r" % (p.returncode, p.stderr.decode(errors="replace").strip()[:200]))
+    test_full_listener(work)
+
+
+def test_full_listener(work):
+    """WIRE-FORMAT 1.1 "Refusal" by a full listener, against `ipcbench peer --maximum-connections 1`
+    (HARNESS.md). Added by the project, from the same two documents."""
+    print("\n== a full listener's refusal (WIRE 1.1, `peer --maximum-connections 1`)", flush=True)
+    peer = Peer(os.path.join(work, "g-full"), "e", extra=("--maximum-connections", "1"))
+
+    def echoes(s, corr):
+        s.sendall(bin_encode(REQUEST, 1, corr, b"kept"))
+        k, m, c, p, _ = bin_read(s)
+        return (k, m, c, p) == (REPLY, 1, corr, b"kept")
+
+    try:
+        kept = connect(peer.sock_path)
+        check("full: the first client is served", echoes(kept, 1))
+        extra = connect(peer.sock_path)
+        try:
+            kind, msgid, corr, payload, _ = bin_read(extra)
+            rest, how = read_until_close(extra)
+            check("full: a second client reads one failure, correlation 0, whose text begins endpointNotFound:, then the stream's end",
+                  (kind, msgid, corr, rest, how) == (FAILURE, 0, 0, b"", "eof") and payload.startswith(b"endpointNotFound:"),
+                  "kind %d msgid %d corr %d payload %r, then %r (%s)" % (kind, msgid, corr, payload, rest[:60], how))
+        except Exception as e:
+            check("full: a second client reads the full listener's refusal", False, repr(e))
+        extra.close()
+        check("full: the first client is still served", echoes(kept, 2))
+        kept.close()
+        # The listener sees the first client go in its own time: connect again until admitted.
+        admitted, deadline = False, time.monotonic() + 10
+        while not admitted and time.monotonic() < deadline:
+            s = connect(peer.sock_path)
+            try:
+                admitted = echoes(s, 3)
+            except Exception:
+                pass
+            s.close()
+            if not admitted:
+                time.sleep(0.05)
+        check("full: a client is admitted again once the first has gone (within 10 s)", admitted)
+    finally:
+        peer.stop()
 
 
 # ---------------------------------------------------------------------------------------------

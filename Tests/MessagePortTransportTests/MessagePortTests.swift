@@ -334,6 +334,32 @@ struct MessagePortTests {
         #expect(try await fresh.request([3], msgid: 1, sendTimeout: .seconds(5), receiveTimeout: .seconds(10)) == [3])
     }
 
+    @Test("a client that gave up while a slow accept filter decided on it is not admitted afterwards (it was, as a connection nobody used, kept until its process exited)")
+    func gaveUpDuringFilter() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.scopedEndpoint("slowfilter")
+        let decided = Mutex(0)
+        let listener = try transport.listen(at: endpoint, options: .defaults, acceptFilter: { _ in
+            // blocking-call-check: allowed (the listener runs its filter on a queue of its own, off the loop and off this test's task)
+            usleep(2_000_000)
+            decided.withLock { $0 += 1 }
+            return true
+        })
+        defer { listener.close() }
+        let impatient = MessagePortTransport(connectTimeout: .milliseconds(500))
+        await expectIPCError(.endpointNotFound) { _ = try await impatient.connect(to: endpoint, options: .defaults) }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while decided.withLock({ $0 }) == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        try #require(decided.withLock { $0 } == 1, "the filter was not asked")
+        // The filter's yes goes back to the loop, which would admit the client then.
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(listener.activeConnections.isEmpty, "a client that gave up was admitted")
+        // A patient client is admitted, the filter's 2 s and all.
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(listener.activeConnections.count == 1)
+    }
+
     @Test("a close that meets a name check about to replace the port's queue leaves no queue under the name (the check made one after the close had given the name up, and nothing closed it)")
     func closeDuringNameCheck() async throws {
         let group = try TestGroup()

@@ -15,7 +15,8 @@ public enum RendezvousStatus: UInt32, Sendable {
     case refused = 2
     /// The hello (or what came with it) was not valid.
     case malformed = 3
-    /// Too many clients are in the middle of connecting.
+    /// Too many clients are in the middle of connecting, or the listener keeps as many
+    /// connections as its ``IPCCore/ConnectionOptions/maximumConnections``.
     case busy = 4
 
     public var bytes: [UInt8] { withUnsafeBytes(of: rawValue.littleEndian, Array.init) }
@@ -43,7 +44,7 @@ public enum RendezvousStatus: UInt32, Sendable {
         case .refused:
             throw IPCError(code: .accessDenied, message: "the \(listener) listener's accept filter refused this process")
         case .busy:
-            throw IPCError(code: .endpointNotFound, message: "the \(listener) listener has too many clients connecting at once; try again")
+            throw IPCError(code: .endpointNotFound, message: "the \(listener) listener is full (as many connections as it keeps, or too many clients connecting at once); try again later")
         case .malformed:
             throw IPCError(code: .transportFailure, message: "the \(listener) listener did not accept the hello (malformed)")
         }
@@ -103,6 +104,10 @@ public enum RendezvousHandshake: Sendable {
 ///   answered ``RendezvousStatus/busy``), so clients that never finish cannot hold the
 ///   listener's descriptors.
 ///
+/// With a room check (a listener's ``IPCCore/ConnectionOptions/maximumConnections``), a client
+/// the filter let through is turned away as busy while the listener is full: answered
+/// ``RendezvousStatus/busy``, or in immediate mode sent the transport's busy refusal.
+///
 /// Nothing here blocks the loop, whatever the accept filter does.
 package final class SocketAcceptor: Sendable {
     package typealias Handshake = RendezvousHandshake
@@ -123,6 +128,12 @@ package final class SocketAcceptor: Sendable {
     private let loop: EventLoop
     private let acceptFilter: AcceptFilter?
     private let mode: Mode
+    /// Whether one more client may be taken, given how many are in the middle of their
+    /// handshake (loop thread); `nil`: always. One turned away is told it is busy: in handshake
+    /// mode ``RendezvousStatus/busy``, in immediate mode ``busyRefusal``.
+    private let hasRoom: (@Sendable (_ pending: Int) -> Bool)?
+    /// What an immediate-mode client turned away by ``hasRoom`` is sent before its socket is closed.
+    private let busyRefusal: [UInt8]
     private let watch = Mutex<EventLoop.ReadinessWatch?>(nil)
     private let closed = Atomic<Bool>(false)
     private let pending = Pending()
@@ -164,17 +175,26 @@ package final class SocketAcceptor: Sendable {
     /// over (``SocketActivation``), which stays the launcher's: closing neither shuts it down
     /// nor removes its file.
     /// - Throws: ``IPCError/Code/invalidEndpoint`` if `activated` and no such socket was passed.
-    package convenience init(path: String, kind: UnixSocket.Kind = .stream, activated: Bool = false, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
+    /// With `hasRoom`, a client it says no to is turned away as busy (see ``hasRoom``).
+    package convenience init(
+        path: String, kind: UnixSocket.Kind = .stream, activated: Bool = false, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode,
+        hasRoom: (@Sendable (_ pending: Int) -> Bool)? = nil, busyRefusal: [UInt8] = []
+    ) throws {
         let fd = activated ? try SocketActivation.takeListeningSocket(boundTo: path, kind: kind) : try UnixSocket.listen(path: path, kind: kind)
-        try self.init(listening: fd, inherited: activated, loop: loop, acceptFilter: acceptFilter, mode: mode)
+        try self.init(listening: fd, inherited: activated, loop: loop, acceptFilter: acceptFilter, mode: mode, hasRoom: hasRoom, busyRefusal: busyRefusal)
     }
 
-    private init(listening fd: FileDescriptor, inherited: Bool, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode) throws {
+    private init(
+        listening fd: FileDescriptor, inherited: Bool, loop: EventLoop, acceptFilter: AcceptFilter?, mode: Mode,
+        hasRoom: (@Sendable (_ pending: Int) -> Bool)?, busyRefusal: [UInt8]
+    ) throws {
         listenFD = fd
         self.inherited = inherited
         self.loop = loop
         self.acceptFilter = acceptFilter
         self.mode = mode
+        self.hasRoom = hasRoom
+        self.busyRefusal = busyRefusal
         do {
             // Weak: the loop's table must not keep an acceptor alive that its owner dropped.
             let watching = try loop.watchReadable(listenFD) { [weak self] in self?.acceptWaiting() }
@@ -261,7 +281,8 @@ package final class SocketAcceptor: Sendable {
                 continue
             }
             filters.async { [self] in
-                let allowed = acceptFilter(peer)
+                // A client still waiting when the listener closed is not judged: it is closed.
+                let allowed = !closed.load(ordering: .acquiring) && acceptFilter(peer)
                 loop.execute { [self] in
                     filtering.subtract(1, ordering: .relaxed)
                     guard !closed.load(ordering: .acquiring) else {
@@ -284,8 +305,9 @@ package final class SocketAcceptor: Sendable {
     private func take(_ fd: FileDescriptor, peer: PeerCredentials, allowed: Bool) {
         switch mode {
         case .immediate(let refusal, let accepted):
-            guard allowed else {
-                _ = refusal.withUnsafeBytes { Glibc.send(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+            guard allowed, hasRoom?(0) ?? true else {
+                let answer = allowed ? busyRefusal : refusal
+                _ = answer.withUnsafeBytes { Glibc.send(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
                 try? fd.close()
                 return
             }
@@ -296,7 +318,8 @@ package final class SocketAcceptor: Sendable {
                 try? fd.close()
                 return
             }
-            guard pending.entries.withLock({ $0.count }) < maximumPending else {
+            let waiting = pending.entries.withLock { $0.count }
+            guard waiting < maximumPending, hasRoom?(waiting) ?? true else {
                 RendezvousStatus.busy.send(on: fd)
                 try? fd.close()
                 return

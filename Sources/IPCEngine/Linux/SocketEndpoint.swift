@@ -43,11 +43,18 @@ public final class SocketEndpoint: Sendable {
     private let acceptor = Mutex<SocketAcceptor?>(nil)
 
     /// Listens at `path` (a file in `endpoint`'s group directory), or, with `activated`, on the
-    /// socket bound there that a launcher handed over.
+    /// socket bound there that a launcher handed over. With `maximumConnections` (a listener's
+    /// ``IPCCore/ConnectionOptions/maximumConnections``), a client is turned away as busy while
+    /// that many connections are kept or in the middle of their handshake: a rendezvous client
+    /// is answered ``RendezvousStatus/busy``, an immediately accepted one is sent `busyRefusal`
+    /// before its socket is closed.
     /// - Throws: ``IPCError/Code/endpointInUse`` if a live listener holds the endpoint;
     ///   ``IPCError/Code/invalidEndpoint`` for an unsafe group directory or a wrong hand-over;
     ///   ``IPCError/Code/transportFailure``.
-    public init(endpoint: Endpoint, path: String, kind: UnixSocket.Kind = .stream, acceptFilter: AcceptFilter?, activated: Bool = false, accept: Accept) throws {
+    public init(
+        endpoint: Endpoint, path: String, kind: UnixSocket.Kind = .stream, acceptFilter: AcceptFilter?, activated: Bool = false, accept: Accept,
+        maximumConnections: Int? = nil, busyRefusal: [UInt8] = []
+    ) throws {
         let claim = try ClaimedEndpoint(endpoint)
         // We hold the endpoint's lock, so a socket file still here belongs to a dead listener
         // (or, socket-activated, to the launcher that handed it over).
@@ -71,7 +78,12 @@ public final class SocketEndpoint: Sendable {
             }
         }
         do {
-            let acceptor = try SocketAcceptor(path: path, kind: kind, activated: activated, loop: claim.loop, acceptFilter: acceptFilter, mode: mode)
+            let hasRoom = maximumConnections.map { limit in
+                { @Sendable [claim] (pending: Int) in claim.activeConnections.count + pending < limit }
+            }
+            let acceptor = try SocketAcceptor(
+                path: path, kind: kind, activated: activated, loop: claim.loop, acceptFilter: acceptFilter, mode: mode, hasRoom: hasRoom, busyRefusal: busyRefusal
+            )
             self.acceptor.withLock { $0 = acceptor }
         } catch {
             claim.close { if !activated { unlink(path) } }

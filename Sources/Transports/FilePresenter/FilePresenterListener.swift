@@ -42,7 +42,8 @@ public final class FilePresenterListener: SocketEndpointListener, Sendable {
             activated: activated,
             accept: .afterHandshake(timeout: handshakeTimeout, maximumPending: Self.maximumPendingHandshakes) { fd, peer, listener in
                 Self.takeHello(fd, peer: peer, options: options, maximumCapacity: maximumCapacity, listener: listener, admitted: admitted)
-            }
+            },
+            maximumConnections: options.maximumConnections
         )
     }
 

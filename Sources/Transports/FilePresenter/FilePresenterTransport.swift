@@ -56,15 +56,23 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
     /// The bytes of unread records a journal this side reads may hold before writers wait, from
     /// ``minimumJournalCapacity`` to 2^32 - 1 (a value outside is taken to the nearer end). A
     /// listener also admits only clients whose files declare at most its own.
-    public var journalCapacity: Int
+    public var journalCapacity: Int {
+        didSet { journalCapacity = Self.clamped(journalCapacity) }
+    }
     /// The smallest journal capacity: a listener refuses a client whose files declare less.
     public static let minimumJournalCapacity = 4096
     /// How long a connect waits for the listener's answer (and a listener for a client's hello).
     public var connectTimeout: Duration
 
     public init(journalCapacity: Int = 16 << 20, connectTimeout: Duration = .seconds(5)) {
-        self.journalCapacity = min(max(journalCapacity, Self.minimumJournalCapacity), Int(UInt32.max))
+        self.journalCapacity = Self.clamped(journalCapacity)
         self.connectTimeout = connectTimeout
+    }
+
+    /// `capacity` taken into ``minimumJournalCapacity`` to 2^32 - 1 (a listener's range of
+    /// capacities to admit, `minimumJournalCapacity...journalCapacity`, is then never empty).
+    private static func clamped(_ capacity: Int) -> Int {
+        min(max(capacity, minimumJournalCapacity), Int(UInt32.max))
     }
 
     public var name: String { "file-presenter" }
@@ -76,7 +84,8 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
             supportsRequestReply: true,
             supportsBroadcast: true,
             supportsAcceptFilter: true,
-            peerDeathDetection: .processWatch
+            peerDeathDetection: .processWatch,
+            supportsConnectionLimit: true
         )
     }
 

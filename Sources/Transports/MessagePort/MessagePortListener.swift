@@ -423,8 +423,11 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
     /// it is refused.
     private func admit(_ hello: CheckedHello, through port: CInt) {
         let (pid, replyName, replyQueue, replySize, credentials) = (hello.pid, hello.replyName, hello.replyQueue, hello.replySize, hello.credentials)
-        // Another hello for the same queue may have been admitted since it was checked.
-        guard !claim.isClosed, !routes.withLock({ $0.clients.values.contains { $0.queueName == replyName } }) else {
+        // Another hello for the same queue may have been admitted since it was checked; and a
+        // client removes its reply queue's name only once welcomed or when it gives up, so a
+        // queue without its name is a client that stopped waiting while its hello was checked
+        // (a slow accept filter): it is not admitted, or it would hold a connection nobody uses.
+        guard !claim.isClosed, !routes.withLock({ $0.clients.values.contains { $0.queueName == replyName } }), !replyQueue.isUnlinked else {
             replyQueue.close()
             return
         }
@@ -440,6 +443,7 @@ public final class MessagePortListener: MessageListener, @unchecked Sendable {
         // as its user's quota lasts) cannot make the listener hold without end.
         if routes.withLock({ $0.clients.values.count(where: { $0.pid == pid }) }) >= Self.maximumClientsPerProcess { return refuse(.tooManyConnectionsFromProcess) }
         if hello.filtered { return refuse(.acceptFilter) }
+        if let limit = options.maximumConnections, routes.withLock({ $0.clients.count }) >= limit { return refuse(.listenerFull) }
         // Random, not counted: the port's queue takes fragments from anyone of the user, and the
         // id in them is all that says whose they are, so one that could be guessed (1, 2, ...)
         // would let another process send, or say goodbye, in a live client's name. Drawn again

@@ -46,7 +46,8 @@ public struct MessagePortTransport: MessageTransport {
             // reply queue it names open); its uid and gid are the kernel's (/proc/<pid>/status).
             supportsAcceptFilter: true,
             peerDeathDetection: .processWatch,
-            supportsSpinning: true
+            supportsSpinning: true,
+            supportsConnectionLimit: true
         )
     }
 
@@ -222,11 +223,16 @@ public struct MessagePortTransport: MessageTransport {
     private func welcome(_ message: UnsafeRawBufferPointer) throws -> UInt32 {
         guard let answer = try? PortFragmentHeader(parsing: message) else { throw serverDidNotAnswer() }
         if answer.kind == .refused {
-            if PortRefusal(rawValue: answer.msgid) == .tooManyConnectionsFromProcess {
+            switch PortRefusal(rawValue: answer.msgid) {
+            case .tooManyConnectionsFromProcess:
                 throw IPCError(
                     code: .transportFailure,
                     message: "the message port refused this connection: this process (pid \(getpid())) already has \(MessagePortListener.maximumClientsPerProcess) connections to it, the most one process may hold"
                 )
+            case .listenerFull:
+                throw IPCError(code: .endpointNotFound, message: "the message port is full: its listener has as many connections as it keeps (maximumConnections); try again later")
+            case .acceptFilter, nil:
+                break
             }
             throw IPCError(code: .accessDenied, message: "the message port's accept filter refused this process (pid \(getpid()))")
         }

@@ -43,6 +43,8 @@ enum PortRefusal: UInt32 {
     /// The client's process already has ``MessagePortListener/maximumClientsPerProcess``
     /// connections to the port.
     case tooManyConnectionsFromProcess = 1
+    /// The listener keeps as many connections as its ``IPCCore/ConnectionOptions/maximumConnections``.
+    case listenerFull = 2
 }
 
 struct PortFragmentHeader {

@@ -28,7 +28,8 @@ public final class NotifyListener: SocketEndpointListener, Sendable {
             activated: activated,
             accept: .afterHandshake(timeout: handshakeTimeout, maximumPending: Self.maximumPendingHandshakes) { fd, peer, listener in
                 Self.takeHello(fd, peer: peer, options: options, listener: listener)
-            }
+            },
+            maximumConnections: options.maximumConnections
         )
     }
 

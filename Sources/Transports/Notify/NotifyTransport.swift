@@ -48,7 +48,8 @@ public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
             supportsBroadcast: true,
             supportsAcceptFilter: true,
             peerDeathDetection: .processWatch,
-            supportsSpinning: true
+            supportsSpinning: true,
+            supportsConnectionLimit: true
         )
     }
 

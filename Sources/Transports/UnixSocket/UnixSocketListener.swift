@@ -20,7 +20,9 @@ public final class UnixSocketListener: SocketEndpointListener, Sendable {
                 let channel = UnixSocketChannel(fd: fd, framing: framing, maximumPayloadLength: options.maximumPayloadLength)
                 listener.serve(channel, peer: peer, options: options, label: "a unix-socket connection to \(endpoint.name)")
                 return true
-            }
+            },
+            maximumConnections: options.maximumConnections,
+            busyRefusal: UnixSocketTransport.refusal(framing: framing, text: UnixSocketTransport.busyText)
         )
     }
 }

@@ -27,7 +27,8 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActi
             supportsBroadcast: true,
             supportsAcceptFilter: true,
             peerDeathDetection: .connectionClosed,
-            supportsSpinning: true
+            supportsSpinning: true,
+            supportsConnectionLimit: true
         )
     }
 
@@ -60,12 +61,15 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActi
     /// socket: a `failure` frame with correlation 0 (no request has it) and msgid 0, whose
     /// payload says why, in the listener's framing (docs/WIRE-FORMAT.md, "Refusal"). The client
     /// reads it as the end of its connection, invalidated with `accessDenied`.
-    static func refusal(framing: Framing) -> [UInt8] {
-        let frame = Frame(kind: .failure, msgid: 0, correlation: 0, payload: Array(refusalText.utf8))
+    static func refusal(framing: Framing, text: String = refusalText) -> [UInt8] {
+        let frame = Frame(kind: .failure, msgid: 0, correlation: 0, payload: Array(text.utf8))
         return (try? framing.makeEncoder(maximumPayloadLength: 1 << 10).encode(frame)) ?? []
     }
 
     static let refusalText = "accessDenied: the listener's accept filter refused this process"
+    /// The refusal of a client that came while the listener kept as many connections as its
+    /// ``IPCCore/ConnectionOptions/maximumConnections``: the client reads it as `endpointNotFound`.
+    static let busyText = "endpointNotFound: the listener has as many connections as it keeps (maximumConnections); try again later"
 
     /// The socket file of `endpoint`: `<group>/<name>.sock`.
     public static func socketPath(_ endpoint: Endpoint) -> String {
