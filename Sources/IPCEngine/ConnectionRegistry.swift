@@ -26,6 +26,12 @@ public final class ConnectionRegistry<Connection: MessageConnection>: Sendable {
         state.withLock { Array($0.active.values) }
     }
 
+    /// How many connections are currently valid (without copying them out, as
+    /// ``activeConnections`` does).
+    package var activeConnectionCount: Int {
+        state.withLock { $0.active.count }
+    }
+
     public var isClosed: Bool { state.withLock { $0.closed } }
 
     /// Keeps `connection` and yields it to ``connections``. Returns `false` (and keeps nothing)

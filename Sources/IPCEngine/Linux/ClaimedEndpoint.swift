@@ -52,6 +52,8 @@ public final class ClaimedEndpoint: Sendable {
 
     public var activeConnections: [EngineConnection] { registry.activeConnections }
 
+    package var activeConnectionCount: Int { registry.activeConnectionCount }
+
     public var isClosed: Bool { registry.isClosed }
 
     @discardableResult

@@ -79,7 +79,7 @@ public final class SocketEndpoint: Sendable {
         }
         do {
             let hasRoom = maximumConnections.map { limit in
-                { @Sendable [claim] (pending: Int) in claim.activeConnections.count + pending < limit }
+                { @Sendable [claim] (pending: Int) in claim.activeConnectionCount + pending < limit }
             }
             let acceptor = try SocketAcceptor(
                 path: path, kind: kind, activated: activated, loop: claim.loop, acceptFilter: acceptFilter, mode: mode, hasRoom: hasRoom, busyRefusal: busyRefusal

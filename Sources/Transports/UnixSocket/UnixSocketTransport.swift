@@ -69,7 +69,7 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActi
     static let refusalText = "accessDenied: the listener's accept filter refused this process"
     /// The refusal of a client that came while the listener kept as many connections as its
     /// ``IPCCore/ConnectionOptions/maximumConnections``: the client reads it as `endpointNotFound`.
-    static let busyText = "endpointNotFound: the listener has as many connections as it keeps (maximumConnections); try again later"
+    static let busyText = ConnectionCore.busyRefusalPrefix + " the listener has as many connections as it keeps (maximumConnections); try again later"
 
     /// The socket file of `endpoint`: `<group>/<name>.sock`.
     public static func socketPath(_ endpoint: Endpoint) -> String {
