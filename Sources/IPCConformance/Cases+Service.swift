@@ -6,7 +6,7 @@ import Foundation
 /// transport: a ``ServiceConnection`` is interrupted, not invalidated, when its service dies,
 /// and reaches the service again once it is back.
 enum ServiceCases {
-    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal, startedOnDemand, restartedAfterIdleExit, goneForGood]
+    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal, startedOnDemand, restartedAfterIdleExit, goneForGood, fullServiceWaitedFor]
 
     static let interruption = ConformanceCase(
         "7.1",
@@ -220,6 +220,45 @@ enum ServiceCases {
     }
 
     /// A service connection to `endpoint` that starts a server peer there on demand, and the peers it started.
+    static let fullServiceWaitedFor = ConformanceCase(
+        "7.6",
+        "A service connection that starts its service on demand does not start it when it runs but is full (its listener turns clients away as busy, IPCError.isListenerBusy): a request waits for room within its timeout, and the running service answers it once a connection has gone",
+        requires: .requestReply, .connectionLimit
+    ) { context in
+        let endpoint = try context.endpoint("busy")
+        _ = try await context.launchPeer(.server, at: endpoint) { $0.maximumConnections = 1 }
+        // This process holds the service's one connection; the echo shows the service kept it.
+        let holder = try await context.connect(endpoint)
+        try await context.checkEcho(holder, "the connection that holds the service's one place")
+        let (service, starts) = onDemandService(endpoint, context)
+        defer { service.invalidate() }
+        let payload = Array("waited for room".utf8)
+        let ended = Mutex<ContinuousClock.Instant?>(nil)
+        let request = Task {
+            defer { ended.withLock { $0 = .now } }
+            return try await service.request(payload, msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(60), receiveTimeout: .seconds(30))
+        }
+        defer { request.cancel() }
+        // Three start intervals (1 s each): a connection that took the busy answer for nobody
+        // listening would have started the service by now, and the request would have failed.
+        try await Task.sleep(for: .seconds(3))
+        try check(starts.count == 0, "the service connection started the service \(starts.count) times while it ran but was full")
+        if ended.withLock({ $0 }) != nil {
+            let outcome = await request.result
+            throw ConformanceFailure("the request ended while the service was full, instead of waiting for room: \(outcome)")
+        }
+        let attempts = service.connectAttempts
+        try check(attempts >= 2, "the service connection tried to connect \(attempts) time(s) in 3 s while the service was full; it should try again, spaced by its back-off")
+        let released = ContinuousClock.now
+        holder.connection.invalidate()
+        let reply = try await request.value
+        let waited = released.duration(to: ended.withLock { $0 } ?? .now)
+        try check(reply == payload, "the request that waited for room came back as \(reply.count) different bytes")
+        try check(starts.count == 0, "the service connection started the service once there was room")
+        try check(service.invalidationReason == nil, "the service connection was invalidated: \(service.invalidationReason.map { "\($0)" } ?? "")")
+        return .passed("the request waited through \(attempts) busy attempts in 3 s without starting the service, and was answered \(waited.formattedMilliseconds) after a place came free")
+    }
+
     private static func onDemandService(_ endpoint: Endpoint, _ context: CaseContext) -> (ServiceConnection, StartedPeers) {
         let transport = context.transport
         let options = context.connectionOptions

@@ -125,3 +125,34 @@ extension IPCError {
         IPCError(code: .receiveBufferFull, message: "the application left more messages untaken than the connection's messageBufferLimit allows, and this receive path serves other connections too")
     }
 }
+
+extension IPCError {
+    /// The ``IPCError/cause`` of an ``Code/endpointNotFound`` that a listener gave because it is
+    /// full (its ``ConnectionOptions/maximumConnections``, or too many clients waiting for its
+    /// accept filter): the service is there, and running; its client should try again later.
+    /// Make such an error with ``listenerBusy(_:)``; ask for it with ``isListenerBusy``.
+    public struct ListenerBusy: Error, Sendable, Hashable, CustomStringConvertible {
+        public init() {}
+        public var description: String { "the listener is busy" }
+    }
+
+    /// A full listener's answer: ``Code/endpointNotFound`` (try again later) with
+    /// ``ListenerBusy`` as its cause, so that a client can tell it from nobody listening. A
+    /// transport reports every busy refusal this way; a ``ServiceConnection`` that starts its
+    /// service on demand does not start it for one.
+    public static func listenerBusy(_ message: String) -> IPCError {
+        IPCError(code: .endpointNotFound, message: message, cause: ListenerBusy())
+    }
+
+    /// Whether this is a full listener's answer (``listenerBusy(_:)``): the endpoint has a
+    /// listener, which turned this client away for now. `false` for nobody listening, and for
+    /// every other code. Looks through causes that are themselves `IPCError`s.
+    public var isListenerBusy: Bool {
+        var error: IPCError? = self
+        while let current = error, current.code == .endpointNotFound {
+            if current.cause is ListenerBusy { return true }
+            error = current.cause as? IPCError
+        }
+        return false
+    }
+}

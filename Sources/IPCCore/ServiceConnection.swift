@@ -18,8 +18,15 @@ import Synchronization
 /// second at most. An operation that would have to wait beyond its own timeout for the next
 /// attempt fails at once with ``IPCError/Code/interrupted``, as does one that finds a service it
 /// reached before not listening: it does not spend its whole timeout retrying. Only the first
-/// connection (a client that may start before its service) and a service started on demand
-/// are waited for within the operation's timeout.
+/// connection (a client that may start before its service), a service started on demand, and a
+/// service that is running but full are waited for within the operation's timeout.
+///
+/// A full service (its listener turned the client away as busy: ``IPCError/isListenerBusy``,
+/// from the connect or as the refusal of the connection's first operation) is running: it is
+/// never started on demand, and an operation it turned away tries again, spaced by the back-off,
+/// until there is room or its timeout has passed. The listener refused it before reading it, so
+/// nothing is sent twice. Busy answers do not count toward ``Policy/outageLimit`` or
+/// ``Policy/maximumFailures``: a full service is not gone.
 ///
 /// A service gone for good invalidates the connection: once connects have failed for
 /// ``Policy/outageLimit`` (or ``Policy/maximumFailures`` times in a row), or starting the service
@@ -67,6 +74,11 @@ public final class ServiceConnection: Sendable {
         var succeeded = false
         /// The service was reached once (a connection was made).
         var reached = false
+        /// The last failure was a full listener's busy answer: the service runs, and is waited
+        /// for as a service started on demand is.
+        var busy = false
+        /// How many of `failures` were such busy answers.
+        var busyAnswers = 0
         /// Failures in a row, when the current outage began, and when the next attempt may go.
         var failures = 0
         var outageStarted: ContinuousClock.Instant?
@@ -99,7 +111,7 @@ public final class ServiceConnection: Sendable {
 
     /// A service connection that starts its service on demand, as launchd starts a registered
     /// service: when an operation finds nobody listening (`connect` throws
-    /// ``IPCError/Code/endpointNotFound``), `start` is called — it should start the service's
+    /// ``IPCError/Code/endpointNotFound``, and not a full listener's ``IPCError/isListenerBusy``), `start` is called — it should start the service's
     /// process and return; at most once per `startInterval`, so that a service slow to come up
     /// is not started over and over — and the operation waits for the service to listen, within
     /// its timeout, instead of failing. A service that exits when idle is started again by the
@@ -118,7 +130,7 @@ public final class ServiceConnection: Sendable {
         self.init(connecting: {
             do {
                 return try connect()
-            } catch let error as IPCError where error.code == .endpointNotFound {
+            } catch let error as IPCError where error.code == .endpointNotFound && !error.isListenerBusy {
                 do { try starter.startIfDue() } catch { throw StartFailure(error: error) }
                 throw error
             }
@@ -188,12 +200,17 @@ public final class ServiceConnection: Sendable {
     /// - Throws: ``IPCError/Code/invalidated`` after ``invalidate()``; ``IPCError/Code/interrupted``
     ///   if the service went away while it was being sent; what connecting and sending throw.
     public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
-        let (connection, generation) = try await currentConnection(within: timeout)
-        do {
-            try await connection.send(payload, msgid: msgid, timeout: timeout)
-            succeeded(generation)
-        } catch {
-            throw translated(error, connection: connection, generation: generation)
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let (connection, generation) = try await currentConnection(until: deadline)
+            do {
+                try await connection.send(payload, msgid: msgid, timeout: timeout)
+                succeeded(generation)
+                return
+            } catch {
+                if turnedAway(error, before: deadline) { continue }
+                throw translated(error, connection: connection, generation: generation)
+            }
         }
     }
 
@@ -201,13 +218,29 @@ public final class ServiceConnection: Sendable {
     /// - Throws: ``IPCError/Code/invalidated`` after ``invalidate()``; ``IPCError/Code/interrupted``
     ///   if the service went away before it answered; what connecting and requesting throw.
     public nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        let (connection, generation) = try await currentConnection(within: sendTimeout)
-        do {
-            let reply = try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)
-            succeeded(generation)
-            return reply
-        } catch {
-            throw translated(error, connection: connection, generation: generation)
+        let deadline = ContinuousClock.now + sendTimeout
+        while true {
+            let (connection, generation) = try await currentConnection(until: deadline)
+            do {
+                let reply = try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)
+                succeeded(generation)
+                return reply
+            } catch {
+                if turnedAway(error, before: deadline) { continue }
+                throw translated(error, connection: connection, generation: generation)
+            }
+        }
+    }
+
+    /// Whether an operation that failed with `error` should go again: a full listener refused
+    /// its connection (before reading anything from it), and its timeout has not passed. The
+    /// next attempt waits for the back-off, as the connection's end counts as a failure.
+    private func turnedAway(_ error: any Error, before deadline: ContinuousClock.Instant) -> Bool {
+        guard let error = error as? IPCError, error.isListenerBusy, ContinuousClock.now < deadline else { return false }
+        return state.withLock { state in
+            guard state.invalidated == nil else { return false }
+            state.busy = true
+            return true
         }
     }
 
@@ -218,6 +251,7 @@ public final class ServiceConnection: Sendable {
             guard state.generation == generation, !state.succeeded else { return }
             state.succeeded = true
             state.failures = 0
+            state.busyAnswers = 0
             state.outageStarted = nil
             state.notBefore = nil
         }
@@ -226,15 +260,15 @@ public final class ServiceConnection: Sendable {
     /// The connection in use, or a new one. Waits for the back-off and retries within `limit`
     /// only while the service was never reached, or is being started on demand; otherwise one
     /// attempt, or an `interrupted` at once if the back-off does not allow one yet.
-    private func currentConnection(within limit: Duration) async throws -> (any MessageConnection, Int) {
+    private func currentConnection(until deadline: ContinuousClock.Instant) async throws -> (any MessageConnection, Int) {
         let clock = ContinuousClock()
-        let deadline = clock.now + limit
         while true {
             if let found = try existing() { return found }
-            let (notBefore, waits, failures) = state.withLock { ($0.notBefore, !$0.reached || starts != nil, $0.failures) }
+            let (notBefore, waits, failures, busy) = state.withLock { ($0.notBefore, !$0.reached || starts != nil || $0.busy, $0.failures, $0.busy) }
             if let notBefore, clock.now < notBefore {
                 guard waits, notBefore < deadline else {
-                    throw IPCError(code: .interrupted, message: "the service is unavailable (\(failures) failures in a row); the next attempt waits \(clock.now.duration(to: notBefore)) more, and goes with a later operation")
+                    let what = busy ? "full: its listener turned this client away as busy" : "unavailable"
+                    throw IPCError(code: .interrupted, message: "the service is \(what) (\(failures) failures in a row); the next attempt waits \(clock.now.duration(to: notBefore)) more, and goes with a later operation")
                 }
                 try await Task.sleep(until: notBefore, clock: clock)
                 if let found = try existing() { return found }
@@ -250,7 +284,7 @@ public final class ServiceConnection: Sendable {
                 let ipcError = error as? IPCError ?? IPCError(code: .transportFailure, message: "\(error)")
                 if let reason = failed(ipcError) { throw gaveUp(reason) }
                 guard ipcError.code == .endpointNotFound, clock.now < deadline else { throw error }
-                guard waits else {
+                guard waits || ipcError.isListenerBusy else {
                     throw IPCError(code: .interrupted, message: "the service is not listening; a later operation tries again", cause: ipcError)
                 }
                 continue
@@ -291,12 +325,19 @@ public final class ServiceConnection: Sendable {
     private static func countFailure(_ state: inout State, error: IPCError?, policy: Policy, mayGiveUp: Bool = true) -> InvalidationReason? {
         let now = ContinuousClock.now
         state.failures += 1
+        state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
+        state.busy = error?.isListenerBusy ?? false
+        // A full listener's service is running: its answers space the attempts, but neither
+        // begin an outage nor count toward giving the service up.
+        if state.busy {
+            state.busyAnswers += 1
+            return nil
+        }
         let started = state.outageStarted ?? now
         state.outageStarted = started
-        state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
         guard mayGiveUp else { return nil }
         let outOfTime = policy.outageLimit.map { started.duration(to: now) >= $0 } ?? false
-        let outOfAttempts = policy.maximumFailures.map { state.failures >= $0 } ?? false
+        let outOfAttempts = policy.maximumFailures.map { state.failures - state.busyAnswers >= $0 } ?? false
         guard outOfTime || outOfAttempts else { return nil }
         let what = outOfAttempts ? "\(state.failures) failures in a row" : "failures for \(started.duration(to: now))"
         return InvalidationReason(.serviceUnavailable, error: IPCError(

@@ -153,8 +153,9 @@ package final class ConnectionCore: Sendable {
                 // filter, or it was full), and closes it next. The receive path ends the
                 // connection. A full listener's refusal says `endpointNotFound:` first (try
                 // again later); any other is `accessDenied` (docs/WIRE-FORMAT.md, "Refusal").
-                let code: IPCError.Code = description.hasPrefix(Self.busyRefusalPrefix) ? .endpointNotFound : .accessDenied
-                _ = latch.invalidate(InvalidationReason(.peerClosed, error: IPCError(code: code, message: "the listener refused this connection (\(description))")))
+                let message = "the listener refused this connection (\(description))"
+                let refusal = description.hasPrefix(Self.busyRefusalPrefix) ? IPCError.listenerBusy(message) : IPCError(code: .accessDenied, message: message)
+                _ = latch.invalidate(InvalidationReason(.peerClosed, error: refusal))
                 return false
             }
             requests.complete(frame.correlation, with: .failure(IPCError(code: .transportFailure, message: "the peer's request handler failed: \(description)")))

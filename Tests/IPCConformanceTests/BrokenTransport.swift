@@ -15,6 +15,9 @@ enum Violation: String, Sendable, CaseIterable {
     case filtersOnTheLoop
     /// Listens without the connection limit it is given (and still declares one).
     case ignoresConnectionLimit
+    /// A full listener's busy answer reaches the client as a plain endpointNotFound, without
+    /// ``IPCError/ListenerBusy``: it reads as nobody listening.
+    case busyLooksLikeNobody
     /// Listens without the borrowing message handler it is given.
     case ignoresBorrowingHandler
     /// Connects without the borrowing message handler it is given.
@@ -116,6 +119,8 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
             return BrokenConnection(try base.connect(to: endpoint, options: options), violation: violation)
         } catch let error as IPCError where violation == .wrongEndpointNotFoundCode && error.code == .endpointNotFound {
             throw IPCError(code: .transportFailure, message: error.message)
+        } catch let error as IPCError where violation == .busyLooksLikeNobody && error.isListenerBusy {
+            throw IPCError(code: .endpointNotFound, message: error.message)
         } catch let error as IPCError where violation == .slowToFindNobody && error.code == .endpointNotFound {
             Thread.sleep(forTimeInterval: 6)
             throw error
@@ -258,6 +263,8 @@ final class BrokenConnection: MessageConnection, Sendable {
                 throw IPCError(code: .receiveTimeout, message: error.message)
             case (.refusalLooksLikeACrash, .accessDenied):
                 throw IPCError(code: .peerInvalidated, message: error.message)
+            case (.busyLooksLikeNobody, .endpointNotFound):
+                throw IPCError(code: .endpointNotFound, message: error.message)
             case (.requestsOutliveTheConnection, .peerInvalidated), (.requestsOutliveTheConnection, .invalidated):
                 try await Task.sleep(for: .seconds(30))
                 throw error

@@ -2,6 +2,7 @@ import Foundation
 import IPCBenchKit
 import IPCConformance
 import IPCCore
+import IPCEngine
 import IPCTestSupport
 import Synchronization
 import Testing
@@ -143,5 +144,42 @@ struct UnixSocketServiceTests {
         await expectIPCError(.invalidated) { try await service.request([2], msgid: 1, sendTimeout: .seconds(1), receiveTimeout: .seconds(1)) }
         #expect(service.connectAttempts == attempts)
     }
-}
 
+    @Test("a full service is running, not gone: its busy answers make requests wait and fail with interrupted at their timeout, never invalidate the connection (maximumFailures 2), and the next request after a place comes free is answered")
+    func fullServiceIsNotGone() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("full")
+        let configuration = ConformancePeer.Configuration(endpoint: endpoint, role: .server, maximumConnections: 1)
+        let peer = try await runBlocking {
+            try PeerProcess(arguments: ["peer", "--transport", "unix-socket", "--framing", "binary"] + configuration.arguments)
+        }
+        defer { peer.stop() }
+        let holder = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { holder.invalidate() }
+        let echoed = try await holder.request(Array("held".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+        #expect(echoed == Array("held".utf8))
+
+        let service = ServiceConnection(to: endpoint, over: UnixSocketTransport(), policy: ServiceConnection.Policy(outageLimit: nil, maximumFailures: 2))
+        defer { service.invalidate() }
+        // Busy answers first (a refused request goes again, spaced by the back-off), then the
+        // timeout: at most 200 ms past its 2 s (the last wait is not taken when it would end
+        // after the timeout).
+        let began = ContinuousClock.now
+        do {
+            _ = try await service.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(2), receiveTimeout: .seconds(10))
+            Issue.record("a request was answered by a service that keeps one connection, held by another")
+        } catch let error as IPCError {
+            #expect(error.code == .interrupted || error.isListenerBusy, "the request failed with \(error)")
+        }
+        let took = ContinuousClock.now - began
+        #expect(took >= .milliseconds(500) && took < .seconds(10), "the request took \(took) against its 2 s send timeout")
+        let attempts = service.connectAttempts
+        #expect(attempts > 2, "\(attempts) connects: the busy answers were not tried again")
+        #expect(service.invalidationReason == nil, "busy answers invalidated the connection: \(String(describing: service.invalidationReason))")
+
+        holder.invalidate()
+        let reply = try await service.request(Array("room".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+        #expect(reply == Array("room".utf8))
+        #expect(service.invalidationReason == nil)
+    }
+}

@@ -44,7 +44,7 @@ public enum RendezvousStatus: UInt32, Sendable {
         case .refused:
             throw IPCError(code: .accessDenied, message: "the \(listener) listener's accept filter refused this process")
         case .busy:
-            throw IPCError(code: .endpointNotFound, message: "the \(listener) listener is full (as many connections as it keeps, or too many clients connecting at once); try again later")
+            throw IPCError.listenerBusy("the \(listener) listener is full (as many connections as it keeps, or too many clients connecting at once); try again later")
         case .malformed:
             throw IPCError(code: .transportFailure, message: "the \(listener) listener did not accept the hello (malformed)")
         }

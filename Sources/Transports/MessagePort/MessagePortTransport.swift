@@ -230,7 +230,7 @@ public struct MessagePortTransport: MessageTransport {
                     message: "the message port refused this connection: this process (pid \(getpid())) already has \(MessagePortListener.maximumClientsPerProcess) connections to it, the most one process may hold"
                 )
             case .listenerFull:
-                throw IPCError(code: .endpointNotFound, message: "the message port is full: its listener has as many connections as it keeps (maximumConnections); try again later")
+                throw IPCError.listenerBusy("the message port is full: its listener has as many connections as it keeps (maximumConnections); try again later")
             case .acceptFilter, nil:
                 break
             }
