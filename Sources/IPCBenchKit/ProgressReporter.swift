@@ -32,6 +32,9 @@ public struct ProgressReporter: Sendable {
     }
 
     private func write(_ text: String) {
+        // What was printed before goes out first: piped, standard output is buffered, and a
+        // progress line written past it landed in the middle of a table in a CI log.
+        fflush(nil)
         FileHandle.standardError.write(Data(text.utf8))
     }
 }

@@ -62,6 +62,7 @@ struct ConformCommand: AsyncParsableCommand {
         }
         var reports: [ConformanceReport] = []
         for subject in subjects {
+            fflush(nil)  // the table printed for the subject before, ahead of this line
             FileHandle.standardError.write(Data("\(subject.name):\n".utf8))
             let report = await ConformanceSuite(subject: subject, options: options).run()
             print(ConformanceReportWriter.table(report))
