@@ -194,7 +194,7 @@ enum LifecycleCases {
 
     static let connectionLimit = ConformanceCase(
         "5.12",
-        "A listener given maximumConnections 2 keeps two clients and serves them; a third is turned away as busy, with endpointNotFound from its connect or its first request (not accessDenied, not a hang); once one of the two has gone, a new client is admitted",
+        "A listener given maximumConnections 2 keeps two clients and serves them; a third is turned away as busy, with endpointNotFound from its connect or its first request (not accessDenied, not a hang) that says so (IPCError.isListenerBusy); once one of the two has gone, a new client is admitted",
         requires: .connectionLimit, .requestReply
     ) { context in
         let endpoint = try context.endpoint("full")
@@ -215,6 +215,7 @@ enum LifecycleCases {
                 throw ConformanceFailure("a third client's request was answered by a listener that keeps two connections")
             } catch let error as IPCError {
                 try check(error.code == .endpointNotFound, "the third client's first request failed with \(error), not endpointNotFound")
+                try check(error.isListenerBusy, Self.unmarkedBusy(error))
             }
             try await checkError([.endpointNotFound], "the third client's second request") {
                 try await third.connection.request([4], msgid: ConformancePeer.Request.echo, sendTimeout: context.deadline, receiveTimeout: context.deadline)
@@ -222,6 +223,7 @@ enum LifecycleCases {
             turnedAway = "its first request"
         } catch let error as IPCError {
             try check(error.code == .endpointNotFound, "the third client's connect failed with \(error), not endpointNotFound")
+            try check(error.isListenerBusy, Self.unmarkedBusy(error))
             turnedAway = "its connect"
         }
         try check(listener.takeAccepted().isEmpty, "the listener accepted a third connection past maximumConnections 2")
@@ -235,6 +237,11 @@ enum LifecycleCases {
         try await context.checkEcho(fourthConnection, "the client admitted once there was room")
         try check(first.pid != fourth.pid, "the clients are one process")
         return .passed("a third client was turned away with endpointNotFound from \(turnedAway); the two kept were served, and a new client was admitted once one had gone")
+    }
+
+    /// Case 5.12's message for a busy answer without its mark.
+    private static func unmarkedBusy(_ error: IPCError) -> String {
+        "the third client was turned away with an endpointNotFound that reads as nobody listening (\(error)); a full listener's answer is made with IPCError.listenerBusy(_:), so that a client (a ServiceConnection that starts its service on demand) can tell it"
     }
 
     static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in

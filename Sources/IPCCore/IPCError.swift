@@ -128,8 +128,9 @@ extension IPCError {
 
 extension IPCError {
     /// The ``IPCError/cause`` of an ``Code/endpointNotFound`` that a listener gave because it is
-    /// full (its ``ConnectionOptions/maximumConnections``, or too many clients waiting for its
-    /// accept filter): the service is there, and running; its client should try again later.
+    /// full (its ``ConnectionOptions/maximumConnections``; on a transport whose listener answers a
+    /// connect, also too many clients in the middle of connecting or waiting for its accept
+    /// filter): the service is there, and running; its client should try again later.
     /// Make such an error with ``listenerBusy(_:)``; ask for it with ``isListenerBusy``.
     public struct ListenerBusy: Error, Sendable, Hashable, CustomStringConvertible {
         public init() {}

@@ -25,8 +25,12 @@ import Synchronization
 /// from the connect or as the refusal of the connection's first operation) is running: it is
 /// never started on demand, and an operation it turned away tries again, spaced by the back-off,
 /// until there is room or its timeout has passed. The listener refused it before reading it, so
-/// nothing is sent twice. Busy answers do not count toward ``Policy/outageLimit`` or
-/// ``Policy/maximumFailures``: a full service is not gone.
+/// nothing is sent twice. A busy answer ends an outage: it resets ``Policy/outageLimit``'s clock
+/// and ``Policy/maximumFailures``' count, so a full service is never given up. A one-way send
+/// is the exception where a stream socket's connect completes before the listener decides
+/// (unix sockets): the send has returned when the refusal comes, and the refusal drops it; the
+/// interruption handler runs, and the next operations wait for the back-off. Where delivery
+/// matters, send a request.
 ///
 /// A service gone for good invalidates the connection: once connects have failed for
 /// ``Policy/outageLimit`` (or ``Policy/maximumFailures`` times in a row), or starting the service
@@ -77,10 +81,12 @@ public final class ServiceConnection: Sendable {
         /// The last failure was a full listener's busy answer: the service runs, and is waited
         /// for as a service started on demand is.
         var busy = false
-        /// How many of `failures` were such busy answers.
-        var busyAnswers = 0
-        /// Failures in a row, when the current outage began, and when the next attempt may go.
+        /// Failures in a row, busy answers included: what spaces the attempts.
         var failures = 0
+        /// Failures in a row that were not busy answers (a busy answer starts the count again):
+        /// what ``Policy/maximumFailures`` counts. The outage's start is forgotten at a busy answer
+        /// too: a full service is not gone.
+        var unavailable = 0
         var outageStarted: ContinuousClock.Instant?
         var notBefore: ContinuousClock.Instant?
         /// Connect attempts made (for tests and reports).
@@ -201,15 +207,19 @@ public final class ServiceConnection: Sendable {
     ///   if the service went away while it was being sent; what connecting and sending throw.
     public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         let deadline = ContinuousClock.now + timeout
+        var timeout = timeout
         while true {
             let (connection, generation) = try await currentConnection(until: deadline)
             do {
                 try await connection.send(payload, msgid: msgid, timeout: timeout)
-                succeeded(generation)
+                succeeded(generation, byReply: false)
                 return
             } catch {
-                if turnedAway(error, before: deadline) { continue }
-                throw translated(error, connection: connection, generation: generation)
+                guard turnedAway(error, connection: connection, generation: generation, before: deadline) else {
+                    throw translated(error, connection: connection, generation: generation)
+                }
+                try Task.checkCancellation()
+                timeout = Self.remaining(until: deadline)
             }
         }
     }
@@ -219,47 +229,67 @@ public final class ServiceConnection: Sendable {
     ///   if the service went away before it answered; what connecting and requesting throw.
     public nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         let deadline = ContinuousClock.now + sendTimeout
+        var sendTimeout = sendTimeout
         while true {
             let (connection, generation) = try await currentConnection(until: deadline)
             do {
                 let reply = try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)
-                succeeded(generation)
+                succeeded(generation, byReply: true)
                 return reply
             } catch {
-                if turnedAway(error, before: deadline) { continue }
-                throw translated(error, connection: connection, generation: generation)
+                guard turnedAway(error, connection: connection, generation: generation, before: deadline) else {
+                    throw translated(error, connection: connection, generation: generation)
+                }
+                try Task.checkCancellation()
+                sendTimeout = Self.remaining(until: deadline)
             }
         }
     }
 
-    /// Whether an operation that failed with `error` should go again: a full listener refused
-    /// its connection (before reading anything from it), and its timeout has not passed. The
-    /// next attempt waits for the back-off, as the connection's end counts as a failure.
-    private func turnedAway(_ error: any Error, before deadline: ContinuousClock.Instant) -> Bool {
+    /// What is left of an operation's timeout for its next attempt (at least a millisecond).
+    private static func remaining(until deadline: ContinuousClock.Instant) -> Duration {
+        max(ContinuousClock.now.duration(to: deadline), .milliseconds(1))
+    }
+
+    /// Whether an operation that failed with `error` on the connection of `generation` should go
+    /// again: a full listener refused that connection (before reading anything from it), and the
+    /// operation's timeout has not passed. The refused connection is counted as a failure here,
+    /// if its end has not been (so the next attempt waits for the back-off), and invalidated.
+    private func turnedAway(_ error: any Error, connection: any MessageConnection, generation: Int, before deadline: ContinuousClock.Instant) -> Bool {
         guard let error = error as? IPCError, error.isListenerBusy, ContinuousClock.now < deadline else { return false }
-        return state.withLock { state in
+        let retries: Bool = state.withLock { state in
             guard state.invalidated == nil else { return false }
+            if state.generation == generation, state.current != nil {
+                state.current = nil
+                _ = Self.countFailure(&state, error: error, policy: policy, mayGiveUp: false)
+            }
             state.busy = true
             return true
         }
+        if retries { connection.invalidate() }
+        return retries
     }
 
     /// An operation on the connection of `generation` succeeded: the service works, and the
-    /// failures so far are forgotten.
-    private func succeeded(_ generation: Int) {
+    /// failures so far are forgotten. A one-way send that the kernel took (`byReply` false)
+    /// does not show that a service that answered busy admitted this connection (a unix-socket
+    /// listener's refusal comes after it), so it forgets nothing then.
+    private func succeeded(_ generation: Int, byReply: Bool) {
         state.withLock { state in
             guard state.generation == generation, !state.succeeded else { return }
             state.succeeded = true
+            guard byReply || !state.busy else { return }
             state.failures = 0
-            state.busyAnswers = 0
+            state.unavailable = 0
+            state.busy = false
             state.outageStarted = nil
             state.notBefore = nil
         }
     }
 
-    /// The connection in use, or a new one. Waits for the back-off and retries within `limit`
-    /// only while the service was never reached, or is being started on demand; otherwise one
-    /// attempt, or an `interrupted` at once if the back-off does not allow one yet.
+    /// The connection in use, or a new one. Waits for the back-off and retries until `deadline`
+    /// only while the service was never reached, is being started on demand, or answered busy;
+    /// otherwise one attempt, or an `interrupted` at once if the back-off does not allow one yet.
     private func currentConnection(until deadline: ContinuousClock.Instant) async throws -> (any MessageConnection, Int) {
         let clock = ContinuousClock()
         while true {
@@ -267,8 +297,8 @@ public final class ServiceConnection: Sendable {
             let (notBefore, waits, failures, busy) = state.withLock { ($0.notBefore, !$0.reached || starts != nil || $0.busy, $0.failures, $0.busy) }
             if let notBefore, clock.now < notBefore {
                 guard waits, notBefore < deadline else {
-                    let what = busy ? "full: its listener turned this client away as busy" : "unavailable"
-                    throw IPCError(code: .interrupted, message: "the service is \(what) (\(failures) failures in a row); the next attempt waits \(clock.now.duration(to: notBefore)) more, and goes with a later operation")
+                    let what = busy ? "full: its listener turned this client away as busy (\(failures) attempts in a row)" : "unavailable (\(failures) failures in a row)"
+                    throw IPCError(code: .interrupted, message: "the service is \(what); the next attempt waits \(clock.now.duration(to: notBefore)) more, and goes with a later operation")
                 }
                 try await Task.sleep(until: notBefore, clock: clock)
                 if let found = try existing() { return found }
@@ -327,19 +357,21 @@ public final class ServiceConnection: Sendable {
         state.failures += 1
         state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
         state.busy = error?.isListenerBusy ?? false
-        // A full listener's service is running: its answers space the attempts, but neither
-        // begin an outage nor count toward giving the service up.
+        // A full listener's service is running: its answers space the attempts, and end any
+        // outage (its start and its count), so they never give the service up.
         if state.busy {
-            state.busyAnswers += 1
+            state.unavailable = 0
+            state.outageStarted = nil
             return nil
         }
+        state.unavailable += 1
         let started = state.outageStarted ?? now
         state.outageStarted = started
         guard mayGiveUp else { return nil }
         let outOfTime = policy.outageLimit.map { started.duration(to: now) >= $0 } ?? false
-        let outOfAttempts = policy.maximumFailures.map { state.failures - state.busyAnswers >= $0 } ?? false
+        let outOfAttempts = policy.maximumFailures.map { state.unavailable >= $0 } ?? false
         guard outOfTime || outOfAttempts else { return nil }
-        let what = outOfAttempts ? "\(state.failures) failures in a row" : "failures for \(started.duration(to: now))"
+        let what = outOfAttempts ? "\(state.unavailable) failures in a row" : "failures for \(started.duration(to: now))"
         return InvalidationReason(.serviceUnavailable, error: IPCError(
             code: error?.code ?? .endpointNotFound, message: "the service stayed unavailable (\(what)); last: \(error.map { "\($0)" } ?? "its connection ended")", cause: error
         ))
@@ -394,10 +426,16 @@ public final class ServiceConnection: Sendable {
     private static func interrupt(_ state: inout State, policy: Policy) -> Interruption? {
         guard state.invalidated == nil, let current = state.current else { return nil }
         state.current = nil
-        state.interruptions += 1
         let reason = current.invalidationReason ?? InvalidationReason(.peerClosed)
+        // A full listener's refusal (unix sockets: after the connect) counts even after a send
+        // that the kernel took, which the refusal dropped.
+        let refusedBusy = reason.error?.isListenerBusy ?? false
         // Giving up happens at the next attempt, which counts again: here only the spacing.
-        if !state.succeeded { _ = countFailure(&state, error: reason.error, policy: policy, mayGiveUp: false) }
+        if !state.succeeded || refusedBusy { _ = countFailure(&state, error: reason.error, policy: policy, mayGiveUp: false) }
+        // A connection refused before anything on it was done is an attempt that did not get
+        // in, not a service that went away.
+        guard state.succeeded || !refusedBusy else { return nil }
+        state.interruptions += 1
         return Interruption(reason: reason, handler: state.interruptionHandler)
     }
 

@@ -181,8 +181,10 @@ public struct ConnectionOptions: Sendable {
     /// Listeners only (a connecting side ignores it): the most connections the listener keeps at
     /// once, counting clients in the middle of connecting. A client past it is turned away as
     /// busy, and its connect (or, where a stream socket's connect completes before the listener
-    /// decides, its first request) fails with ``IPCError/Code/endpointNotFound``: it may try again
-    /// once a connection has ended. The connections it keeps are served as before. `nil` (the
+    /// decides, its first request) fails with ``IPCError/Code/endpointNotFound`` whose cause is
+    /// ``IPCError/ListenerBusy`` (a transport makes it with ``IPCError/listenerBusy(_:)``, so that
+    /// ``IPCError/isListenerBusy`` tells it from nobody listening): it may try again once a
+    /// connection has ended. The connections it keeps are served as before. `nil` (the
     /// default): bounded only by the process's descriptors. Transports that honour it declare
     /// ``TransportCapabilities/supportsConnectionLimit``.
     public var maximumConnections: Int? = nil

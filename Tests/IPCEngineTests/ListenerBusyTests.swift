@@ -1,4 +1,5 @@
 import IPCCore
+import Synchronization
 import Testing
 
 @Suite("IPCError: a full listener's answer is told apart from nobody listening")
@@ -13,5 +14,28 @@ struct ListenerBusyTests {
         #expect(!IPCError(code: .accessDenied, message: "refused", cause: IPCError.ListenerBusy()).isListenerBusy)
         #expect(!IPCError(code: .interrupted, message: "gone", cause: busy).isListenerBusy)
         #expect("\(busy)".contains("busy"))
+    }
+
+    @Test("busy answers end an outage: with maximumFailures 2, a connect that finds nobody before a run of busy answers and one after it do not give the service up; two in a row do")
+    func busyAnswersEndAnOutage() async throws {
+        let nobody = IPCError(code: .endpointNotFound, message: "nobody listens")
+        let busy = IPCError.listenerBusy("full")
+        // What each connect throws, in order; nobody listening after the script.
+        let script = Mutex([nobody, busy, busy, busy, nobody, nobody])
+        let service = ServiceConnection(
+            connecting: { throw script.withLock { $0.isEmpty ? nobody : $0.removeFirst() } },
+            policy: ServiceConnection.Policy(outageLimit: nil, maximumFailures: 2)
+        )
+        defer { service.invalidate() }
+        // The service was never reached, so the one request waits through the back-off (10 ms
+        // doubling: about 0.3 s for the six) until the service is given up.
+        do {
+            _ = try await service.request([1], msgid: 1, sendTimeout: .seconds(60), receiveTimeout: .seconds(1))
+            Issue.record("a request was answered by a connect that always throws")
+        } catch let error as IPCError {
+            #expect(error.code == .invalidated, "the request failed with \(error)")
+        }
+        #expect(service.invalidationReason?.kind == .serviceUnavailable)
+        #expect(service.connectAttempts == 6, "given up after \(service.connectAttempts) connects, not at the second not-listening one in a row (the sixth)")
     }
 }

@@ -145,7 +145,7 @@ struct UnixSocketServiceTests {
         #expect(service.connectAttempts == attempts)
     }
 
-    @Test("a full service is running, not gone: its busy answers make requests wait and fail with interrupted at their timeout, never invalidate the connection (maximumFailures 2), and the next request after a place comes free is answered")
+    @Test("a full service is running, not gone: its busy answers make requests wait and fail with interrupted at their timeout, never invalidate the connection (maximumFailures 2) nor count as interruptions; one-way sends to it connect no faster than the back-off allows; the next request after a place comes free is answered")
     func fullServiceIsNotGone() async throws {
         let group = try TestGroup()
         let endpoint = try group.endpoint("full")
@@ -161,9 +161,8 @@ struct UnixSocketServiceTests {
 
         let service = ServiceConnection(to: endpoint, over: UnixSocketTransport(), policy: ServiceConnection.Policy(outageLimit: nil, maximumFailures: 2))
         defer { service.invalidate() }
-        // Busy answers first (a refused request goes again, spaced by the back-off), then the
-        // timeout: at most 200 ms past its 2 s (the last wait is not taken when it would end
-        // after the timeout).
+        // Busy answers (a refused request goes again, spaced by the back-off), then the timeout:
+        // an interrupted once the next attempt would wait past it, or the last busy answer.
         let began = ContinuousClock.now
         do {
             _ = try await service.request([1], msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(2), receiveTimeout: .seconds(10))
@@ -176,6 +175,23 @@ struct UnixSocketServiceTests {
         let attempts = service.connectAttempts
         #expect(attempts > 2, "\(attempts) connects: the busy answers were not tried again")
         #expect(service.invalidationReason == nil, "busy answers invalidated the connection: \(String(describing: service.invalidationReason))")
+        #expect(service.interruptionCount == 0, "refused connections were reported as \(service.interruptionCount) interruptions")
+
+        // One-way sends, as fast as they return, through a new service connection (no failures
+        // counted yet): the kernel takes each before the listener's refusal comes, which drops
+        // it, and the connection's end still counts as a failure, so the connects are spaced by
+        // the back-off (10 ms doubling to 1 s: a handful in 2 s), not one a send.
+        let sender = ServiceConnection(to: endpoint, over: UnixSocketTransport())
+        defer { sender.invalidate() }
+        let sendsBegan = ContinuousClock.now
+        var sends = 0
+        while ContinuousClock.now - sendsBegan < .seconds(2) {
+            try? await sender.send([2], msgid: 9, timeout: .milliseconds(500))
+            sends += 1
+        }
+        print("full service: \(sends) sends in 2 s made \(sender.connectAttempts) connects, \(sender.interruptionCount) interruptions")
+        #expect(sender.connectAttempts <= 25, "\(sends) sends in 2 s to a full service made \(sender.connectAttempts) connects")
+        #expect(sender.invalidationReason == nil)
 
         holder.invalidate()
         let reply = try await service.request(Array("room".utf8), msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
