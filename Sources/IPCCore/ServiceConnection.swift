@@ -91,6 +91,15 @@ public final class ServiceConnection: Sendable {
         var notBefore: ContinuousClock.Instant?
         /// Connect attempts made (for tests and reports).
         var attempts = 0
+
+        /// The service works: the failures so far, busy answers included, are forgotten.
+        mutating func forgetFailures() {
+            failures = 0
+            unavailable = 0
+            busy = false
+            outageStarted = nil
+            notBefore = nil
+        }
     }
 
     private let connect: Connect
@@ -207,11 +216,11 @@ public final class ServiceConnection: Sendable {
     ///   if the service went away while it was being sent; what connecting and sending throw.
     public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
         let deadline = ContinuousClock.now + timeout
-        var timeout = timeout
+        var retrying = false
         while true {
             let (connection, generation) = try await currentConnection(until: deadline)
             do {
-                try await connection.send(payload, msgid: msgid, timeout: timeout)
+                try await connection.send(payload, msgid: msgid, timeout: retrying ? Self.remaining(until: deadline) : timeout)
                 succeeded(generation, byReply: false)
                 return
             } catch {
@@ -219,7 +228,7 @@ public final class ServiceConnection: Sendable {
                     throw translated(error, connection: connection, generation: generation)
                 }
                 try Task.checkCancellation()
-                timeout = Self.remaining(until: deadline)
+                retrying = true
             }
         }
     }
@@ -229,11 +238,12 @@ public final class ServiceConnection: Sendable {
     ///   if the service went away before it answered; what connecting and requesting throw.
     public nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
         let deadline = ContinuousClock.now + sendTimeout
-        var sendTimeout = sendTimeout
+        var retrying = false
         while true {
             let (connection, generation) = try await currentConnection(until: deadline)
             do {
-                let reply = try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)
+                let timeout = retrying ? Self.remaining(until: deadline) : sendTimeout
+                let reply = try await connection.request(payload, msgid: msgid, sendTimeout: timeout, receiveTimeout: receiveTimeout)
                 succeeded(generation, byReply: true)
                 return reply
             } catch {
@@ -241,32 +251,34 @@ public final class ServiceConnection: Sendable {
                     throw translated(error, connection: connection, generation: generation)
                 }
                 try Task.checkCancellation()
-                sendTimeout = Self.remaining(until: deadline)
+                retrying = true
             }
         }
     }
 
-    /// What is left of an operation's timeout for its next attempt (at least a millisecond).
+    /// What is left of an operation's timeout for its next attempt, once that attempt has its
+    /// connection (at least a millisecond).
     private static func remaining(until deadline: ContinuousClock.Instant) -> Duration {
         max(ContinuousClock.now.duration(to: deadline), .milliseconds(1))
     }
 
     /// Whether an operation that failed with `error` on the connection of `generation` should go
     /// again: a full listener refused that connection (before reading anything from it), and the
-    /// operation's timeout has not passed. The refused connection is counted as a failure here,
-    /// if its end has not been (so the next attempt waits for the back-off), and invalidated.
+    /// operation's timeout has not passed. A refused connection is counted as a failure here,
+    /// if its end has not been (so the next attempt waits for the back-off), and invalidated,
+    /// whether or not the operation goes again.
     private func turnedAway(_ error: any Error, connection: any MessageConnection, generation: Int, before deadline: ContinuousClock.Instant) -> Bool {
-        guard let error = error as? IPCError, error.isListenerBusy, ContinuousClock.now < deadline else { return false }
+        guard let error = error as? IPCError, error.isListenerBusy else { return false }
         let retries: Bool = state.withLock { state in
-            guard state.invalidated == nil else { return false }
             if state.generation == generation, state.current != nil {
                 state.current = nil
                 _ = Self.countFailure(&state, error: error, policy: policy, mayGiveUp: false)
             }
+            guard state.invalidated == nil else { return false }
             state.busy = true
-            return true
+            return ContinuousClock.now < deadline
         }
-        if retries { connection.invalidate() }
+        connection.invalidate()
         return retries
     }
 
@@ -276,14 +288,11 @@ public final class ServiceConnection: Sendable {
     /// listener's refusal comes after it), so it forgets nothing then.
     private func succeeded(_ generation: Int, byReply: Bool) {
         state.withLock { state in
-            guard state.generation == generation, !state.succeeded else { return }
+            // After a send, a reply on the same connection still shows it was admitted.
+            guard state.generation == generation, !state.succeeded || (byReply && state.busy) else { return }
             state.succeeded = true
             guard byReply || !state.busy else { return }
-            state.failures = 0
-            state.unavailable = 0
-            state.busy = false
-            state.outageStarted = nil
-            state.notBefore = nil
+            state.forgetFailures()
         }
     }
 
@@ -431,7 +440,13 @@ public final class ServiceConnection: Sendable {
         // that the kernel took, which the refusal dropped.
         let refusedBusy = reason.error?.isListenerBusy ?? false
         // Giving up happens at the next attempt, which counts again: here only the spacing.
-        if !state.succeeded || refusedBusy { _ = countFailure(&state, error: reason.error, policy: policy, mayGiveUp: false) }
+        if !state.succeeded || refusedBusy {
+            _ = countFailure(&state, error: reason.error, policy: policy, mayGiveUp: false)
+        } else if state.busy {
+            // Something succeeded on it and it did not end refused: it was admitted, so the busy
+            // answers before it (which a send alone did not forget) are over.
+            state.forgetFailures()
+        }
         // A connection refused before anything on it was done is an attempt that did not get
         // in, not a service that went away.
         guard state.succeeded || !refusedBusy else { return nil }
