@@ -215,21 +215,8 @@ public final class ServiceConnection: Sendable {
     /// - Throws: ``IPCError/Code/invalidated`` after ``invalidate()``; ``IPCError/Code/interrupted``
     ///   if the service went away while it was being sent; what connecting and sending throw.
     public nonisolated(nonsending) func send(_ payload: [UInt8], msgid: UInt32, timeout: Duration) async throws {
-        let deadline = ContinuousClock.now + timeout
-        var retrying = false
-        while true {
-            let (connection, generation) = try await currentConnection(until: deadline)
-            do {
-                try await connection.send(payload, msgid: msgid, timeout: retrying ? Self.remaining(until: deadline) : timeout)
-                succeeded(generation, byReply: false)
-                return
-            } catch {
-                guard turnedAway(error, connection: connection, generation: generation, before: deadline) else {
-                    throw translated(error, connection: connection, generation: generation)
-                }
-                try Task.checkCancellation()
-                retrying = true
-            }
+        try await operate(within: timeout, byReply: false) { connection, timeout in
+            try await connection.send(payload, msgid: msgid, timeout: timeout)
         }
     }
 
@@ -237,15 +224,26 @@ public final class ServiceConnection: Sendable {
     /// - Throws: ``IPCError/Code/invalidated`` after ``invalidate()``; ``IPCError/Code/interrupted``
     ///   if the service went away before it answered; what connecting and requesting throw.
     public nonisolated(nonsending) func request(_ payload: [UInt8], msgid: UInt32, sendTimeout: Duration, receiveTimeout: Duration) async throws -> [UInt8] {
-        let deadline = ContinuousClock.now + sendTimeout
+        try await operate(within: sendTimeout, byReply: true) { connection, sendTimeout in
+            try await connection.request(payload, msgid: msgid, sendTimeout: sendTimeout, receiveTimeout: receiveTimeout)
+        }
+    }
+
+    /// Runs `operation` on the connection in use (or a new one), with the send timeout it may
+    /// take: the whole `timeout` the first time, and what is left of it, once it has its
+    /// connection, each time a full listener turned it away. `byReply`: its success shows that
+    /// the service admitted the connection (``succeeded(_:byReply:)``).
+    private nonisolated(nonsending) func operate<Result>(
+        within timeout: Duration, byReply: Bool, _ operation: (any MessageConnection, Duration) async throws -> Result
+    ) async throws -> Result {
+        let deadline = ContinuousClock.now + timeout
         var retrying = false
         while true {
             let (connection, generation) = try await currentConnection(until: deadline)
             do {
-                let timeout = retrying ? Self.remaining(until: deadline) : sendTimeout
-                let reply = try await connection.request(payload, msgid: msgid, sendTimeout: timeout, receiveTimeout: receiveTimeout)
-                succeeded(generation, byReply: true)
-                return reply
+                let result = try await operation(connection, retrying ? max(ContinuousClock.now.duration(to: deadline), .milliseconds(1)) : timeout)
+                succeeded(generation, byReply: byReply)
+                return result
             } catch {
                 guard turnedAway(error, connection: connection, generation: generation, before: deadline) else {
                     throw translated(error, connection: connection, generation: generation)
@@ -254,12 +252,6 @@ public final class ServiceConnection: Sendable {
                 retrying = true
             }
         }
-    }
-
-    /// What is left of an operation's timeout for its next attempt, once that attempt has its
-    /// connection (at least a millisecond).
-    private static func remaining(until deadline: ContinuousClock.Instant) -> Duration {
-        max(ContinuousClock.now.duration(to: deadline), .milliseconds(1))
     }
 
     /// Whether an operation that failed with `error` on the connection of `generation` should go
@@ -289,10 +281,9 @@ public final class ServiceConnection: Sendable {
     private func succeeded(_ generation: Int, byReply: Bool) {
         state.withLock { state in
             // After a send, a reply on the same connection still shows it was admitted.
-            guard state.generation == generation, !state.succeeded || (byReply && state.busy) else { return }
+            guard state.generation == generation, !state.succeeded || state.busy else { return }
             state.succeeded = true
-            guard byReply || !state.busy else { return }
-            state.forgetFailures()
+            if byReply || !state.busy { state.forgetFailures() }
         }
     }
 
