@@ -3,8 +3,10 @@ import IPCBenchKit
 import IPCCore
 import IPCEngine
 import IPCFraming
+import IPCSystem
 import IPCTestSupport
 import Synchronization
+import SystemPackage
 import Testing
 import UnixSocketTransport
 import IPCConformance
@@ -74,6 +76,51 @@ struct UnixSocketServerTests {
         #expect(credentials.map(\.pid) == [accepted.pid, refused.pid])
         #expect(credentials.allSatisfy { $0.uid == getuid() })
         #expect(listener.activeConnections.count == 1)
+    }
+
+    @Test("past the clients waiting for a slow accept filter, a client is turned away as busy (isListenerBusy), not dropped without a word; those waiting are served once the filter answers")
+    func filterWaitingRoomAnswersBusy() async throws {
+        let group = try TestGroup()
+        let endpoint = try group.endpoint("waiting-room")
+        let gate = DispatchSemaphore(value: 0)
+        let judged = Atomic<Int>(0)
+        let options = ConnectionOptions.defaults {
+            $0.onLoopRequestHandler = { _, payload in payload }
+        }
+        // The first client's judgement holds the filter until the gate opens; the rest wait.
+        let listener = try UnixSocketTransport().listen(at: endpoint, options: options) { _ in
+            if judged.add(1, ordering: .relaxed).newValue == 1 { gate.wait() }
+            return true
+        }
+        defer { listener.close() }
+        var opened = false
+        defer { if !opened { gate.signal() } }
+        // Connects complete in the kernel, and the listener accepts in their order: the first
+        // goes to the filter, the next wait, up to the acceptor's bound for both together.
+        let path = endpoint.path(suffix: ".sock")
+        var waiting: [FileDescriptor] = []
+        defer { for socket in waiting { try? socket.close() } }
+        for _ in 0..<SocketAcceptor.maximumFiltering {
+            waiting.append(try UnixSocket.connect(path: path))
+        }
+        #expect(await poll(seconds: 30) { judged.load(ordering: .relaxed) == 1 })
+        let turnedAway = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { turnedAway.invalidate() }
+        do {
+            _ = try await turnedAway.request([1], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30))
+            Issue.record("a client past the accept filter's waiting clients was answered")
+        } catch let error as IPCError {
+            #expect(error.isListenerBusy, "a client past the accept filter's waiting clients failed with \(error), not the busy answer")
+            #expect(error.code == .endpointNotFound)
+        }
+        #expect(judged.load(ordering: .relaxed) == 1, "the filter judged a client past its waiting room")
+        // The filter answers: the waiting clients are judged and kept, and a new one is served.
+        gate.signal()
+        opened = true
+        #expect(await poll(seconds: 30) { listener.activeConnections.count == SocketAcceptor.maximumFiltering })
+        let later = try await UnixSocketTransport().connect(to: endpoint, options: .defaults)
+        defer { later.invalidate() }
+        #expect(try await later.request([2], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [2])
     }
 
     @Test("a server keeps serving its other clients when one is killed")

@@ -91,7 +91,7 @@ public enum RendezvousHandshake: Sendable {
 /// accepts every client waiting on each wake-up (backlog `SOMAXCONN`), takes its
 /// kernel-verified credentials (`SO_PEERCRED`) and asks the accept filter, off the loop (a
 /// serial queue of the acceptor's; at most ``maximumFiltering`` clients wait for it, the next
-/// are turned away). Then, by ``Mode``:
+/// are turned away as busy, as below). Then, by ``Mode``:
 ///
 /// - ``Mode/immediate(refusal:_:)`` (unix-socket, whose messages travel over the accepted
 ///   socket): the client is handed over at once; a refused one is sent the transport's refusal
@@ -272,12 +272,11 @@ package final class SocketAcceptor: Sendable {
             }
             // The filter is the user's code, which may take its time (a policy lookup, a log):
             // it runs off the loop, one client at a time, and its answer comes back here. A
-            // bounded number wait for it; past that, a client is told the listener is busy
-            // (rendezvous) or closed without an answer (a connect then fails at its first read).
+            // bounded number wait for it; past that, a client is told the listener is busy, as
+            // one turned away for want of room is, and closed: it may try again later.
             guard filtering.add(1, ordering: .relaxed).newValue <= Self.maximumFiltering else {
                 filtering.subtract(1, ordering: .relaxed)
-                if case .handshake = mode { RendezvousStatus.busy.send(on: fd) }
-                try? fd.close()
+                turnAwayAsBusy(fd)
                 continue
             }
             filters.async { [self] in
@@ -296,7 +295,7 @@ package final class SocketAcceptor: Sendable {
     }
 
     /// Clients waiting for the accept filter, at most.
-    static let maximumFiltering = 256
+    package static let maximumFiltering = 256
     private let filtering = Atomic<Int>(0)
     /// Where the accept filter runs (one client at a time).
     private let filters = DispatchQueue(label: "ipcbench.accept-filter")
@@ -305,12 +304,12 @@ package final class SocketAcceptor: Sendable {
     private func take(_ fd: FileDescriptor, peer: PeerCredentials, allowed: Bool) {
         switch mode {
         case .immediate(let refusal, let accepted):
-            guard allowed, hasRoom?(0) ?? true else {
-                let answer = allowed ? busyRefusal : refusal
-                _ = answer.withUnsafeBytes { Glibc.send(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+            guard allowed else {
+                Self.send(refusal, on: fd)
                 try? fd.close()
                 return
             }
+            guard hasRoom?(0) ?? true else { return turnAwayAsBusy(fd) }
             accepted(fd, peer)
         case .handshake(let timeout, let maximumPending, _):
             guard allowed else {
@@ -319,11 +318,7 @@ package final class SocketAcceptor: Sendable {
                 return
             }
             let waiting = pending.entries.withLock { $0.count }
-            guard waiting < maximumPending, hasRoom?(waiting) ?? true else {
-                RendezvousStatus.busy.send(on: fd)
-                try? fd.close()
-                return
-            }
+            guard waiting < maximumPending, hasRoom?(waiting) ?? true else { return turnAwayAsBusy(fd) }
             guard let watching = try? loop.watchReadable(fd, { [weak self] in self?.readable(fd) }) else {
                 try? fd.close()
                 return
@@ -334,6 +329,21 @@ package final class SocketAcceptor: Sendable {
                 try? fd.close()
             }
         }
+    }
+
+    /// Tells a client the listener is busy (``RendezvousStatus/busy``, or in immediate mode
+    /// ``busyRefusal``), without waiting, and closes its socket (loop thread).
+    private func turnAwayAsBusy(_ fd: FileDescriptor) {
+        switch mode {
+        case .immediate: Self.send(busyRefusal, on: fd)
+        case .handshake: RendezvousStatus.busy.send(on: fd)
+        }
+        try? fd.close()
+    }
+
+    /// Sends a refusal without waiting: it is small enough for any socket buffer.
+    private static func send(_ bytes: [UInt8], on fd: FileDescriptor) {
+        _ = bytes.withUnsafeBytes { Glibc.send(fd.rawValue, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
     }
 
     /// A pending client's socket is readable (loop thread): hands it to the transport's handshake.

@@ -47,7 +47,8 @@ public final class SocketEndpoint: Sendable {
     /// ``IPCCore/ConnectionOptions/maximumConnections``), a client is turned away as busy while
     /// that many connections are kept or in the middle of their handshake: a rendezvous client
     /// is answered ``RendezvousStatus/busy``, an immediately accepted one is sent `busyRefusal`
-    /// before its socket is closed.
+    /// before its socket is closed. So is a client past the clients waiting for the accept filter
+    /// (``SocketAcceptor/maximumFiltering``), whatever `maximumConnections` is.
     /// - Throws: ``IPCError/Code/endpointInUse`` if a live listener holds the endpoint;
     ///   ``IPCError/Code/invalidEndpoint`` for an unsafe group directory or a wrong hand-over;
     ///   ``IPCError/Code/transportFailure``.
