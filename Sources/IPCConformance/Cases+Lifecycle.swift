@@ -344,8 +344,19 @@ enum LifecycleCases {
 /// Whether a process exists and is not a zombie that nobody has reaped yet.
 func isAlive(_ pid: Int32) -> Bool {
     guard kill(pid, 0) == 0 else { return false }
+    guard let state = processState(pid) else { return true }
+    return state != "Z"
+}
+
+/// Whether a process is stopped by a signal (SIGSTOP: state `T`).
+func isStopped(_ pid: Int32) -> Bool {
+    processState(pid) == "T"
+}
+
+/// A process's state letter in `/proc/<pid>/stat`, which follows the parenthesized command
+/// name: "123 (cat) S ...".
+private func processState(_ pid: Int32) -> Character? {
     let status = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
-    // The state follows the parenthesized command name: "123 (cat) S ...".
-    guard let close = status.lastIndex(of: ")") else { return true }
-    return !status[close...].hasPrefix(") Z")
+    guard let close = status.lastIndex(of: ")") else { return nil }
+    return status[close...].dropFirst(2).first
 }

@@ -6,7 +6,7 @@ import Foundation
 /// transport: a ``ServiceConnection`` is interrupted, not invalidated, when its service dies,
 /// and reaches the service again once it is back.
 enum ServiceCases {
-    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal, startedOnDemand, restartedAfterIdleExit, goneForGood, fullServiceWaitedFor]
+    static let all: [ConformanceCase] = [interruption, localInvalidationIsFinal, startedOnDemand, restartedAfterIdleExit, goneForGood, fullServiceWaitedFor, stoppedServiceNotStartedAgain]
 
     static let interruption = ConformanceCase(
         "7.1",
@@ -256,6 +256,45 @@ enum ServiceCases {
         try check(starts.count == 0, "the service connection started the service once there was room")
         try check(service.invalidationReason == nil, "the service connection was invalidated: \(service.invalidationReason.map { "\($0)" } ?? "")")
         return .passed("the request waited through \(attempts) busy attempt(s) in 3 s without starting the service, and was answered \(waited.formattedMilliseconds) after a place came free")
+    }
+
+    static let stoppedServiceNotStartedAgain = ConformanceCase(
+        "7.7",
+        "A service connection that starts its service on demand does not start it while the service runs but does not answer (its process stopped): a request fails at its timeout without a start, and the service answers once it runs again; a connect that the listener does not answer in time is its busy answer (IPCError.isListenerBusy), not nobody listening",
+        requires: .requestReply
+    ) { context in
+        let endpoint = try context.endpoint("stopped")
+        let peer = try await context.launchPeer(.server, at: endpoint)
+        let (service, starts) = onDemandService(endpoint, context)
+        defer { service.invalidate() }
+        // Stopped before the service connection's first connect, which the kernel may still
+        // complete (a socket's backlog), but which nobody answers.
+        peer.process.suspend()
+        var stopped = true
+        defer { if stopped { peer.process.resume() } }
+        try check(await poll(within: context.deadline) { isStopped(peer.pid) }, "the service's process was not seen stopped")
+        let payload = Array("while stopped".utf8)
+        let timeout = Duration.seconds(3)
+        let began = ContinuousClock.now
+        let failure: IPCError
+        do {
+            _ = try await service.request(payload, msgid: ConformancePeer.Request.echo, sendTimeout: timeout, receiveTimeout: timeout)
+            throw ConformanceFailure("a request to a service whose process is stopped was answered")
+        } catch let error as IPCError {
+            failure = error
+        }
+        let took = ContinuousClock.now - began
+        try check(starts.count == 0, "the service connection started the service \(starts.count) times while it ran, stopped (the request failed with \(failure)); a listener that does not answer a connect in time runs, and answers busy (IPCError.listenerBusy)")
+        try check(service.invalidationReason == nil, "the service connection was invalidated while its service was stopped: \(service.invalidationReason.map { "\($0)" } ?? "")")
+        // A connect waits for the transport's connect timeout (5 s for the built-in ones), which
+        // may be longer than the request's own; the request must not hang.
+        try check(took < timeout + .seconds(20), "the request to the stopped service took \(took.formattedMilliseconds) to fail (its timeouts are \(timeout.formattedMilliseconds))")
+        peer.process.resume()
+        stopped = false
+        let reply = try await service.request(payload, msgid: ConformancePeer.Request.echo, sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+        try check(reply == payload, "the resumed service's echo came back as \(reply.count) different bytes")
+        try check(starts.count == 0, "the service connection started the service once it ran again")
+        return .passed("a request to the stopped service failed after \(took.formattedMilliseconds) with \(failure.code)\(failure.isListenerBusy ? " (busy)" : "") without starting it; resumed, the service answered")
     }
 
     /// A service connection to `endpoint` that starts a server peer there on demand, and the peers it started.

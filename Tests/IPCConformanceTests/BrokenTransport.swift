@@ -18,6 +18,10 @@ enum Violation: String, Sendable, CaseIterable {
     /// A full listener's busy answer reaches the client as a plain endpointNotFound, without
     /// ``IPCError/ListenerBusy``: it reads as nobody listening.
     case busyLooksLikeNobody
+    /// A connect to a listener that runs but does not answer (its process stopped) fails, after
+    /// a second, with a plain endpointNotFound, as a handshake that took its timeout for nobody
+    /// listening would.
+    case silenceLooksLikeNobody
     /// Listens without the borrowing message handler it is given.
     case ignoresBorrowingHandler
     /// Connects without the borrowing message handler it is given.
@@ -116,7 +120,13 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
         if violation == .ignoresItsMaximum { options.maximumPayloadLength = base.capabilities.maximumPayloadLength }
         if violation == .connectsWithoutBorrowingHandler { options.makeOnLoopBorrowingMessageHandler = nil }
         do {
-            return BrokenConnection(try base.connect(to: endpoint, options: options), violation: violation)
+            let connection = try base.connect(to: endpoint, options: options)
+            if violation == .silenceLooksLikeNobody, let pid = connection.peer?.pid, Self.isStopped(pid) {
+                connection.invalidate()
+                Thread.sleep(forTimeInterval: 1)
+                throw IPCError(code: .endpointNotFound, message: "the listener did not answer within the connect timeout")
+            }
+            return BrokenConnection(connection, violation: violation)
         } catch let error as IPCError where violation == .wrongEndpointNotFoundCode && error.code == .endpointNotFound {
             throw IPCError(code: .transportFailure, message: error.message)
         } catch let error as IPCError where violation == .busyLooksLikeNobody && error.isListenerBusy {
@@ -125,6 +135,13 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
             Thread.sleep(forTimeInterval: 6)
             throw error
         }
+    }
+
+    /// Whether a process is stopped by a signal (state `T` in `/proc/<pid>/stat`).
+    private static func isStopped(_ pid: Int32) -> Bool {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        guard let close = status.lastIndex(of: ")") else { return false }
+        return status[close...].hasPrefix(") T")
     }
 }
 

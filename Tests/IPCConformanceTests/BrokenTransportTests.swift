@@ -30,6 +30,7 @@ struct BrokenTransportTests {
         Expectation(violation: .filtersOnTheLoop, failingCases: ["5.11"]),
         Expectation(violation: .ignoresConnectionLimit, failingCases: ["5.12"]),
         Expectation(violation: .busyLooksLikeNobody, failingCases: ["5.12", "7.6"]),
+        Expectation(violation: .silenceLooksLikeNobody, failingCases: ["7.7"]),
         Expectation(violation: .ignoresBorrowingHandler, failingCases: ["1.8"]),
         Expectation(violation: .connectsWithoutBorrowingHandler, failingCases: ["1.9"]),
         Expectation(violation: .acceptsHostileLengths, failingCases: ["2.3"]),

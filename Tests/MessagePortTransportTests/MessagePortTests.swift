@@ -103,7 +103,7 @@ struct MessagePortTests {
         await expectIPCError(.nameOutsideGroup) { try transport.connect(to: outside, options: .defaults) }
     }
 
-    @Test("async connects waiting for a server that does not answer hold no thread each, and fail with endpointNotFound")
+    @Test("async connects waiting for a server that does not answer hold no thread each, and fail with the busy endpointNotFound (it runs: not gone)")
     func asyncConnectHoldsNoThread() async throws {
         let group = try TestGroup()
         let endpoint = try group.scopedEndpoint("silent")
@@ -119,7 +119,20 @@ struct MessagePortTests {
         try await Task.sleep(for: .seconds(1))
         let during = ChildProcessTest.threadCount()
         for connect in connects {
-            await expectIPCError(.endpointNotFound) { _ = try await connect.value }
+            do {
+                _ = try await connect.value
+                Issue.record("a connect to a stopped server succeeded")
+            } catch let error as IPCError {
+                #expect(error.code == .endpointNotFound)
+                #expect(error.isListenerBusy, "a connect that a running, stopped server did not answer failed with \(error), which reads as nobody listening")
+            }
+        }
+        // The synchronous connect says the same.
+        do {
+            _ = try await runBlocking { try MessagePortTransport(connectTimeout: .milliseconds(500)).connect(to: endpoint, options: .defaults) }
+            Issue.record("a synchronous connect to a stopped server succeeded")
+        } catch let error as IPCError {
+            #expect(error.isListenerBusy, "the synchronous connect failed with \(error)")
         }
         #expect(during - before < count, "\(count) waiting connects took the process from \(before) to \(during) threads")
     }

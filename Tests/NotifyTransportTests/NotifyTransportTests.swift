@@ -46,6 +46,41 @@ struct NotifyTransportTests {
         }
     }
 
+    @Test("a connect the listener does not answer in time is its busy answer while a process holds the endpoint (a stopped listener), and nobody listening when none does (a socket another process put there)")
+    func unansweredConnect() async throws {
+        let group = try TestGroup()
+        let transport = NotifyTransport(connectTimeout: .milliseconds(500))
+        // A real listener, stopped: it holds the endpoint's lock, and answers nothing.
+        let endpoint = try group.endpoint("stopped")
+        let peer = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server) }
+        defer { peer.stop() }
+        #expect(await stopProcess(peer.pid), "the listener was not seen stopped")
+        do {
+            _ = try await transport.connect(to: endpoint, options: .defaults)
+            Issue.record("a stopped listener accepted a connection")
+        } catch let error as IPCError {
+            #expect(error.code == .endpointNotFound)
+            #expect(error.isListenerBusy, "a stopped listener's silence read as nobody listening: \(error)")
+        }
+        kill(peer.pid, SIGCONT)
+        let connection = try await transport.connect(to: endpoint, options: .defaults)
+        defer { connection.invalidate() }
+        #expect(try await connection.request([4], msgid: PeerRequest.echo, sendTimeout: .seconds(10), receiveTimeout: .seconds(30)) == [4])
+
+        // A socket at the rendezvous path that listens, but whose process does not hold the
+        // endpoint: nobody's listener.
+        let squatted = try group.endpoint("squatted")
+        let socket = try UnixSocket.listen(path: transport.activationSocketPath(for: squatted))
+        defer { try? socket.close() }
+        do {
+            _ = try await transport.connect(to: squatted, options: .defaults)
+            Issue.record("a socket nobody answers on gave a connection")
+        } catch let error as IPCError {
+            #expect(error.code == .endpointNotFound)
+            #expect(!error.isListenerBusy, "a socket that no listener of the endpoint holds read as a busy listener: \(error)")
+        }
+    }
+
     @Test("request/reply echoes payloads from 0 B to 16 MiB (larger than the ring)")
     func echo() async throws {
         let group = try TestGroup()

@@ -29,7 +29,8 @@ public enum RendezvousStatus: UInt32, Sendable {
     /// The client's side: waits up to `timeout` for the listener's answer on `socket`, and
     /// returns if it is ``accepted``.
     /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused this process;
-    ///   ``IPCError/Code/endpointNotFound`` if the listener was busy or did not answer in time;
+    ///   ``IPCError/Code/endpointNotFound`` if the listener was busy or did not answer in time
+    ///   (both ``IPCError/listenerBusy(_:)``);
     ///   ``IPCError/Code/transportFailure`` if it found the hello malformed or did not answer
     ///   with a status word. `listener` names the transport in the messages.
     public static func awaitAcceptance(on socket: FileDescriptor, timeout: Duration, listener: String) throws {
@@ -37,8 +38,20 @@ public enum RendezvousStatus: UInt32, Sendable {
     }
 
     /// ``awaitAcceptance(on:timeout:listener:)`` until a ``monotonicNanoseconds()`` deadline.
-    package static func awaitAcceptance(on socket: FileDescriptor, deadline: UInt64, listener: String) throws {
-        switch try read(from: socket, deadline: deadline) {
+    /// `claimed` says, once no answer came in time, whether a process holds the endpoint (its
+    /// ``IPCSystem/EndpointLock``): then the listener runs, flooded with clients, slow or
+    /// stopped, and the error is its busy answer (a ``IPCCore/ServiceConnection`` waits for it
+    /// rather than start another copy). Otherwise the socket that took the connection is nobody's
+    /// listener (one put there by another process), and the error is a plain
+    /// ``IPCError/Code/endpointNotFound``.
+    package static func awaitAcceptance(on socket: FileDescriptor, deadline: UInt64, listener: String, claimed: () -> Bool = { true }) throws {
+        guard let status = try read(from: socket, deadline: deadline) else {
+            guard claimed() else {
+                throw IPCError(code: .endpointNotFound, message: "the \(listener) listener did not answer within the connect timeout, and no process holds its endpoint")
+            }
+            throw IPCError.listenerBusy("the \(listener) listener took the connection but did not answer within the connect timeout: it runs, but is flooded with clients, slow or stopped; try again later")
+        }
+        switch status {
         case .accepted:
             return
         case .refused:
@@ -51,16 +64,13 @@ public enum RendezvousStatus: UInt32, Sendable {
     }
 
     /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's
-    /// answer on `socket`.
-    /// - Throws: ``IPCError/Code/endpointNotFound`` if none came in time;
-    ///   ``IPCError/Code/transportFailure`` if the listener closed the socket without a whole
-    ///   answer or answered something else.
-    package static func read(from socket: FileDescriptor, deadline: UInt64) throws -> RendezvousStatus {
+    /// answer on `socket`; `nil` if none came by then.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the listener closed the socket without a
+    ///   whole answer or answered something else.
+    package static func read(from socket: FileDescriptor, deadline: UInt64) throws -> RendezvousStatus? {
         while true {
             let now = monotonicNanoseconds()
-            guard now < deadline else {
-                throw IPCError(code: .endpointNotFound, message: "the listener did not answer within the connect timeout")
-            }
+            guard now < deadline else { return nil }
             var entry = pollfd(fd: socket.rawValue, events: Int16(POLLIN), revents: 0)
             let result = poll(&entry, 1, CInt(clamping: (deadline - now + 999_999) / 1_000_000))
             if result < 0, errno != EINTR { throw IPCError.syscall("poll", Errno(rawValue: errno)) }

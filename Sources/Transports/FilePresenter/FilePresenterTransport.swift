@@ -101,8 +101,9 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
         try FilePresenterListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout, maximumCapacity: journalCapacity, activated: true)
     }
 
-    /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint or
-    ///   it did not answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint,
+    ///   or (made with ``IPCError/listenerBusy(_:)``) if it is full or, while a process holds
+    ///   the endpoint, did not answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its
     ///   accept filter refuses this process; ``IPCError/Code/invalidEndpoint`` for an unsafe
     ///   group directory; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> FilePresenterConnection {
@@ -144,7 +145,9 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
         guard sent == hello.count || errno == EPIPE || errno == ECONNRESET else {
             throw IPCError.syscall("send", Errno(rawValue: errno), context: "file presenter hello")
         }
-        try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds, listener: "file presenter")
+        try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds, listener: "file presenter") {
+            EndpointLock.owner(of: endpoint) != nil
+        }
         // From here the channel owns the socket and the journal (the engine closes it if it
         // cannot serve it).
         socketOwned = false

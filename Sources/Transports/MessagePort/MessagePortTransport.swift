@@ -61,7 +61,8 @@ public struct MessagePortTransport: MessageTransport {
     }
 
     /// - Throws: ``IPCError/Code/nameOutsideGroup``; ``IPCError/Code/endpointNotFound`` if no live
-    ///   process serves the name; ``IPCError/Code/transportFailure``.
+    ///   process serves the name, or (made with ``IPCError/listenerBusy(_:)``) if the server is
+    ///   full, or runs but did not answer within ``connectTimeout``; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> MessagePortConnection {
         let opening = try open(endpoint)
         return try opening.finish(options, clientID: opening.handshake { try handshake(opening) })
@@ -190,7 +191,7 @@ public struct MessagePortTransport: MessageTransport {
             guard let count = try opening.replyQueue.receive(into: buffer, deadline: .after(.milliseconds(50))) else { continue }
             return try welcome(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
         }
-        throw serverDidNotAnswer()
+        throw serverDidNotAnswer(opening)
     }
 
     /// ``handshake(_:)``, suspended on the loop while the server's queue is full and while the
@@ -216,12 +217,12 @@ public struct MessagePortTransport: MessageTransport {
                 throw CancellationError()
             }
         }
-        throw serverDidNotAnswer()
+        throw serverDidNotAnswer(opening)
     }
 
     /// The server's answer to a hello: this client's id, or why there is none.
     private func welcome(_ message: UnsafeRawBufferPointer) throws -> UInt32 {
-        guard let answer = try? PortFragmentHeader(parsing: message) else { throw serverDidNotAnswer() }
+        guard let answer = try? PortFragmentHeader(parsing: message) else { throw answeredOtherwise() }
         if answer.kind == .refused {
             switch PortRefusal(rawValue: answer.msgid) {
             case .tooManyConnectionsFromProcess:
@@ -236,12 +237,24 @@ public struct MessagePortTransport: MessageTransport {
             }
             throw IPCError(code: .accessDenied, message: "the message port's accept filter refused this process (pid \(getpid()))")
         }
-        guard answer.kind == .welcome else { throw serverDidNotAnswer() }
+        guard answer.kind == .welcome else { throw answeredOtherwise() }
         return answer.sender
     }
 
-    private func serverDidNotAnswer() -> IPCError {
-        IPCError(code: .endpointNotFound, message: "the message port's server did not answer (it died, or took longer than \(connectTimeout))")
+    /// No welcome or refusal came before the connect timeout. A server that died meanwhile is
+    /// gone. One whose process lives, holding the port's name, is busy: flooded with hellos (it
+    /// drops those past 256 unchecked), its accept filter slow, or its process stopped. So a
+    /// ``IPCCore/ServiceConnection`` waits for it rather than start another copy, which could
+    /// not take the name.
+    private func serverDidNotAnswer(_ opening: Opening) -> IPCError {
+        guard ProcessWatcher.isAlive(pid: opening.serverPID) else {
+            return IPCError(code: .endpointNotFound, message: "the message port's server (pid \(opening.serverPID)) died before it answered")
+        }
+        return IPCError.listenerBusy("the message port's server (pid \(opening.serverPID)) runs but did not answer within \(connectTimeout): it is flooded with connects, its accept filter is slow, or its process is stopped; try again later")
+    }
+
+    private func answeredOtherwise() -> IPCError {
+        IPCError(code: .endpointNotFound, message: "the message port's server answered the hello with something other than a welcome or a refusal")
     }
 
     static func checkScoped(_ endpoint: Endpoint) throws {

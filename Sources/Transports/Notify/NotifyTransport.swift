@@ -65,8 +65,9 @@ public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
         try NotifyListener(endpoint: endpoint, options: options, acceptFilter: acceptFilter, handshakeTimeout: connectTimeout, activated: true)
     }
 
-    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens or the listener does not
-    ///   answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its accept filter
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens, or (made with
+    ///   ``IPCError/listenerBusy(_:)``) if the listener is full or, while a process holds the
+    ///   endpoint, does not answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its accept filter
     ///   refuses this process; ``IPCError/Code/invalidEndpoint`` for an unsafe group directory;
     ///   ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> NotifyConnection {
@@ -75,7 +76,9 @@ public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
         defer { try? socket.close() }
         let peer = try UnixSocket.peerCredentials(socket)
         try GroupDirectories.verifyListener(peer, at: NotifyRendezvous.socketPath(endpoint))
-        let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, timeout: connectTimeout)
+        let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, timeout: connectTimeout) {
+            EndpointLock.owner(of: endpoint) != nil
+        }
         let channel = NotifyChannel(store: store, isClient: true, ownBell: ownBell, peerBell: peerBell, maximumPayloadLength: options.maximumPayloadLength)
         return try Self.serve(channel, peer: peer, options: options, endpoint: endpoint, onInvalidated: nil)
     }
