@@ -241,7 +241,7 @@ enum LifecycleCases {
 
     /// Case 5.12's message for a busy answer without its mark.
     private static func unmarkedBusy(_ error: IPCError) -> String {
-        "the third client was turned away with an endpointNotFound that reads as nobody listening (\(error)); a full listener's answer is made with IPCError.listenerBusy(_:), so that a client (a ServiceConnection that starts its service on demand) can tell it"
+        "the third client was turned away with an endpointNotFound that reads as nobody listening (\(error)); a full listener's answer is made with IPCError.listenerBusy(_:answered:), so that a client (a ServiceConnection that starts its service on demand) can tell it"
     }
 
     static let exactlyOnceAndLast = ConformanceCase("5.4", "Invalidation runs the handler exactly once, last: after the state is invalid, pending requests have failed with peerInvalidated and the message stream has finished") { context in

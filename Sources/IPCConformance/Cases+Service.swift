@@ -284,6 +284,7 @@ enum ServiceCases {
             failure = error
         }
         let took = ContinuousClock.now - began
+        try check(failure.code != .endpointNotFound || failure.isListenerBusy, "a connect that the stopped service's listener did not answer failed with \(failure), which reads as nobody listening; a listener that holds its endpoint and does not answer in time is busy (IPCError.listenerBusy(_:answered: false))")
         try check(starts.count == 0, "the service connection started the service \(starts.count) times while it ran, stopped (the request failed with \(failure)); a listener that does not answer a connect in time runs, and answers busy (IPCError.listenerBusy)")
         try check(service.invalidationReason == nil, "the service connection was invalidated while its service was stopped: \(service.invalidationReason.map { "\($0)" } ?? "")")
         // A connect waits for the transport's connect timeout (5 s for the built-in ones), which

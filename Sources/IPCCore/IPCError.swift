@@ -127,33 +127,43 @@ extension IPCError {
 }
 
 extension IPCError {
-    /// The ``IPCError/cause`` of an ``Code/endpointNotFound`` that a listener gave because it is
-    /// full (its ``ConnectionOptions/maximumConnections``; on a transport whose listener answers a
-    /// connect, also too many clients in the middle of connecting or waiting for its accept
-    /// filter): the service is there, and running; its client should try again later.
-    /// Make such an error with ``listenerBusy(_:)``; ask for it with ``isListenerBusy``.
+    /// The ``IPCError/cause`` of an ``Code/endpointNotFound`` from an endpoint whose listener
+    /// runs but did not take this client: the service is there; its client should try again
+    /// later, and not start another copy of it. Either the listener said so (``answered``): it
+    /// is full (its ``ConnectionOptions/maximumConnections``; on a transport whose listener
+    /// answers a connect, also too many clients in the middle of connecting or waiting for its
+    /// accept filter). Or it did not answer the connect within the transport's connect timeout
+    /// while its process held the endpoint: flooded with clients, hung, or stopped.
+    /// Make such an error with ``listenerBusy(_:answered:)``; ask for it with ``isListenerBusy``.
     public struct ListenerBusy: Error, Sendable, Hashable, CustomStringConvertible {
-        public init() {}
-        public var description: String { "the listener is busy" }
+        /// Whether the listener answered the connect (it is full). `false`: it holds the
+        /// endpoint but did not answer in time.
+        public var answered: Bool
+        public init(answered: Bool = true) { self.answered = answered }
+        public var description: String { answered ? "the listener is busy" : "the listener runs but did not answer in time" }
     }
 
-    /// A full listener's answer: ``Code/endpointNotFound`` (try again later) with
+    /// A busy listener's answer: ``Code/endpointNotFound`` (try again later) with
     /// ``ListenerBusy`` as its cause, so that a client can tell it from nobody listening. A
-    /// transport reports every busy refusal this way; a ``ServiceConnection`` that starts its
-    /// service on demand does not start it for one.
-    public static func listenerBusy(_ message: String) -> IPCError {
-        IPCError(code: .endpointNotFound, message: message, cause: ListenerBusy())
+    /// transport reports every busy refusal this way (`answered`), and a connect that a listener
+    /// holding the endpoint did not answer in time (`answered: false`). A ``ServiceConnection``
+    /// that starts its service on demand does not start it for either.
+    public static func listenerBusy(_ message: String, answered: Bool = true) -> IPCError {
+        IPCError(code: .endpointNotFound, message: message, cause: ListenerBusy(answered: answered))
     }
 
-    /// Whether this is a full listener's answer (``listenerBusy(_:)``): the endpoint has a
-    /// listener, which turned this client away for now. `false` for nobody listening, and for
-    /// every other code. Looks through causes that are themselves `IPCError`s.
-    public var isListenerBusy: Bool {
+    /// Whether this is a busy listener's answer (``listenerBusy(_:answered:)``): the endpoint
+    /// has a listener, which did not take this client for now. `false` for nobody listening,
+    /// and for every other code. Looks through causes that are themselves `IPCError`s.
+    public var isListenerBusy: Bool { listenerBusyCause != nil }
+
+    /// The ``ListenerBusy`` cause of a busy listener's answer, if this is one.
+    public var listenerBusyCause: ListenerBusy? {
         var error: IPCError? = self
         while let current = error, current.code == .endpointNotFound {
-            if current.cause is ListenerBusy { return true }
+            if let busy = current.cause as? ListenerBusy { return busy }
             error = current.cause as? IPCError
         }
-        return false
+        return nil
     }
 }

@@ -26,7 +26,12 @@ import Synchronization
 /// never started on demand, and an operation it turned away tries again, spaced by the back-off,
 /// until there is room or its timeout has passed. The listener refused it before reading it, so
 /// nothing is sent twice. A busy answer ends an outage: it resets ``Policy/outageLimit``'s clock
-/// and ``Policy/maximumFailures``' count, so a full service is never given up. A one-way send
+/// and ``Policy/maximumFailures``' count, so a full service is never given up. A service whose
+/// listener holds the endpoint but did not answer a connect within the transport's connect
+/// timeout (``IPCError/ListenerBusy/answered`` `false`: flooded, hung or stopped) is not started
+/// on demand either, but an operation makes one such attempt (it took a connect timeout, which
+/// may be longer than the operation's), and its silence counts toward the policy's limits, so a
+/// service that stays hung is given up. A one-way send
 /// is the exception where a stream socket's connect completes before the listener decides
 /// (unix sockets): the send has returned when the refusal comes, and the refusal drops it; the
 /// interruption handler runs, and the next operations wait for the back-off. Where delivery
@@ -78,14 +83,15 @@ public final class ServiceConnection: Sendable {
         var succeeded = false
         /// The service was reached once (a connection was made).
         var reached = false
-        /// The last failure was a full listener's busy answer: the service runs, and is waited
-        /// for as a service started on demand is.
+        /// The last failure was a busy listener's answer (``IPCError/isListenerBusy``): the
+        /// service runs, and is waited for as a service started on demand is.
         var busy = false
         /// Failures in a row, busy answers included: what spaces the attempts.
         var failures = 0
-        /// Failures in a row that were not busy answers (a busy answer starts the count again):
-        /// what ``Policy/maximumFailures`` counts. The outage's start is forgotten at a busy answer
-        /// too: a full service is not gone.
+        /// Failures in a row that were not answered busy (an answered busy starts the count
+        /// again): what ``Policy/maximumFailures`` counts. The outage's start is forgotten at an
+        /// answered busy too: a full service is not gone. A connect the listener did not answer
+        /// in time counts: a hung service may be given up.
         var unavailable = 0
         var outageStarted: ContinuousClock.Instant?
         var notBefore: ContinuousClock.Instant?
@@ -126,7 +132,7 @@ public final class ServiceConnection: Sendable {
 
     /// A service connection that starts its service on demand, as launchd starts a registered
     /// service: when an operation finds nobody listening (`connect` throws
-    /// ``IPCError/Code/endpointNotFound``, and not a full listener's ``IPCError/isListenerBusy``), `start` is called — it should start the service's
+    /// ``IPCError/Code/endpointNotFound``, and not a busy listener's ``IPCError/isListenerBusy``), `start` is called — it should start the service's
     /// process and return; at most once per `startInterval`, so that a service slow to come up
     /// is not started over and over — and the operation waits for the service to listen, within
     /// its timeout, instead of failing. A service that exits when idle is started again by the
@@ -314,6 +320,9 @@ public final class ServiceConnection: Sendable {
                 let ipcError = error as? IPCError ?? IPCError(code: .transportFailure, message: "\(error)")
                 if let reason = failed(ipcError) { throw gaveUp(reason) }
                 guard ipcError.code == .endpointNotFound, clock.now < deadline else { throw error }
+                // A listener that did not answer in time took a whole connect timeout (the
+                // transport's, not this operation's): one such attempt an operation.
+                guard ipcError.listenerBusyCause?.answered != false else { throw error }
                 guard waits || ipcError.isListenerBusy else {
                     throw IPCError(code: .interrupted, message: "the service is not listening; a later operation tries again", cause: ipcError)
                 }
@@ -356,10 +365,13 @@ public final class ServiceConnection: Sendable {
         let now = ContinuousClock.now
         state.failures += 1
         state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
-        state.busy = error?.isListenerBusy ?? false
+        let busy = error?.listenerBusyCause
+        state.busy = busy != nil
         // A full listener's service is running: its answers space the attempts, and end any
-        // outage (its start and its count), so they never give the service up.
-        if state.busy {
+        // outage (its start and its count), so they never give the service up. One that did
+        // not answer in time (hung, stopped) is not started again either, but its silence is
+        // part of an outage, which may give it up.
+        if busy?.answered == true {
             state.unavailable = 0
             state.outageStarted = nil
             return nil

@@ -182,7 +182,7 @@ public struct ConnectionOptions: Sendable {
     /// once, counting clients in the middle of connecting. A client past it is turned away as
     /// busy, and its connect (or, where a stream socket's connect completes before the listener
     /// decides, its first request) fails with ``IPCError/Code/endpointNotFound`` whose cause is
-    /// ``IPCError/ListenerBusy`` (a transport makes it with ``IPCError/listenerBusy(_:)``, so that
+    /// ``IPCError/ListenerBusy`` (a transport makes it with ``IPCError/listenerBusy(_:answered:)``, so that
     /// ``IPCError/isListenerBusy`` tells it from nobody listening): it may try again once a
     /// connection has ended. The connections it keeps are served as before. `nil` (the
     /// default): bounded only by the process's descriptors. Transports that honour it declare

@@ -54,6 +54,8 @@ struct NotifyTransportTests {
         let endpoint = try group.endpoint("stopped")
         let peer = try await runBlocking { try PeerProcess(transport: "notify", framing: .binary, endpoint: endpoint, role: .server) }
         defer { peer.stop() }
+        // Resumed whatever happens, before it is stopped (which waits for it to exit).
+        defer { kill(peer.pid, SIGCONT) }
         #expect(await stopProcess(peer.pid), "the listener was not seen stopped")
         do {
             _ = try await transport.connect(to: endpoint, options: .defaults)
@@ -61,6 +63,7 @@ struct NotifyTransportTests {
         } catch let error as IPCError {
             #expect(error.code == .endpointNotFound)
             #expect(error.isListenerBusy, "a stopped listener's silence read as nobody listening: \(error)")
+            #expect(error.listenerBusyCause?.answered == false, "a stopped listener's silence read as an answer: \(error)")
         }
         kill(peer.pid, SIGCONT)
         let connection = try await transport.connect(to: endpoint, options: .defaults)

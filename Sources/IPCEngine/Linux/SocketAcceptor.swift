@@ -29,27 +29,32 @@ public enum RendezvousStatus: UInt32, Sendable {
     /// The client's side: waits up to `timeout` for the listener's answer on `socket`, and
     /// returns if it is ``accepted``.
     /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused this process;
-    ///   ``IPCError/Code/endpointNotFound`` if the listener was busy or did not answer in time
-    ///   (both ``IPCError/listenerBusy(_:)``);
+    ///   ``IPCError/Code/endpointNotFound`` if the listener was busy (made with
+    ///   ``IPCError/listenerBusy(_:answered:)``) or did not answer in time (plain: this variant
+    ///   cannot tell whether a process holds the endpoint);
     ///   ``IPCError/Code/transportFailure`` if it found the hello malformed or did not answer
     ///   with a status word. `listener` names the transport in the messages.
     public static func awaitAcceptance(on socket: FileDescriptor, timeout: Duration, listener: String) throws {
-        try awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: listener)
+        try awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: listener) { false }
     }
 
     /// ``awaitAcceptance(on:timeout:listener:)`` until a ``monotonicNanoseconds()`` deadline.
     /// `claimed` says, once no answer came in time, whether a process holds the endpoint (its
-    /// ``IPCSystem/EndpointLock``): then the listener runs, flooded with clients, slow or
-    /// stopped, and the error is its busy answer (a ``IPCCore/ServiceConnection`` waits for it
-    /// rather than start another copy). Otherwise the socket that took the connection is nobody's
-    /// listener (one put there by another process), and the error is a plain
-    /// ``IPCError/Code/endpointNotFound``.
-    package static func awaitAcceptance(on socket: FileDescriptor, deadline: UInt64, listener: String, claimed: () -> Bool = { true }) throws {
+    /// ``IPCSystem/EndpointLock``): then the listener runs, flooded with clients, hung or
+    /// stopped, and the error is its busy answer without an answer
+    /// (``IPCCore/IPCError/ListenerBusy/answered`` `false`: a ``IPCCore/ServiceConnection`` does
+    /// not start another copy). Otherwise no listener of the endpoint runs (the socket that took
+    /// the connection was put there by another process, or is a launcher's whose service has not
+    /// taken the endpoint yet), and the error is a plain ``IPCError/Code/endpointNotFound``.
+    package static func awaitAcceptance(on socket: FileDescriptor, deadline: UInt64, listener: String, claimed: () -> Bool) throws {
         guard let status = try read(from: socket, deadline: deadline) else {
             guard claimed() else {
                 throw IPCError(code: .endpointNotFound, message: "the \(listener) listener did not answer within the connect timeout, and no process holds its endpoint")
             }
-            throw IPCError.listenerBusy("the \(listener) listener took the connection but did not answer within the connect timeout: it runs, but is flooded with clients, slow or stopped; try again later")
+            throw IPCError.listenerBusy(
+                "the \(listener) listener took the connection but did not answer within the connect timeout: it runs, but is flooded with clients, hung or stopped; try again later",
+                answered: false
+            )
         }
         switch status {
         case .accepted:

@@ -102,7 +102,7 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
     }
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if no live process listens on the endpoint,
-    ///   or (made with ``IPCError/listenerBusy(_:)``) if it is full or, while a process holds
+    ///   or (made with ``IPCError/listenerBusy(_:answered:)``) if it is full or, while a process holds
     ///   the endpoint, did not answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its
     ///   accept filter refuses this process; ``IPCError/Code/invalidEndpoint`` for an unsafe
     ///   group directory; ``IPCError/Code/transportFailure``.

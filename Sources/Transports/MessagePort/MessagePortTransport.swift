@@ -61,8 +61,9 @@ public struct MessagePortTransport: MessageTransport {
     }
 
     /// - Throws: ``IPCError/Code/nameOutsideGroup``; ``IPCError/Code/endpointNotFound`` if no live
-    ///   process serves the name, or (made with ``IPCError/listenerBusy(_:)``) if the server is
-    ///   full, or runs but did not answer within ``connectTimeout``; ``IPCError/Code/transportFailure``.
+    ///   process serves the name, or (made with ``IPCError/listenerBusy(_:answered:)``) if the
+    ///   server is full, or runs but did not answer within ``connectTimeout`` (its queue full
+    ///   included); ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> MessagePortConnection {
         let opening = try open(endpoint)
         return try opening.finish(options, clientID: opening.handshake { try handshake(opening) })
@@ -182,7 +183,12 @@ public struct MessagePortTransport: MessageTransport {
     /// Sends hello (our pid and reply queue name) and waits for the welcome that assigns our id.
     private func handshake(_ opening: Opening) throws -> UInt32 {
         let writer = FragmentWriter(queue: opening.server, messageSize: opening.messageSize)
-        try writer.sendControl(PortFragmentHeader(kind: .hello), payload: opening.hello, deadline: .after(connectTimeout))
+        do {
+            try writer.sendControl(PortFragmentHeader(kind: .hello), payload: opening.hello, deadline: .after(connectTimeout))
+        } catch let error as IPCError where error.code == .sendTimeout {
+            // The port's queue stayed full: a server that reads nothing, or a flood.
+            throw serverDidNotAnswer(opening, queueFull: true)
+        }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try opening.replyQueue.messageSize(), alignment: 8)
         defer { buffer.deallocate() }
         // Wait in slices, so that a server that dies during the handshake is noticed at once.
@@ -202,7 +208,7 @@ public struct MessagePortTransport: MessageTransport {
         while try !FragmentWriter(queue: opening.server, messageSize: opening.messageSize).sendAvailable(PortFragmentHeader(kind: .hello), opening.hello, sent: &sent) {
             switch try await opening.loop.waitUntil(opening.server.descriptor.rawValue, is: .writable, deadline: deadline) {
             case .ready: continue
-            case .deadlinePassed: throw IPCError(code: .sendTimeout, message: "the message port's queue stayed full for \(connectTimeout)")
+            case .deadlinePassed: throw serverDidNotAnswer(opening, queueFull: true)
             case .cancelled: throw CancellationError()
             }
         }
@@ -241,20 +247,25 @@ public struct MessagePortTransport: MessageTransport {
         return answer.sender
     }
 
-    /// No welcome or refusal came before the connect timeout. A server that died meanwhile is
-    /// gone. One whose process lives, holding the port's name, is busy: flooded with hellos (it
-    /// drops those past 256 unchecked), its accept filter slow, or its process stopped. So a
-    /// ``IPCCore/ServiceConnection`` waits for it rather than start another copy, which could
-    /// not take the name.
-    private func serverDidNotAnswer(_ opening: Opening) -> IPCError {
-        guard ProcessWatcher.isAlive(pid: opening.serverPID) else {
-            return IPCError(code: .endpointNotFound, message: "the message port's server (pid \(opening.serverPID)) died before it answered")
+    /// No welcome or refusal came before the connect timeout (`queueFull`: the hello found no
+    /// room in the port's queue in that time). A server that died, or gave the port up,
+    /// meanwhile is gone. One whose process lives and still holds the port is busy without an
+    /// answer (``IPCCore/IPCError/ListenerBusy/answered`` `false`): flooded with hellos (it drops
+    /// those past 256 unchecked), its accept filter slow, its process hung or stopped. So a
+    /// ``IPCCore/ServiceConnection`` does not start another copy, which could not take the port.
+    private func serverDidNotAnswer(_ opening: Opening, queueFull: Bool = false) -> IPCError {
+        let what = queueFull ? "left no room in its queue for the hello" : "did not answer"
+        guard ProcessWatcher.isAlive(pid: opening.serverPID), EndpointLock.owner(of: opening.endpoint) == opening.serverPID else {
+            return IPCError(code: .endpointNotFound, message: "the message port's server (pid \(opening.serverPID)) \(what) within \(connectTimeout), and no longer serves the port")
         }
-        return IPCError.listenerBusy("the message port's server (pid \(opening.serverPID)) runs but did not answer within \(connectTimeout): it is flooded with connects, its accept filter is slow, or its process is stopped; try again later")
+        return IPCError.listenerBusy(
+            "the message port's server (pid \(opening.serverPID)) runs but \(what) within \(connectTimeout): it is flooded with connects, its accept filter is slow, or it is hung or stopped; try again later",
+            answered: false
+        )
     }
 
     private func answeredOtherwise() -> IPCError {
-        IPCError(code: .endpointNotFound, message: "the message port's server answered the hello with something other than a welcome or a refusal")
+        IPCError(code: .transportFailure, message: "the message port's server answered the hello with something other than a welcome or a refusal")
     }
 
     static func checkScoped(_ endpoint: Endpoint) throws {

@@ -39,7 +39,7 @@ enum NotifyRendezvous {
     /// `socket`, and waits for its answer.
     /// - Returns: the store and this side's (own) and the listener's (peer) doorbells.
     /// - Throws: ``IPCError/Code/accessDenied`` if the accept filter refused;
-    ///   ``IPCError/Code/endpointNotFound`` made with ``IPCError/listenerBusy(_:)`` if the
+    ///   ``IPCError/Code/endpointNotFound`` made with ``IPCError/listenerBusy(_:answered:)`` if the
     ///   listener was full, or did not answer in time while a process holds the endpoint;
     ///   ``IPCError/Code/transportFailure``.
     /// `claimed`: whether a process holds the endpoint, asked if no answer came in time (the

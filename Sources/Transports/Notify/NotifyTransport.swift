@@ -66,7 +66,7 @@ public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
     }
 
     /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens, or (made with
-    ///   ``IPCError/listenerBusy(_:)``) if the listener is full or, while a process holds the
+    ///   ``IPCError/listenerBusy(_:answered:)``) if the listener is full or, while a process holds the
     ///   endpoint, does not answer within ``connectTimeout``; ``IPCError/Code/accessDenied`` if its accept filter
     ///   refuses this process; ``IPCError/Code/invalidEndpoint`` for an unsafe group directory;
     ///   ``IPCError/Code/transportFailure``.
