@@ -19,7 +19,8 @@ import Synchronization
 /// attempt fails at once with ``IPCError/Code/interrupted``, as does one that finds a service it
 /// reached before not listening: it does not spend its whole timeout retrying. Only the first
 /// connection (a client that may start before its service), a service started on demand, and a
-/// service that is running but full are waited for within the operation's timeout.
+/// service that is running but full (its listener answered busy) are waited for within the
+/// operation's timeout.
 ///
 /// A full service (its listener turned the client away as busy: ``IPCError/isListenerBusy``,
 /// from the connect or as the refusal of the connection's first operation) is running: it is
@@ -86,6 +87,9 @@ public final class ServiceConnection: Sendable {
         /// The last failure was a busy listener's answer (``IPCError/isListenerBusy``): the
         /// service runs, and is waited for as a service started on demand is.
         var busy = false
+        /// And the listener said so (``IPCError/ListenerBusy/answered``): it is full. (Not: it
+        /// held the endpoint but did not answer the connect in time.)
+        var busyAnswered = false
         /// Failures in a row, busy answers included: what spaces the attempts.
         var failures = 0
         /// Failures in a row that were not answered busy (an answered busy starts the count
@@ -103,6 +107,7 @@ public final class ServiceConnection: Sendable {
             failures = 0
             unavailable = 0
             busy = false
+            busyAnswered = false
             outageStarted = nil
             notBefore = nil
         }
@@ -274,6 +279,7 @@ public final class ServiceConnection: Sendable {
             }
             guard state.invalidated == nil else { return false }
             state.busy = true
+            state.busyAnswered = true
             return ContinuousClock.now < deadline
         }
         connection.invalidate()
@@ -283,27 +289,32 @@ public final class ServiceConnection: Sendable {
     /// An operation on the connection of `generation` succeeded: the service works, and the
     /// failures so far are forgotten. A one-way send that the kernel took (`byReply` false)
     /// does not show that a service that answered busy admitted this connection (a unix-socket
-    /// listener's refusal comes after it), so it forgets nothing then.
+    /// listener's refusal comes after it), so it forgets nothing then. (A listener that did not
+    /// answer in time has answered since: this connection was made.)
     private func succeeded(_ generation: Int, byReply: Bool) {
         state.withLock { state in
             // After a send, a reply on the same connection still shows it was admitted.
             guard state.generation == generation, !state.succeeded || state.busy else { return }
             state.succeeded = true
-            if byReply || !state.busy { state.forgetFailures() }
+            if byReply || !state.busyAnswered { state.forgetFailures() }
         }
     }
 
     /// The connection in use, or a new one. Waits for the back-off and retries until `deadline`
-    /// only while the service was never reached, is being started on demand, or answered busy;
-    /// otherwise one attempt, or an `interrupted` at once if the back-off does not allow one yet.
+    /// only while the service was never reached, is being started on demand, or answered busy
+    /// (a listener that did not answer in time: one attempt, see below); otherwise one attempt,
+    /// or an `interrupted` at once if the back-off does not allow one yet.
     private func currentConnection(until deadline: ContinuousClock.Instant) async throws -> (any MessageConnection, Int) {
         let clock = ContinuousClock()
         while true {
             if let found = try existing() { return found }
-            let (notBefore, waits, failures, busy) = state.withLock { ($0.notBefore, !$0.reached || starts != nil || $0.busy, $0.failures, $0.busy) }
+            let (notBefore, waits, failures, busy, answered) = state.withLock { ($0.notBefore, !$0.reached || starts != nil || $0.busy, $0.failures, $0.busy, $0.busyAnswered) }
             if let notBefore, clock.now < notBefore {
                 guard waits, notBefore < deadline else {
-                    let what = busy ? "full: its listener turned this client away as busy (\(failures) attempts in a row)" : "unavailable (\(failures) failures in a row)"
+                    let what =
+                        !busy ? "unavailable (\(failures) failures in a row)"
+                        : answered ? "full: its listener turned this client away as busy (\(failures) attempts in a row)"
+                        : "not answering: its listener holds the endpoint but did not answer in time (\(failures) attempts in a row)"
                     throw IPCError(code: .interrupted, message: "the service is \(what); the next attempt waits \(clock.now.duration(to: notBefore)) more, and goes with a later operation")
                 }
                 try await Task.sleep(until: notBefore, clock: clock)
@@ -367,6 +378,7 @@ public final class ServiceConnection: Sendable {
         state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
         let busy = error?.listenerBusyCause
         state.busy = busy != nil
+        state.busyAnswered = busy?.answered == true
         // A full listener's service is running: its answers space the attempts, and end any
         // outage (its start and its count), so they never give the service up. One that did
         // not answer in time (hung, stopped) is not started again either, but its silence is

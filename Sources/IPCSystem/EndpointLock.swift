@@ -22,14 +22,25 @@ public final class EndpointLock: Sendable {
         } catch {
             throw IPCError.syscall("open", error, context: path)
         }
-        do {
-            _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX | LOCK_NB) }
-        } catch {
-            try? FileDescriptor(rawValue: fd).close()
-            if error == .wouldBlock {
-                throw IPCError(code: .endpointInUse, message: "another live process listens on \(endpoint)", cause: error)
+        // A shared hold is a moment's (``ifUnheld(_:_:)`` tidying up after a dead listener, or
+        // ``owner(of:)`` asking), never a listener's: wait it out, a little, rather than report
+        // the endpoint in use.
+        let patience = ContinuousClock.now + .milliseconds(200)
+        while true {
+            do {
+                _ = try syscallRetryingInterrupts { flock(fd, LOCK_EX | LOCK_NB) }
+                break
+            } catch {
+                if error == .wouldBlock, ContinuousClock.now < patience, Self.exclusiveHolder(of: fd) == .some(nil) {
+                    usleep(1000)
+                    continue
+                }
+                try? FileDescriptor(rawValue: fd).close()
+                if error == .wouldBlock {
+                    throw IPCError(code: .endpointInUse, message: "another live process listens on \(endpoint)", cause: error)
+                }
+                throw IPCError.syscall("flock", error, context: path)
             }
-            throw IPCError.syscall("flock", error, context: path)
         }
         self.fd = fd
         // Record the owner so that peers without a connection to watch can find its process.
@@ -40,10 +51,18 @@ public final class EndpointLock: Sendable {
 
     /// Runs `body` if no process holds `endpoint`, holding its lock meanwhile so that no
     /// listener can start in between. For removing what a dead listener left behind.
+    ///
+    /// The hold is shared, not exclusive: a listener's hold is the only exclusive one, so
+    /// ``owner(of:)`` never takes a process tidying up for a live listener (a client connecting
+    /// just then waited for that process's answer, which never came, for its whole connect
+    /// timeout), and a listener starting meanwhile waits for it to end.
     public static func ifUnheld(_ endpoint: Endpoint, _ body: () -> Void) {
-        guard let lock = try? EndpointLock(endpoint: endpoint) else { return }
+        let fd = open(endpoint.path(suffix: ".lock"), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { return }
+        defer { try? FileDescriptor(rawValue: fd).close() }
+        guard flock(fd, LOCK_SH | LOCK_NB) == 0 else { return }
         body()
-        lock.release()
+        _ = flock(fd, LOCK_UN)
     }
 
     /// The pid of the live process that holds `endpoint`, or `nil` if nobody holds it (its
@@ -58,19 +77,25 @@ public final class EndpointLock: Sendable {
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else { return nil }
         defer { try? FileDescriptor(rawValue: fd).close() }
-        // A shared lock is granted only when no listener holds the exclusive one.
+        // A shared lock is granted only when no listener holds the exclusive one (a listener
+        // starting just then waits for it to be let go: see init).
         if flock(fd, LOCK_SH | LOCK_NB) == 0 {
             _ = flock(fd, LOCK_UN)
             return nil
         }
-        var status = stat()
-        if fstat(fd, &status) == 0, let holders = procLocks() {
-            return flockHolder(in: holders, device: UInt64(status.st_dev), inode: UInt64(status.st_ino))
-        }
+        if let holder = exclusiveHolder(of: fd) { return holder }
         var bytes = [UInt8](repeating: 0, count: 16)
         let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
         guard count > 0 else { return nil }
         return Int32(String(decoding: bytes.prefix(count), as: UTF8.self))
+    }
+
+    /// The pid holding an exclusive `flock` on the open file `fd` (`.some(nil)`: nobody), from
+    /// `/proc/locks`; `nil` if that cannot be read.
+    private static func exclusiveHolder(of fd: CInt) -> Int32?? {
+        var status = stat()
+        guard fstat(fd, &status) == 0, let holders = procLocks() else { return nil }
+        return .some(flockHolder(in: holders, device: UInt64(status.st_dev), inode: UInt64(status.st_ino)))
     }
 
     /// The text of `/proc/locks`, read to the end (the file reports a size of 0).

@@ -182,6 +182,8 @@ public struct MessagePortTransport: MessageTransport {
 
     /// Sends hello (our pid and reply queue name) and waits for the welcome that assigns our id.
     private func handshake(_ opening: Opening) throws -> UInt32 {
+        // One deadline for the hello's room and the answer, as the suspending handshake has.
+        let deadline = ContinuousClock.now + connectTimeout
         let writer = FragmentWriter(queue: opening.server, messageSize: opening.messageSize)
         do {
             try writer.sendControl(PortFragmentHeader(kind: .hello), payload: opening.hello, deadline: .after(connectTimeout))
@@ -192,7 +194,6 @@ public struct MessagePortTransport: MessageTransport {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try opening.replyQueue.messageSize(), alignment: 8)
         defer { buffer.deallocate() }
         // Wait in slices, so that a server that dies during the handshake is noticed at once.
-        let deadline = ContinuousClock.now + connectTimeout
         while ContinuousClock.now < deadline, ProcessWatcher.isAlive(pid: opening.serverPID) {
             guard let count = try opening.replyQueue.receive(into: buffer, deadline: .after(.milliseconds(50))) else { continue }
             return try welcome(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
@@ -248,15 +249,19 @@ public struct MessagePortTransport: MessageTransport {
     }
 
     /// No welcome or refusal came before the connect timeout (`queueFull`: the hello found no
-    /// room in the port's queue in that time). A server that died, or gave the port up,
-    /// meanwhile is gone. One whose process lives and still holds the port is busy without an
-    /// answer (``IPCCore/IPCError/ListenerBusy/answered`` `false`): flooded with hellos (it drops
-    /// those past 256 unchecked), its accept filter slow, its process hung or stopped. So a
-    /// ``IPCCore/ServiceConnection`` does not start another copy, which could not take the port.
+    /// room in the port's queue in that time). If no live process holds the port now, the
+    /// server is gone. If one does, a service runs, and the error is busy without an answer
+    /// (``IPCCore/IPCError/ListenerBusy/answered`` `false`): the server flooded with hellos (it
+    /// drops those past 256 unchecked), its accept filter slow, its process hung or stopped; or
+    /// another server took the port meanwhile. So a ``IPCCore/ServiceConnection`` does not start
+    /// another copy, which could not take the port.
     private func serverDidNotAnswer(_ opening: Opening, queueFull: Bool = false) -> IPCError {
         let what = queueFull ? "left no room in its queue for the hello" : "did not answer"
-        guard ProcessWatcher.isAlive(pid: opening.serverPID), EndpointLock.owner(of: opening.endpoint) == opening.serverPID else {
-            return IPCError(code: .endpointNotFound, message: "the message port's server (pid \(opening.serverPID)) \(what) within \(connectTimeout), and no longer serves the port")
+        guard let owner = EndpointLock.owner(of: opening.endpoint), ProcessWatcher.isAlive(pid: owner) else {
+            return IPCError(code: .endpointNotFound, message: "the message port's server (pid \(opening.serverPID)) \(what) within \(connectTimeout), and no process serves the port now")
+        }
+        guard owner == opening.serverPID else {
+            return IPCError.listenerBusy("the message port's server (pid \(opening.serverPID)) \(what) within \(connectTimeout), and another (pid \(owner)) serves the port now; try again", answered: false)
         }
         return IPCError.listenerBusy(
             "the message port's server (pid \(opening.serverPID)) runs but \(what) within \(connectTimeout): it is flooded with connects, its accept filter is slow, or it is hung or stopped; try again later",
