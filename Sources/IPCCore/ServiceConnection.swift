@@ -84,12 +84,11 @@ public final class ServiceConnection: Sendable {
         var succeeded = false
         /// The service was reached once (a connection was made).
         var reached = false
-        /// The last failure was a busy listener's answer (``IPCError/isListenerBusy``): the
-        /// service runs, and is waited for as a service started on demand is.
-        var busy = false
-        /// And the listener said so (``IPCError/ListenerBusy/answered``): it is full. (Not: it
-        /// held the endpoint but did not answer the connect in time.)
-        var busyAnswered = false
+        /// The last failure was a busy listener's answer (``IPCError/isListenerBusy``), if it
+        /// was: the service runs, and is waited for as a service started on demand is. Its
+        /// ``IPCError/ListenerBusy/answered`` says whether the listener said so (it is full) or
+        /// held the endpoint but did not answer the connect in time.
+        var busy: IPCError.ListenerBusy?
         /// Failures in a row, busy answers included: what spaces the attempts.
         var failures = 0
         /// Failures in a row that were not answered busy (an answered busy starts the count
@@ -106,8 +105,7 @@ public final class ServiceConnection: Sendable {
         mutating func forgetFailures() {
             failures = 0
             unavailable = 0
-            busy = false
-            busyAnswered = false
+            busy = nil
             outageStarted = nil
             notBefore = nil
         }
@@ -278,8 +276,7 @@ public final class ServiceConnection: Sendable {
                 _ = Self.countFailure(&state, error: error, policy: policy, mayGiveUp: false)
             }
             guard state.invalidated == nil else { return false }
-            state.busy = true
-            state.busyAnswered = true
+            state.busy = IPCError.ListenerBusy()
             return ContinuousClock.now < deadline
         }
         connection.invalidate()
@@ -294,9 +291,9 @@ public final class ServiceConnection: Sendable {
     private func succeeded(_ generation: Int, byReply: Bool) {
         state.withLock { state in
             // After a send, a reply on the same connection still shows it was admitted.
-            guard state.generation == generation, !state.succeeded || state.busy else { return }
+            guard state.generation == generation, !state.succeeded || state.busy != nil else { return }
             state.succeeded = true
-            if byReply || !state.busyAnswered { state.forgetFailures() }
+            if byReply || state.busy?.answered != true { state.forgetFailures() }
         }
     }
 
@@ -308,13 +305,15 @@ public final class ServiceConnection: Sendable {
         let clock = ContinuousClock()
         while true {
             if let found = try existing() { return found }
-            let (notBefore, waits, failures, busy, answered) = state.withLock { ($0.notBefore, !$0.reached || starts != nil || $0.busy, $0.failures, $0.busy, $0.busyAnswered) }
+            let (notBefore, waits, failures, busy) = state.withLock { ($0.notBefore, !$0.reached || starts != nil || $0.busy != nil, $0.failures, $0.busy) }
             if let notBefore, clock.now < notBefore {
                 guard waits, notBefore < deadline else {
                     let what =
-                        !busy ? "unavailable (\(failures) failures in a row)"
-                        : answered ? "full: its listener turned this client away as busy (\(failures) attempts in a row)"
-                        : "not answering: its listener holds the endpoint but did not answer in time (\(failures) attempts in a row)"
+                        switch busy?.answered {
+                        case nil: "unavailable (\(failures) failures in a row)"
+                        case true?: "full: its listener turned this client away as busy (\(failures) attempts in a row)"
+                        case false?: "not answering: its listener holds the endpoint but did not answer in time (\(failures) attempts in a row)"
+                        }
                     throw IPCError(code: .interrupted, message: "the service is \(what); the next attempt waits \(clock.now.duration(to: notBefore)) more, and goes with a later operation")
                 }
                 try await Task.sleep(until: notBefore, clock: clock)
@@ -376,14 +375,12 @@ public final class ServiceConnection: Sendable {
         let now = ContinuousClock.now
         state.failures += 1
         state.notBefore = now + policy.backoff.wait(afterAttempt: state.failures)
-        let busy = error?.listenerBusyCause
-        state.busy = busy != nil
-        state.busyAnswered = busy?.answered == true
+        state.busy = error?.listenerBusyCause
         // A full listener's service is running: its answers space the attempts, and end any
         // outage (its start and its count), so they never give the service up. One that did
         // not answer in time (hung, stopped) is not started again either, but its silence is
         // part of an outage, which may give it up.
-        if busy?.answered == true {
+        if state.busy?.answered == true {
             state.unavailable = 0
             state.outageStarted = nil
             return nil
@@ -457,7 +454,7 @@ public final class ServiceConnection: Sendable {
         // Giving up happens at the next attempt, which counts again: here only the spacing.
         if !state.succeeded || refusedBusy {
             _ = countFailure(&state, error: reason.error, policy: policy, mayGiveUp: false)
-        } else if state.busy {
+        } else if state.busy != nil {
             // Something succeeded on it and it did not end refused: it was admitted, so the busy
             // answers before it (which a send alone did not forget) are over.
             state.forgetFailures()

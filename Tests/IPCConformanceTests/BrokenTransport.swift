@@ -1,6 +1,7 @@
 import Foundation
 import IPCCore
 import IPCEngine
+import IPCTestSupport
 import Synchronization
 
 /// One rule a ``BrokenTransport`` breaks, on purpose, so that a test can check that the case
@@ -121,7 +122,7 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
         if violation == .connectsWithoutBorrowingHandler { options.makeOnLoopBorrowingMessageHandler = nil }
         do {
             let connection = try base.connect(to: endpoint, options: options)
-            if violation == .silenceLooksLikeNobody, let pid = connection.peer?.pid, Self.isStopped(pid) {
+            if violation == .silenceLooksLikeNobody, let pid = connection.peer?.pid, isStopped(pid) {
                 connection.invalidate()
                 Thread.sleep(forTimeInterval: 1)
                 throw IPCError(code: .endpointNotFound, message: "the listener did not answer within the connect timeout")
@@ -137,12 +138,6 @@ struct BrokenTransport<Base: MessageTransport>: MessageTransport {
         }
     }
 
-    /// Whether a process is stopped by a signal (state `T` in `/proc/<pid>/stat`).
-    private static func isStopped(_ pid: Int32) -> Bool {
-        let status = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
-        guard let close = status.lastIndex(of: ")") else { return false }
-        return status[close...].hasPrefix(") T")
-    }
 }
 
 final class BrokenListener<Base: MessageListener>: MessageListener, Sendable {

@@ -192,11 +192,14 @@ public func poll(seconds: Double, _ condition: @escaping @Sendable () -> Bool) a
 /// the process may run a while longer. Whether it was seen stopped.
 public func stopProcess(_ pid: Int32) async -> Bool {
     guard kill(pid, SIGSTOP) == 0 else { return false }
-    return await poll(seconds: 10) {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-            let end = stat.lastIndex(of: ")")
-        else { return false }
-        // "pid (comm) S ...": the state follows the command's closing parenthesis.
-        return stat[stat.index(after: end)...].dropFirst().first == "T"
-    }
+    return await poll(seconds: 10) { isStopped(pid) }
+}
+
+/// Whether process `pid` is stopped by a signal (`T` in `/proc/<pid>/stat`).
+public func isStopped(_ pid: Int32) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+        let end = stat.lastIndex(of: ")")
+    else { return false }
+    // "pid (comm) S ...": the state follows the command's closing parenthesis.
+    return stat[stat.index(after: end)...].dropFirst().first == "T"
 }

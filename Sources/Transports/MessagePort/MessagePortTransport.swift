@@ -257,16 +257,11 @@ public struct MessagePortTransport: MessageTransport {
     /// another copy, which could not take the port.
     private func serverDidNotAnswer(_ opening: Opening, queueFull: Bool = false) -> IPCError {
         let what = queueFull ? "left no room in its queue for the hello" : "did not answer"
-        guard let owner = EndpointLock.owner(of: opening.endpoint), ProcessWatcher.isAlive(pid: owner) else {
+        guard let owner = EndpointLock.owner(of: opening.endpoint) else {
             return IPCError(code: .endpointNotFound, message: "the message port's server (pid \(opening.serverPID)) \(what) within \(connectTimeout), and no process serves the port now")
         }
-        guard owner == opening.serverPID else {
-            return IPCError.listenerBusy("the message port's server (pid \(opening.serverPID)) \(what) within \(connectTimeout), and another (pid \(owner)) serves the port now; try again", answered: false)
-        }
-        return IPCError.listenerBusy(
-            "the message port's server (pid \(opening.serverPID)) runs but \(what) within \(connectTimeout): it is flooded with connects, its accept filter is slow, or it is hung or stopped; try again later",
-            answered: false
-        )
+        let why = owner == opening.serverPID ? "it is flooded with connects, its accept filter is slow, or it is hung or stopped" : "another server (pid \(owner)) serves the port now"
+        return IPCError.listenerBusy("the message port's server (pid \(opening.serverPID)) \(what) within \(connectTimeout): \(why); try again later", answered: false)
     }
 
     private func answeredOtherwise() -> IPCError {
