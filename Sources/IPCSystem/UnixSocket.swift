@@ -105,12 +105,35 @@ public enum UnixSocket {
     /// Connects to the socket at `path`.
     /// - Parameter nonBlocking: make the socket non-blocking, so that a listener whose backlog
     ///   is full (one that never accepts) fails the connect at once instead of blocking it.
+    ///   A blocking connect to such a listener waits until it accepts, without end: a client
+    ///   that must not hang uses ``connect(path:timeout:held:)``.
     /// - Throws: ``IPCError/Code/endpointNotFound`` when there is no socket or nobody listens on
     ///   it (a stale file); ``IPCError/Code/accessDenied`` when permissions refuse it;
     ///   ``IPCError/Code/transportFailure`` with `EAGAIN` for a full backlog (non-blocking only).
     public static func connect(path: String, kind: Kind = .stream, nonBlocking: Bool = false) throws -> FileDescriptor {
+        try connect(path: path, kind: kind, nonBlocking: nonBlocking, timeout: nil, held: { false })
+    }
+
+    /// Connects to the stream socket at `path`, waiting at most `timeout` for room in its
+    /// listener's backlog (the kernel queues a connection there without the listener's help
+    /// until the backlog is full; a listener that is stopped, hung or flooded lets it fill).
+    /// The wait is the kernel's own (`SO_SNDTIMEO` bounds a blocking `connect(2)` of an
+    /// `AF_UNIX` socket); the socket is blocking, with no send timeout, when it returns.
+    /// - Parameter held: asked once the backlog stayed full for `timeout`: whether a process
+    ///   holds the endpoint whose socket this is (its `EndpointLock`).
+    /// - Throws: as ``connect(path:kind:nonBlocking:)``; when the backlog stayed full,
+    ///   ``IPCError/Code/endpointNotFound``, made with
+    ///   ``IPCError/listenerBusy(_:answered:)`` (`answered` `false`) if `held` says a process
+    ///   holds the endpoint (its listener runs, but accepts nobody), plain if not (the socket
+    ///   is another process's, or a launcher's whose service has not taken the endpoint yet).
+    public static func connect(path: String, timeout: Duration, held: () -> Bool) throws -> FileDescriptor {
+        try connect(path: path, kind: .stream, nonBlocking: false, timeout: timeout, held: held)
+    }
+
+    private static func connect(path: String, kind: Kind, nonBlocking: Bool, timeout: Duration?, held: () -> Bool) throws -> FileDescriptor {
         let fd = try makeSocket(kind, nonBlocking: nonBlocking)
         do {
+            if let timeout { try setSendTimeout(fd, timeout, path) }
             try withAddress(path) { address, length in
                 do throws(Errno) { _ = try syscallRetryingInterrupts { Glibc.connect(fd.rawValue, address, length) } } catch {
                     switch error {
@@ -118,11 +141,20 @@ public enum UnixSocket {
                         throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)", cause: error)
                     case .permissionDenied, .notPermitted:
                         throw IPCError(code: .accessDenied, message: "not allowed to connect to \(path)", cause: error)
+                    case .resourceTemporarilyUnavailable where timeout != nil:
+                        guard held() else {
+                            throw IPCError(code: .endpointNotFound, message: "the socket at \(path) took no connection within \(timeout!) (its backlog is full), and no process holds its endpoint", cause: error)
+                        }
+                        throw IPCError.listenerBusy(
+                            "the listener on \(path) took no connection within \(timeout!): its backlog is full (it runs, but is stopped, hung or flooded with clients); try again later",
+                            answered: false
+                        )
                     default:
                         throw IPCError.syscall("connect", error, context: path)
                     }
                 }
             }
+            if timeout != nil { try setSendTimeout(fd, .zero, path) }
             return fd
         } catch {
             try? fd.close()
@@ -130,11 +162,25 @@ public enum UnixSocket {
         }
     }
 
+    /// Sets `SO_SNDTIMEO` (zero: none), rounded up to a microsecond.
+    private static func setSendTimeout(_ fd: FileDescriptor, _ timeout: Duration, _ path: String) throws {
+        let nanoseconds = timeout.wholeNanoseconds
+        let microseconds = nanoseconds / 1_000 + (nanoseconds % 1_000 > 0 ? 1 : 0)
+        var value = timeval(tv_sec: Int(microseconds / 1_000_000), tv_usec: Int(microseconds % 1_000_000))
+        guard setsockopt(fd.rawValue, SOL_SOCKET, SO_SNDTIMEO, &value, socklen_t(MemoryLayout<timeval>.size)) == 0 else {
+            throw IPCError.syscall("setsockopt(SO_SNDTIMEO)", Errno(rawValue: errno), context: path)
+        }
+    }
+
     /// Whether a process listens on `path` right now (a connect succeeds).
+    /// A listener whose backlog is full listens (the answer does not wait for it to accept).
     public static func isListening(path: String) -> Bool {
-        guard let fd = try? connect(path: path) else { return false }
-        try? fd.close()
-        return true
+        do {
+            try connect(path: path, nonBlocking: true).close()
+            return true
+        } catch {
+            return ((error as? IPCError)?.cause as? Errno) == .resourceTemporarilyUnavailable
+        }
     }
 
     /// The kernel-verified credentials of the process at the other end (`SO_PEERCRED`).

@@ -108,7 +108,9 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
     ///   group directory; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> FilePresenterConnection {
         try GroupDirectories.verify(endpoint.group)
-        let socket = try UnixSocket.connect(path: RendezvousHello.socketPath(endpoint))
+        // One connect timeout for the whole handshake: room in the listener's backlog, then its answer.
+        let deadline = monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds
+        let socket = try UnixSocket.connect(path: RendezvousHello.socketPath(endpoint), timeout: connectTimeout) { EndpointLock.owner(of: endpoint) != nil }
         var socketOwned = true
         defer { if socketOwned { try? socket.close() } }
         let peer = try UnixSocket.peerCredentials(socket)
@@ -145,7 +147,7 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
         guard sent == hello.count || errno == EPIPE || errno == ECONNRESET else {
             throw IPCError.syscall("send", Errno(rawValue: errno), context: "file presenter hello")
         }
-        try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds, listener: "file presenter") {
+        try RendezvousStatus.awaitAcceptance(on: socket, deadline: deadline, listener: "file presenter") {
             EndpointLock.owner(of: endpoint) != nil
         }
         // From here the channel owns the socket and the journal (the engine closes it if it

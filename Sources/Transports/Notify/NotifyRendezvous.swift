@@ -42,9 +42,10 @@ enum NotifyRendezvous {
     ///   ``IPCError/Code/endpointNotFound`` made with ``IPCError/listenerBusy(_:answered:)`` if the
     ///   listener was full, or did not answer in time while a process holds the endpoint;
     ///   ``IPCError/Code/transportFailure``.
-    /// `claimed`: whether a process holds the endpoint, asked if no answer came in time (the
-    /// listener runs and is busy, else the socket is nobody's listener).
-    static func connect(socket: FileDescriptor, ringCapacity: Int, storeLabel: String, timeout: Duration, claimed: () -> Bool) throws -> (store: NotifyStore, ownBell: CInt, peerBell: CInt) {
+    /// `deadline` (``IPCSystem/monotonicNanoseconds()``) ends the wait for the answer; `claimed`:
+    /// whether a process holds the endpoint, asked if no answer came in time (the listener runs
+    /// and is busy, else the socket is nobody's listener).
+    static func connect(socket: FileDescriptor, ringCapacity: Int, storeLabel: String, deadline: UInt64, claimed: () -> Bool) throws -> (store: NotifyStore, ownBell: CInt, peerBell: CInt) {
         let (store, memfd) = try NotifyStore.create(ringCapacity: ringCapacity, label: storeLabel)
         defer { try? FileDescriptor(rawValue: memfd).close() }
         let ownBell = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
@@ -66,7 +67,7 @@ enum NotifyRendezvous {
             guard sent == helloLength || errno == EPIPE || errno == ECONNRESET else {
                 throw IPCError(code: .transportFailure, message: "the notify hello was not sent whole (errno \(errno))")
             }
-            try RendezvousStatus.awaitAcceptance(on: socket, deadline: monotonicNanoseconds() &+ timeout.wholeNanoseconds, listener: "notify", claimed: claimed)
+            try RendezvousStatus.awaitAcceptance(on: socket, deadline: deadline, listener: "notify", claimed: claimed)
             return (store, ownBell, peerBell)
         } catch {
             try? FileDescriptor(rawValue: ownBell).close()

@@ -72,11 +72,13 @@ public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
     ///   ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> NotifyConnection {
         try GroupDirectories.verify(endpoint.group)
-        let socket = try UnixSocket.connect(path: NotifyRendezvous.socketPath(endpoint))
+        // One connect timeout for the whole handshake: room in the listener's backlog, then its answer.
+        let deadline = monotonicNanoseconds() &+ connectTimeout.wholeNanoseconds
+        let socket = try UnixSocket.connect(path: NotifyRendezvous.socketPath(endpoint), timeout: connectTimeout) { EndpointLock.owner(of: endpoint) != nil }
         defer { try? socket.close() }
         let peer = try UnixSocket.peerCredentials(socket)
         try GroupDirectories.verifyListener(peer, at: NotifyRendezvous.socketPath(endpoint))
-        let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, timeout: connectTimeout) {
+        let (store, ownBell, peerBell) = try NotifyRendezvous.connect(socket: socket, ringCapacity: ringCapacity, storeLabel: storeLabel, deadline: deadline) {
             EndpointLock.owner(of: endpoint) != nil
         }
         let channel = NotifyChannel(store: store, isClient: true, ownBell: ownBell, peerBell: peerBell, maximumPayloadLength: options.maximumPayloadLength)

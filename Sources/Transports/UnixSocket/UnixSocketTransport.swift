@@ -12,9 +12,15 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActi
     public typealias Listener = UnixSocketListener
 
     public var framing: Framing
+    /// How long a connect waits for room in the listener's backlog. The kernel queues a
+    /// connection there without the listener's help, so a connect to a listener that is
+    /// stopped, hung or flooded returns at once until the backlog (`SOMAXCONN`) is full; after
+    /// that it fails with this timeout (``IPCError/listenerBusy(_:answered:)``, not answered).
+    public var connectTimeout: Duration
 
-    public init(framing: Framing = .binary) {
+    public init(framing: Framing = .binary, connectTimeout: Duration = .seconds(5)) {
         self.framing = framing
+        self.connectTimeout = connectTimeout
     }
 
     public var name: String { "unix-socket" }
@@ -44,7 +50,7 @@ public struct UnixSocketTransport: MessageTransport, FramedTransport, SocketActi
 
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> UnixSocketConnection {
         try GroupDirectories.verify(endpoint.group)
-        let fd = try UnixSocket.connect(path: Self.socketPath(endpoint))
+        let fd = try UnixSocket.connect(path: Self.socketPath(endpoint), timeout: connectTimeout) { EndpointLock.owner(of: endpoint) != nil }
         let peer: PeerCredentials
         do {
             peer = try UnixSocket.peerCredentials(fd)
