@@ -106,7 +106,7 @@ public enum UnixSocket {
     /// - Parameter nonBlocking: make the socket non-blocking, so that a listener whose backlog
     ///   is full (one that never accepts) fails the connect at once instead of blocking it.
     ///   A blocking connect to such a listener waits until it accepts, without end: a client
-    ///   that must not hang uses ``connect(path:timeout:held:)``.
+    ///   that must not hang uses ``connect(path:kind:timeout:held:)``.
     /// - Throws: ``IPCError/Code/endpointNotFound`` when there is no socket or nobody listens on
     ///   it (a stale file); ``IPCError/Code/accessDenied`` when permissions refuse it;
     ///   ``IPCError/Code/transportFailure`` with `EAGAIN` for a full backlog (non-blocking only).
@@ -114,7 +114,8 @@ public enum UnixSocket {
         try connect(path: path, kind: kind, nonBlocking: nonBlocking, timeout: nil, held: { false })
     }
 
-    /// Connects to the stream socket at `path`, waiting at most `timeout` for room in its
+    /// Connects to the socket at `path` (a stream or sequenced-packet one: both queue
+    /// connections in a backlog), waiting at most `timeout` for room in its
     /// listener's backlog (the kernel queues a connection there without the listener's help
     /// until the backlog is full; a listener that is stopped, hung or flooded lets it fill).
     /// The wait is the kernel's own (`SO_SNDTIMEO` bounds a blocking `connect(2)` of an
@@ -126,8 +127,8 @@ public enum UnixSocket {
     ///   ``IPCError/listenerBusy(_:answered:)`` (`answered` `false`) if `held` says a process
     ///   holds the endpoint (its listener runs, but accepts nobody), plain if not (the socket
     ///   is another process's, or a launcher's whose service has not taken the endpoint yet).
-    public static func connect(path: String, timeout: Duration, held: () -> Bool) throws -> FileDescriptor {
-        try connect(path: path, kind: .stream, nonBlocking: false, timeout: timeout, held: held)
+    public static func connect(path: String, kind: Kind = .stream, timeout: Duration, held: () -> Bool) throws -> FileDescriptor {
+        try connect(path: path, kind: kind, nonBlocking: false, timeout: timeout, held: held)
     }
 
     private static func connect(path: String, kind: Kind, nonBlocking: Bool, timeout: Duration?, held: () -> Bool) throws -> FileDescriptor {

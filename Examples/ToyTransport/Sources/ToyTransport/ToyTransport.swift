@@ -33,11 +33,16 @@ public struct ToyTransport: MessageTransport {
 
     /// Checks the group directory, and that whoever listens is this user (or root), before a
     /// byte is sent. A client the accept filter refused is invalidated with `accessDenied`.
-    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens; ``IPCError/Code/invalidEndpoint``;
+    /// A listener whose backlog is full (stopped, or hung) costs a connect at most 5 s: a
+    /// blocking `connect(2)` would wait for it without end.
+    /// - Throws: ``IPCError/Code/endpointNotFound`` if nobody listens, or (busy) if the
+    ///   listener's backlog stayed full; ``IPCError/Code/invalidEndpoint``;
     ///   ``IPCError/Code/accessDenied``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> ToyConnection {
         try GroupDirectories.verify(endpoint.group)
-        let fd = try UnixSocket.connect(path: Self.socketPath(endpoint), kind: .sequencedPacket)
+        let fd = try UnixSocket.connect(path: Self.socketPath(endpoint), kind: .sequencedPacket, timeout: .seconds(5)) {
+            EndpointLock.owner(of: endpoint) != nil
+        }
         let channel = ToyChannel(fd: fd, maximumPayloadLength: options.maximumPayloadLength)
         let peer = try UnixSocket.peerCredentials(fd)
         try GroupDirectories.verifyListener(peer, at: Self.socketPath(endpoint))
