@@ -76,7 +76,8 @@ public struct ScaleLoad: Sendable {
         var descriptors: [FileDescriptor] = []
         defer { descriptors.forEach { try? $0.close() } }
         for _ in 0..<clients {
-            let fd = try UnixSocket.connect(path: UnixSocketTransport.socketPath(endpoint))
+            // The peer accepts its clients on its loop; one that stopped doing so fails the run.
+            let fd = try UnixSocket.connect(path: UnixSocketTransport.socketPath(endpoint), timeout: .seconds(30)) { true }
             descriptors.append(fd)
             _ = fcntl(fd.rawValue, F_SETFL, fcntl(fd.rawValue, F_GETFL) | O_NONBLOCK)
         }

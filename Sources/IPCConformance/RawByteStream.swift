@@ -53,6 +53,12 @@ final class RawByteStream: Sendable {
             throw IPCError(code: .invalidEndpoint, message: "socket path longer than \(capacity - 1) bytes: \(path)")
         }
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        // A listener under test that accepts nobody lets its backlog fill, and a blocking connect
+        // would then wait for it without end: the send timeout bounds that wait (Linux), after
+        // which the connect fails with EAGAIN. (A signal restarts the wait: bounded all the same
+        // unless signals keep coming.)
+        var wait = timeval(tv_sec: 10, tv_usec: 0)
+        _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
         let result = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in Self.retrying { connect(fd, address, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
         }
@@ -64,10 +70,14 @@ final class RawByteStream: Sendable {
                 throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)", cause: error)
             case .permissionDenied, .notPermitted:
                 throw IPCError(code: .accessDenied, message: "not allowed to connect to \(path)", cause: error)
+            case .resourceTemporarilyUnavailable:
+                throw IPCError(code: .transportFailure, message: "the listener on \(path) took no connection within 10 s: its backlog is full", cause: error)
             default:
                 throw IPCError(code: .transportFailure, message: "connect failed (\(path)): \(error)", cause: error)
             }
         }
+        var none = timeval(tv_sec: 0, tv_usec: 0)
+        _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, socklen_t(MemoryLayout<timeval>.size))
         self.fd = fd
     }
 

@@ -119,7 +119,9 @@ public enum UnixSocket {
     /// listener's backlog (the kernel queues a connection there without the listener's help
     /// until the backlog is full; a listener that is stopped, hung or flooded lets it fill).
     /// The wait is the kernel's own (`SO_SNDTIMEO` bounds a blocking `connect(2)` of an
-    /// `AF_UNIX` socket); the socket is blocking, with no send timeout, when it returns.
+    /// `AF_UNIX` socket); a signal that interrupts it is followed by a wait for the time left,
+    /// and a zero or negative `timeout` waits a microsecond. The socket is blocking, with no send
+    /// timeout, when it returns.
     /// - Parameter held: asked once the backlog stayed full for `timeout`: whether a process
     ///   holds the endpoint whose socket this is (its `EndpointLock`).
     /// - Throws: as ``connect(path:kind:nonBlocking:)``; when the backlog stayed full,
@@ -134,9 +136,20 @@ public enum UnixSocket {
     private static func connect(path: String, kind: Kind, nonBlocking: Bool, timeout: Duration?, held: () -> Bool) throws -> FileDescriptor {
         let fd = try makeSocket(kind, nonBlocking: nonBlocking)
         do {
-            if let timeout { try setSendTimeout(fd, timeout, path) }
+            let deadline = timeout.map { ContinuousClock.now + $0 }
             try withAddress(path) { address, length in
-                do throws(Errno) { _ = try syscallRetryingInterrupts { Glibc.connect(fd.rawValue, address, length) } } catch {
+                while true {
+                    // The time left, at least a microsecond: a zero send timeout is none at all.
+                    if let deadline { try setSendTimeout(fd, max(deadline - ContinuousClock.now, .microseconds(1)), path) }
+                    if Glibc.connect(fd.rawValue, address, length) == 0 { return }
+                    var error = Errno(rawValue: errno)
+                    if error == .interrupted {
+                        // A signal (or a stop and continue) ends the kernel's wait: wait for the
+                        // time left, not the whole timeout again. (An AF_UNIX connect that waited
+                        // for room has changed nothing yet: it can be made again.)
+                        guard let deadline, ContinuousClock.now >= deadline else { continue }
+                        error = .resourceTemporarilyUnavailable
+                    }
                     switch error {
                     case .noSuchFileOrDirectory, .connectionRefused:
                         throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)", cause: error)
@@ -163,7 +176,7 @@ public enum UnixSocket {
         }
     }
 
-    /// Sets `SO_SNDTIMEO` (zero: none), rounded up to a microsecond.
+    /// Sets `SO_SNDTIMEO`, rounded up to a microsecond (zero: none).
     private static func setSendTimeout(_ fd: FileDescriptor, _ timeout: Duration, _ path: String) throws {
         let nanoseconds = timeout.wholeNanoseconds
         let microseconds = nanoseconds / 1_000 + (nanoseconds % 1_000 > 0 ? 1 : 0)

@@ -71,7 +71,8 @@ struct HostileSocketCommand: ParsableCommand {
     var timeout: Double = 30
 
     func run() throws {
-        let fd = try UnixSocket.connect(path: path)
+        // A listener under test that accepts nobody fails the peer (its backlog full), not hangs it.
+        let fd = try UnixSocket.connect(path: path, timeout: .seconds(timeout)) { true }
         announceReady()
         let data = try [UInt8](Data(contentsOf: URL(fileURLWithPath: input)))
         let step = chunk > 0 ? chunk : max(data.count, 1)

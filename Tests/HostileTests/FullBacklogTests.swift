@@ -14,7 +14,7 @@ import UnixSocketTransport
 /// A listener's socket whose backlog is full: the kernel queues connections there without the
 /// listener's help, so a stopped (or hung) listener lets another process fill it, and a
 /// blocking `connect(2)` after that waits until the listener accepts, without end.
-@Suite("A listener whose backlog is full")
+@Suite("A listener whose backlog is full", .serialized)
 struct FullBacklogTests {
     /// The socket-based transports, each with a short connect timeout.
     static let transports = ["unix-socket", "notify", "file-presenter"]
@@ -27,28 +27,32 @@ struct FullBacklogTests {
         }
     }
 
-    /// Connects without blocking until the socket at `path` takes no more (`EAGAIN`), and
-    /// returns the connected sockets.
-    static func fill(_ path: String) throws -> [FileDescriptor] {
-        var sockets: [FileDescriptor] = []
-        do {
-            while sockets.count < 20_000 { sockets.append(try UnixSocket.connect(path: path, nonBlocking: true)) }
-        } catch let error as IPCError where (error.cause as? Errno) == .resourceTemporarilyUnavailable {
-            return sockets
-        } catch {
-            for socket in sockets { try? socket.close() }
-            throw error
+    /// Connects without blocking until the socket at `path` takes no more (`EAGAIN`). Each
+    /// socket is closed at once: the connection it queued stays in the backlog until the
+    /// listener accepts it, so this holds no descriptors.
+    static func fill(_ path: String) throws {
+        for _ in 0..<20_000 {
+            do {
+                try UnixSocket.connect(path: path, nonBlocking: true).close()
+            } catch let error as IPCError where (error.cause as? Errno) == .resourceTemporarilyUnavailable {
+                return
+            }
         }
-        for socket in sockets { try? socket.close() }
         throw IPCError(code: .transportFailure, message: "\(path) took 20,000 connections without its backlog filling")
     }
 
     /// Connects on a thread of its own and waits up to 30 s for the outcome: `nil` if the
     /// connect still blocks then (it is left to finish when the listener accepts).
     static func connect(_ transport: any MessageTransport, _ endpoint: Endpoint) async -> Result<Void, any Error>? {
+        await connect { try transport.connect(to: endpoint, options: .defaults).invalidate() }
+    }
+
+    /// Runs `body` on a thread of its own and waits up to 30 s for the outcome (`nil` if it has
+    /// not ended by then).
+    static func connect(_ body: @escaping @Sendable () throws -> Void) async -> Result<Void, any Error>? {
         let outcome = Mutex<Result<Void, any Error>?>(nil)
         Thread.detachNewThread {
-            let result = Result<Void, any Error> { try transport.connect(to: endpoint, options: .defaults).invalidate() }
+            let result = Result<Void, any Error> { try body() }
             outcome.withLock { $0 = result }
         }
         _ = await poll(seconds: 30) { outcome.withLock { $0 != nil } }
@@ -64,11 +68,10 @@ struct FullBacklogTests {
         defer { peer.stop() }
         defer { kill(peer.pid, SIGCONT) }
         #expect(await stopProcess(peer.pid), "the listener was not seen stopped")
-        let flood = try Self.fill(transport.activationSocketPath(for: endpoint))
+        try Self.fill(transport.activationSocketPath(for: endpoint))
         let started = ContinuousClock.now
         let outcome = await Self.connect(transport, endpoint)
         let took = ContinuousClock.now - started
-        for socket in flood { try? socket.close() }
         kill(peer.pid, SIGCONT)
         switch outcome {
         case nil:
@@ -79,7 +82,7 @@ struct FullBacklogTests {
             let error = try #require(error as? IPCError, "\(error)")
             #expect(error.code == .endpointNotFound, "\(error)")
             #expect(error.listenerBusyCause?.answered == false, "a stopped listener's full backlog did not read as a busy listener that did not answer: \(error)")
-            #expect(took < .seconds(20), "took \(took)")
+            #expect(took >= .milliseconds(300) && took < .seconds(20), "took \(took), with a connect timeout of 300 ms")
         }
         // Resumed, the listener serves again.
         let served = await poll(seconds: 30) {
@@ -97,8 +100,7 @@ struct FullBacklogTests {
         let transport = Self.transport(name)
         let socket = try UnixSocket.listen(path: transport.activationSocketPath(for: endpoint), backlog: 0)
         defer { try? socket.close() }
-        let flood = try Self.fill(transport.activationSocketPath(for: endpoint))
-        defer { for socket in flood { try? socket.close() } }
+        try Self.fill(transport.activationSocketPath(for: endpoint))
         switch await Self.connect(transport, endpoint) {
         case nil:
             Issue.record("a connect to a full backlog still blocked after 30 s (connect timeout 300 ms)")
@@ -108,6 +110,72 @@ struct FullBacklogTests {
             let error = try #require(error as? IPCError, "\(error)")
             #expect(error.code == .endpointNotFound, "\(error)")
             #expect(!error.isListenerBusy, "a socket that no listener of the endpoint holds read as a busy listener: \(error)")
+        }
+    }
+
+    @Test("signals that interrupt the wait for room do not make it longer than the timeout")
+    func interruptedWait() async throws {
+        let group = try TestGroup()
+        let path = try group.endpoint("interrupted").path(suffix: ".sock")
+        let socket = try UnixSocket.listen(path: path, backlog: 0)
+        defer { try? socket.close() }
+        // The socket a connect returns has no send timeout left.
+        let probe = try UnixSocket.connect(path: path, timeout: .seconds(1)) { true }
+        var timeout = timeval(tv_sec: -1, tv_usec: -1)
+        var length = socklen_t(MemoryLayout<timeval>.size)
+        #expect(getsockopt(probe.rawValue, SOL_SOCKET, SO_SNDTIMEO, &timeout, &length) == 0)
+        #expect(timeout.tv_sec == 0 && timeout.tv_usec == 0, "the send timeout stayed set: \(timeout)")
+        try probe.close()
+        try Self.fill(path)
+        // A zero timeout is no wait, not a send timeout of zero (which the kernel reads as none).
+        let zero = await Self.connect { try UnixSocket.connect(path: path, timeout: .zero) { true }.close() }
+        guard case .failure = zero else {
+            Issue.record(zero == nil ? "a connect with a zero timeout to a full backlog had not ended after 30 s" : "a full backlog gave a connection")
+            return
+        }
+
+        // A handler that does nothing, without SA_RESTART: each signal ends the kernel's wait
+        // with EINTR. (SIGURG is no one's else in the test process; its default is to ignore it.)
+        var action = sigaction()
+        action.__sigaction_handler.sa_handler = { _ in }
+        sigemptyset(&action.sa_mask)
+        action.sa_flags = 0
+        var previous = sigaction()
+        #expect(sigaction(SIGURG, &action, &previous) == 0)
+        defer { sigaction(SIGURG, &previous, nil) }
+
+        let thread = Mutex<pthread_t?>(nil)
+        // The connect's outcome and how long it took, timed on its thread (which may start late
+        // on a loaded machine).
+        let outcome = Mutex<(result: Result<Void, any Error>, took: Duration)?>(nil)
+        Thread.detachNewThread {
+            // (Threads here start with SIGURG blocked.)
+            var unblock = sigset_t()
+            sigemptyset(&unblock)
+            sigaddset(&unblock, SIGURG)
+            pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
+            thread.withLock { $0 = pthread_self() }
+            let started = ContinuousClock.now
+            let result = Result<Void, any Error> { try UnixSocket.connect(path: path, timeout: .milliseconds(500)) { true }.close() }
+            let took = ContinuousClock.now - started
+            outcome.withLock { $0 = (result, took) }
+        }
+        // A signal every 50 ms, for up to 30 s or until the connect ends.
+        let started = ContinuousClock.now
+        while outcome.withLock({ $0 == nil }), ContinuousClock.now - started < .seconds(30) {
+            if let target = thread.withLock({ $0 }) { pthread_kill(target, SIGURG) }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        guard let (result, took) = outcome.withLock({ $0 }) else {
+            Issue.record("a connect interrupted every 50 ms had not ended after 30 s (timeout 500 ms)")
+            return
+        }
+        #expect(took < .seconds(5), "took \(took), with a timeout of 500 ms")
+        switch result {
+        case .success: Issue.record("a full backlog gave a connection")
+        case .failure(let error):
+            let error = try #require(error as? IPCError, "\(error)")
+            #expect(error.listenerBusyCause?.answered == false, "\(error)")
         }
     }
 }

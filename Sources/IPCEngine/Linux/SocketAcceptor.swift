@@ -72,12 +72,28 @@ public enum RendezvousStatus: UInt32, Sendable {
     /// answer on `socket`; `nil` if none came by then.
     /// - Throws: ``IPCError/Code/transportFailure`` if the listener closed the socket without a
     ///   whole answer or answered something else.
+    /// When a client that connected to a rendezvous socket stops waiting for the answer
+    /// (a ``monotonicNanoseconds()`` reading): one `connectTimeout` from `connectStarted` covers
+    /// the room in the listener's backlog and the answer, but the answer is given at least a
+    /// quarter of it from now (a listener that made room late is draining its backlog, and
+    /// answers next). So a connect takes at most 1.25 `connectTimeout`.
+    package static func answerDeadline(connectStarted: UInt64, connectTimeout: Duration) -> UInt64 {
+        let timeout = connectTimeout.wholeNanoseconds
+        return max(connectStarted &+ timeout, monotonicNanoseconds() &+ timeout / 4)
+    }
+
     package static func read(from socket: FileDescriptor, deadline: UInt64) throws -> RendezvousStatus? {
+        // The socket is looked at once more at the deadline (or once, if it has passed): an
+        // answer that is there by then counts.
+        var lookedLast = false
         while true {
             let now = monotonicNanoseconds()
-            guard now < deadline else { return nil }
+            if now >= deadline {
+                if lookedLast { return nil }
+                lookedLast = true
+            }
             var entry = pollfd(fd: socket.rawValue, events: Int16(POLLIN), revents: 0)
-            let result = poll(&entry, 1, CInt(clamping: (deadline - now + 999_999) / 1_000_000))
+            let result = poll(&entry, 1, now >= deadline ? 0 : CInt(clamping: (deadline - now + 999_999) / 1_000_000))
             if result < 0, errno != EINTR { throw IPCError.syscall("poll", Errno(rawValue: errno)) }
             guard result > 0 else { continue }
             var answer = [UInt8](repeating: 0, count: 4)
