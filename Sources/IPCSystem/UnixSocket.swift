@@ -119,9 +119,10 @@ public enum UnixSocket {
     /// listener's backlog (the kernel queues a connection there without the listener's help
     /// until the backlog is full; a listener that is stopped, hung or flooded lets it fill).
     /// The wait is the kernel's own (`SO_SNDTIMEO` bounds a blocking `connect(2)` of an
-    /// `AF_UNIX` socket); a signal that interrupts it is followed by a wait for the time left,
-    /// and a zero or negative `timeout` waits a microsecond. The socket is blocking, with no send
-    /// timeout, when it returns.
+    /// `AF_UNIX` socket, rounded up to a clock tick); a signal that interrupts it is followed by
+    /// a wait for the time left, and once none is left (or for a zero or negative `timeout`) one
+    /// attempt is made without waiting. The socket is blocking, with no send timeout, when it
+    /// returns.
     /// - Parameter held: asked once the backlog stayed full for `timeout`: whether a process
     ///   holds the endpoint whose socket this is (its `EndpointLock`).
     /// - Throws: as ``connect(path:kind:nonBlocking:)``; when the backlog stayed full,
@@ -139,17 +140,24 @@ public enum UnixSocket {
             let deadline = timeout.map { ContinuousClock.now + $0 }
             try withAddress(path) { address, length in
                 while true {
-                    // The time left, at least a microsecond: a zero send timeout is none at all.
-                    if let deadline { try setSendTimeout(fd, max(deadline - ContinuousClock.now, .microseconds(1)), path) }
-                    if Glibc.connect(fd.rawValue, address, length) == 0 { return }
-                    var error = Errno(rawValue: errno)
-                    if error == .interrupted {
-                        // A signal (or a stop and continue) ends the kernel's wait: wait for the
-                        // time left, not the whole timeout again. (An AF_UNIX connect that waited
-                        // for room has changed nothing yet: it can be made again.)
-                        guard let deadline, ContinuousClock.now >= deadline else { continue }
-                        error = .resourceTemporarilyUnavailable
+                    // The kernel waits for the time left; with none left (a zero timeout, or a
+                    // signal after the deadline), one attempt without waiting: a zero send timeout
+                    // is none at all, and the shortest the kernel waits is a clock tick.
+                    var lastLook = false
+                    if let deadline {
+                        let left = deadline - ContinuousClock.now
+                        lastLook = left <= .zero
+                        try lastLook ? setNonBlocking(fd, true, path) : setSendTimeout(fd, left, path)
                     }
+                    let result = Glibc.connect(fd.rawValue, address, length)
+                    let error = Errno(rawValue: errno)
+                    if lastLook { try setNonBlocking(fd, false, path) }
+                    if result == 0 { return }
+                    // A signal (or a stop and continue) ends the kernel's wait (EINTR, whatever
+                    // SA_RESTART says, once a send timeout is set): wait for the time left, not the
+                    // whole timeout again. (An AF_UNIX connect that waited for room has changed
+                    // nothing yet: it can be made again.)
+                    if error == .interrupted { continue }
                     switch error {
                     case .noSuchFileOrDirectory, .connectionRefused:
                         throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)", cause: error)
@@ -173,6 +181,14 @@ public enum UnixSocket {
         } catch {
             try? fd.close()
             throw error
+        }
+    }
+
+    /// Sets or clears `O_NONBLOCK`.
+    private static func setNonBlocking(_ fd: FileDescriptor, _ on: Bool, _ path: String) throws {
+        let flags = fcntl(fd.rawValue, F_GETFL)
+        guard flags >= 0, fcntl(fd.rawValue, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK) == 0 else {
+            throw IPCError.syscall("fcntl(O_NONBLOCK)", Errno(rawValue: errno), context: path)
         }
     }
 

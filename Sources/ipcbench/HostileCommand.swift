@@ -67,12 +67,12 @@ struct HostileSocketCommand: ParsableCommand {
     @Option(help: "stall or shutdown.")
     var then: Ending = .stall
 
-    @Option(help: "Seconds to wait for the listener to close the connection.")
+    @Option(help: "Seconds to wait for the listener to take the connection (while its backlog is full), and then for it to close the connection.")
     var timeout: Double = 30
 
     func run() throws {
         // A listener under test that accepts nobody fails the peer (its backlog full), not hangs it.
-        let fd = try UnixSocket.connect(path: path, timeout: .seconds(timeout)) { true }
+        let fd = try UnixSocket.connect(path: path, timeout: .seconds(timeout.isFinite ? min(max(timeout, 0), 86_400) : 86_400)) { true }
         announceReady()
         let data = try [UInt8](Data(contentsOf: URL(fileURLWithPath: input)))
         let step = chunk > 0 ? chunk : max(data.count, 1)

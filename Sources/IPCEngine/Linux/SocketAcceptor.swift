@@ -68,20 +68,21 @@ public enum RendezvousStatus: UInt32, Sendable {
         }
     }
 
-    /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's
-    /// answer on `socket`; `nil` if none came by then.
-    /// - Throws: ``IPCError/Code/transportFailure`` if the listener closed the socket without a
-    ///   whole answer or answered something else.
     /// When a client that connected to a rendezvous socket stops waiting for the answer
     /// (a ``monotonicNanoseconds()`` reading): one `connectTimeout` from `connectStarted` covers
     /// the room in the listener's backlog and the answer, but the answer is given at least a
     /// quarter of it from now (a listener that made room late is draining its backlog, and
-    /// answers next). So a connect takes at most 1.25 `connectTimeout`.
+    /// answers next). So a connect takes about 1.25 `connectTimeout` at most.
     package static func answerDeadline(connectStarted: UInt64, connectTimeout: Duration) -> UInt64 {
         let timeout = connectTimeout.wholeNanoseconds
         return max(connectStarted &+ timeout, monotonicNanoseconds() &+ timeout / 4)
     }
 
+    /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's
+    /// answer on `socket`, looking once more at the deadline (once, if it has passed); `nil` if
+    /// none came by then.
+    /// - Throws: ``IPCError/Code/transportFailure`` if the listener closed the socket without a
+    ///   whole answer or answered something else.
     package static func read(from socket: FileDescriptor, deadline: UInt64) throws -> RendezvousStatus? {
         // The socket is looked at once more at the deadline (or once, if it has passed): an
         // answer that is there by then counts.
