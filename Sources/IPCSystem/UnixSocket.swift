@@ -158,19 +158,20 @@ public enum UnixSocket {
                     // whole timeout again. (An AF_UNIX connect that waited for room has changed
                     // nothing yet: it can be made again.)
                     if error == .interrupted { continue }
+                    if let timeout, error == .resourceTemporarilyUnavailable {
+                        guard held() else {
+                            throw IPCError(code: .endpointNotFound, message: "the socket at \(path) took no connection within \(timeout) (its backlog is full), and no process holds its endpoint", cause: error)
+                        }
+                        throw IPCError.listenerBusy(
+                            "the listener on \(path) took no connection within \(timeout): its backlog is full (it runs, but is stopped, hung or flooded with clients); try again later",
+                            answered: false
+                        )
+                    }
                     switch error {
                     case .noSuchFileOrDirectory, .connectionRefused:
                         throw IPCError(code: .endpointNotFound, message: "nobody listens on \(path)", cause: error)
                     case .permissionDenied, .notPermitted:
                         throw IPCError(code: .accessDenied, message: "not allowed to connect to \(path)", cause: error)
-                    case .resourceTemporarilyUnavailable where timeout != nil:
-                        guard held() else {
-                            throw IPCError(code: .endpointNotFound, message: "the socket at \(path) took no connection within \(timeout!) (its backlog is full), and no process holds its endpoint", cause: error)
-                        }
-                        throw IPCError.listenerBusy(
-                            "the listener on \(path) took no connection within \(timeout!): its backlog is full (it runs, but is stopped, hung or flooded with clients); try again later",
-                            answered: false
-                        )
                     default:
                         throw IPCError.syscall("connect", error, context: path)
                     }

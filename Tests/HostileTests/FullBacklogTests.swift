@@ -41,22 +41,27 @@ struct FullBacklogTests {
         throw IPCError(code: .transportFailure, message: "\(path) took 20,000 connections without its backlog filling")
     }
 
-    /// Connects on a thread of its own and waits up to 30 s for the outcome: `nil` if the
-    /// connect still blocks then (it is left to finish when the listener accepts).
-    static func connect(_ transport: any MessageTransport, _ endpoint: Endpoint) async -> Result<Void, any Error>? {
-        await connect { try transport.connect(to: endpoint, options: .defaults).invalidate() }
-    }
-
-    /// Runs `body` on a thread of its own and waits up to 30 s for the outcome (`nil` if it has
-    /// not ended by then).
-    static func connect(_ body: @escaping @Sendable () throws -> Void) async -> Result<Void, any Error>? {
+    /// Runs `connect` on a thread of its own, waits up to 30 s for it to end, and returns the
+    /// `IPCError` it failed with. Records an issue (and returns `nil`) if it still blocks then
+    /// (it is left to finish when the listener accepts), succeeded, or threw anything else.
+    static func failure(of connect: @escaping @Sendable () throws -> Void) async -> IPCError? {
         let outcome = Mutex<Result<Void, any Error>?>(nil)
         Thread.detachNewThread {
-            let result = Result<Void, any Error> { try body() }
+            let result = Result<Void, any Error> { try connect() }
             outcome.withLock { $0 = result }
         }
         _ = await poll(seconds: 30) { outcome.withLock { $0 != nil } }
-        return outcome.withLock { $0 }
+        switch outcome.withLock({ $0 }) {
+        case nil:
+            Issue.record("a connect to a full backlog still blocked after 30 s")
+        case .success:
+            Issue.record("a full backlog gave a connection")
+        case .failure(let error as IPCError):
+            return error
+        case .failure(let error):
+            Issue.record("the connect failed with \(error), not an IPCError")
+        }
+        return nil
     }
 
     @Test("a connect to a stopped listener's full backlog ends within the connect timeout, as its busy answer", arguments: transports)
@@ -70,16 +75,10 @@ struct FullBacklogTests {
         #expect(await stopProcess(peer.pid), "the listener was not seen stopped")
         try Self.fill(transport.activationSocketPath(for: endpoint))
         let started = ContinuousClock.now
-        let outcome = await Self.connect(transport, endpoint)
+        let failure = await Self.failure { try transport.connect(to: endpoint, options: .defaults).invalidate() }
         let took = ContinuousClock.now - started
         kill(peer.pid, SIGCONT)
-        switch outcome {
-        case nil:
-            Issue.record("a connect to a full backlog still blocked after 30 s (connect timeout 300 ms)")
-        case .success:
-            Issue.record("a stopped listener whose backlog was full gave a connection")
-        case .failure(let error):
-            let error = try #require(error as? IPCError, "\(error)")
+        if let error = failure {
             #expect(error.code == .endpointNotFound, "\(error)")
             #expect(error.listenerBusyCause?.answered == false, "a stopped listener's full backlog did not read as a busy listener that did not answer: \(error)")
             #expect(took >= .milliseconds(300) && took < .seconds(20), "took \(took), with a connect timeout of 300 ms")
@@ -101,13 +100,7 @@ struct FullBacklogTests {
         let socket = try UnixSocket.listen(path: transport.activationSocketPath(for: endpoint), backlog: 0)
         defer { try? socket.close() }
         try Self.fill(transport.activationSocketPath(for: endpoint))
-        switch await Self.connect(transport, endpoint) {
-        case nil:
-            Issue.record("a connect to a full backlog still blocked after 30 s (connect timeout 300 ms)")
-        case .success:
-            Issue.record("a socket that accepts nobody gave a connection")
-        case .failure(let error):
-            let error = try #require(error as? IPCError, "\(error)")
+        if let error = await Self.failure(of: { try transport.connect(to: endpoint, options: .defaults).invalidate() }) {
             #expect(error.code == .endpointNotFound, "\(error)")
             #expect(!error.isListenerBusy, "a socket that no listener of the endpoint holds read as a busy listener: \(error)")
         }
@@ -129,12 +122,8 @@ struct FullBacklogTests {
         try Self.fill(path)
         // A zero timeout is no wait, not a send timeout of zero (which the kernel reads as none).
         let zeroStarted = ContinuousClock.now
-        let zero = await Self.connect { try UnixSocket.connect(path: path, timeout: .zero) { true }.close() }
-        guard case .failure(let zeroError) = zero else {
-            Issue.record(zero == nil ? "a connect with a zero timeout to a full backlog had not ended after 30 s" : "a full backlog gave a connection")
-            return
-        }
-        #expect((zeroError as? IPCError)?.listenerBusyCause?.answered == false, "\(zeroError)")
+        guard let zero = await Self.failure(of: { try UnixSocket.connect(path: path, timeout: .zero) { true }.close() }) else { return }
+        #expect(zero.listenerBusyCause?.answered == false, "\(zero)")
         #expect(ContinuousClock.now - zeroStarted < .seconds(5), "a zero timeout's connect took \(ContinuousClock.now - zeroStarted)")
 
         // A handler that does nothing, without SA_RESTART: each signal ends the kernel's wait
@@ -162,8 +151,10 @@ struct FullBacklogTests {
             let result = Result<Void, any Error> { try UnixSocket.connect(path: path, timeout: .milliseconds(500)) { true }.close() }
             let took = ContinuousClock.now - started
             // Under the lock the signals are sent with: none goes to this thread once it ends.
-            thread.withLock { _ in outcome.withLock { $0 = (result, took) } }
-            thread.withLock { $0 = nil }
+            thread.withLock { target in
+                target = nil
+                outcome.withLock { $0 = (result, took) }
+            }
         }
         // A signal every 50 ms, for up to 30 s or until the connect ends.
         let started = ContinuousClock.now

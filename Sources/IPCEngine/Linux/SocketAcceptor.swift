@@ -68,14 +68,20 @@ public enum RendezvousStatus: UInt32, Sendable {
         }
     }
 
-    /// When a client that connected to a rendezvous socket stops waiting for the answer
-    /// (a ``monotonicNanoseconds()`` reading): one `connectTimeout` from `connectStarted` covers
-    /// the room in the listener's backlog and the answer, but the answer is given at least a
-    /// quarter of it from now (a listener that made room late is draining its backlog, and
-    /// answers next). So a connect takes about 1.25 `connectTimeout` at most.
-    package static func answerDeadline(connectStarted: UInt64, connectTimeout: Duration) -> UInt64 {
+    /// The client's connect to the rendezvous socket at `path` of `endpoint`, before its hello:
+    /// waits at most `connectTimeout` for room in the listener's backlog
+    /// (``IPCSystem/UnixSocket/connect(path:kind:timeout:held:)``, busy without an answer while a
+    /// process holds the endpoint), and returns the socket with the deadline for the listener's
+    /// answer (a ``monotonicNanoseconds()`` reading). The one timeout covers the room and the
+    /// answer, but the answer is given at least a quarter of it (a listener that made room late
+    /// is draining its backlog, and answers next): a connect takes about 1.25 `connectTimeout`
+    /// at most.
+    /// - Throws: as ``IPCSystem/UnixSocket/connect(path:kind:timeout:held:)``.
+    package static func connect(path: String, endpoint: Endpoint, connectTimeout: Duration) throws -> (socket: FileDescriptor, answerDeadline: UInt64) {
+        let started = monotonicNanoseconds()
+        let socket = try UnixSocket.connect(path: path, timeout: connectTimeout) { EndpointLock.owner(of: endpoint) != nil }
         let timeout = connectTimeout.wholeNanoseconds
-        return max(connectStarted &+ timeout, monotonicNanoseconds() &+ timeout / 4)
+        return (socket, max(started &+ timeout, monotonicNanoseconds() &+ timeout / 4))
     }
 
     /// The client's side: waits until `deadline` (``monotonicNanoseconds()``) for the listener's

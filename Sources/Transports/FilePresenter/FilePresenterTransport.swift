@@ -108,11 +108,7 @@ public struct FilePresenterTransport: MessageTransport, SocketActivatedTransport
     ///   group directory; ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> FilePresenterConnection {
         try GroupDirectories.verify(endpoint.group)
-        let started = monotonicNanoseconds()
-        let socket = try UnixSocket.connect(path: RendezvousHello.socketPath(endpoint), timeout: connectTimeout) { EndpointLock.owner(of: endpoint) != nil }
-        // The answer is waited for within the connect timeout too, but at least a quarter of it
-        // (a listener that made room in its backlog late is draining it, and answers next).
-        let deadline = RendezvousStatus.answerDeadline(connectStarted: started, connectTimeout: connectTimeout)
+        let (socket, deadline) = try RendezvousStatus.connect(path: RendezvousHello.socketPath(endpoint), endpoint: endpoint, connectTimeout: connectTimeout)
         var socketOwned = true
         defer { if socketOwned { try? socket.close() } }
         let peer = try UnixSocket.peerCredentials(socket)

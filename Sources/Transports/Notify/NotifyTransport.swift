@@ -72,11 +72,7 @@ public struct NotifyTransport: MessageTransport, SocketActivatedTransport {
     ///   ``IPCError/Code/transportFailure``.
     public func connect(to endpoint: Endpoint, options: ConnectionOptions) throws -> NotifyConnection {
         try GroupDirectories.verify(endpoint.group)
-        let started = monotonicNanoseconds()
-        let socket = try UnixSocket.connect(path: NotifyRendezvous.socketPath(endpoint), timeout: connectTimeout) { EndpointLock.owner(of: endpoint) != nil }
-        // The answer is waited for within the connect timeout too, but at least a quarter of it
-        // (a listener that made room in its backlog late is draining it, and answers next).
-        let deadline = RendezvousStatus.answerDeadline(connectStarted: started, connectTimeout: connectTimeout)
+        let (socket, deadline) = try RendezvousStatus.connect(path: NotifyRendezvous.socketPath(endpoint), endpoint: endpoint, connectTimeout: connectTimeout)
         defer { try? socket.close() }
         let peer = try UnixSocket.peerCredentials(socket)
         try GroupDirectories.verifyListener(peer, at: NotifyRendezvous.socketPath(endpoint))
